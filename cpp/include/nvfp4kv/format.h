@@ -1,0 +1,359 @@
+// nvfp4kv format core: the one definition of the NVFP4 KV-cache byte contract (FORMAT.md).
+//
+// Every path (the CPU store/dequantize loops and every CUDA kernel) calls these functions, so
+// the paths cannot drift apart. Plain C++17 on the host; `__host__ __device__` under nvcc.
+//
+// Floating-point rules (FORMAT.md §2): IEEE fp32, round-to-nearest-even, no FMA contraction, no
+// fast-math. Products and sums that could be contracted go through mul_rn/add_rn, which on the
+// device are the never-contracted __fmul_rn/__fadd_rn; host code is compiled with
+// -ffp-contract=off as a second line of defence.
+#pragma once
+
+#include <stdint.h>
+#if !defined(__CUDACC__)
+#include <string.h>
+#endif
+
+#if defined(__CUDACC__)
+#define NVFP4KV_HD __host__ __device__ __forceinline__
+#else
+#define NVFP4KV_HD inline
+#endif
+
+namespace nvfp4kv {
+
+// ---- Constants ---------------------------------------------------------------------------------
+constexpr int kGroupSize = 16;          // elements per E4M3 scale
+constexpr int kMaxHeadSize = 512;       // largest supported head size D
+constexpr int kInterleave = 4;          // tokens per interleaved scale block
+constexpr uint32_t kE4M3MaxByte = 0x7E; // 448
+constexpr uint32_t kScaleNaN = 0x7F;    // scale byte of a group that held a NaN
+constexpr float kE2M1Max = 6.0f;
+constexpr float kE4M3Max = 448.0f;
+constexpr float kR6 = 1.0f / 6.0f;      // fp32(1/6) = 0x3E2AAAAB, the `nvfp4` divisor
+constexpr float kR4 = 0.25f;            // the second candidate of `nvfp4_4over6`
+
+// Bytes of one row (one token of one head) inside a side: packed codes, then scales.
+constexpr int data_bytes(int D) { return D / 2; }
+constexpr int scale_bytes(int D) { return D / kGroupSize; }
+constexpr int full_dim(int D) { return data_bytes(D) + scale_bytes(D); }  // F = 9D/16
+
+static_assert(full_dim(128) == 72, "F(128) must be 72 bytes");
+static_assert(2 * 16 * 8 * full_dim(128) == 18432, "page of D=128, H=8, T=16 must be 18432 B");
+static_assert(sizeof(float) == 4, "fp32 required");
+
+enum class Layout : int32_t { kHND = 0, kNHD = 1 };
+enum class Recipe : int32_t { kNvfp4 = 0, kNvfp4_4over6 = 1 };
+enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// ---- Bit casts and never-contracted arithmetic ---------------------------------------------------
+NVFP4KV_HD uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+NVFP4KV_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+NVFP4KV_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+NVFP4KV_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+NVFP4KV_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+// Exactly rounded 1/x (IEEE division) on both sides.
+NVFP4KV_HD float recip_rn(float x) {
+#if defined(__CUDA_ARCH__)
+  return __frcp_rn(x);
+#else
+  return 1.0f / x;
+#endif
+}
+
+NVFP4KV_HD bool is_nan(float x) { return (float_bits(x) & 0x7FFFFFFFu) > 0x7F800000u; }
+NVFP4KV_HD bool is_finite(float x) { return (float_bits(x) & 0x7F800000u) != 0x7F800000u; }
+NVFP4KV_HD float abs_f(float x) { return bits_float(float_bits(x) & 0x7FFFFFFFu); }
+NVFP4KV_HD float quiet_nan() { return bits_float(0x7FC00000u); }
+
+// max that returns NaN when either operand is NaN (one instruction on sm_80+), so the group
+// amax also tells whether the group held a NaN.
+NVFP4KV_HD float max_nan(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  if (is_nan(a) || is_nan(b)) return quiet_nan();
+  return a > b ? a : b;
+#endif
+}
+
+// ---- Input element conversion (exact) ---------------------------------------------------------
+NVFP4KV_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+
+NVFP4KV_HD float f16_to_float(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#else
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu;
+  const uint32_t man = h & 0x3FFu;
+  if (exp == 0x1F) return bits_float(sign | 0x7F800000u | (man << 13));  // Inf / NaN
+  if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (man << 13));
+  // Subnormal (or zero): man * 2^-24, exact in fp32.
+  const float mag = static_cast<float>(man) * 5.9604644775390625e-8f;
+  return bits_float(sign | float_bits(mag));
+#endif
+}
+
+// Output conversion with round-to-nearest-even (dequantize, FORMAT.md §6). NaN stays NaN.
+NVFP4KV_HD uint16_t float_to_bf16(float f) {
+  const uint32_t u = float_bits(f);
+  if (is_nan(f)) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+NVFP4KV_HD uint16_t float_to_f16(float f) {
+#if defined(__CUDA_ARCH__)
+  uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
+  const uint32_t u = float_bits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);  // NaN
+  if (a >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // rounds to >= 65536: Inf
+  if (a < 0x38800000u) {
+    // Below the smallest normal half (2^-14): multiples of 2^-24. Adding 0.5 (ulp 2^-24) makes the
+    // fp32 adder round to that grid with RNE.
+    const uint32_t m = float_bits(bits_float(a) + 0.5f) - 0x3F000000u;
+    return static_cast<uint16_t>(sign | m);
+  }
+  const uint32_t r = a + 0xFFFu + ((a >> 13) & 1u);
+  return static_cast<uint16_t>(sign | ((r - (112u << 23)) >> 13));
+#endif
+}
+
+// ---- E2M1 (4-bit element) ---------------------------------------------------------------------
+// Magnitude code 0..7 of m >= 0 (or NaN) with round-to-nearest-even and saturation at 6: the
+// ladder of FORMAT.md §2 in a handful of integer and add instructions, which is what keeps the
+// store kernel under its per-element instruction budget.
+NVFP4KV_HD uint32_t e2m1_magnitude(float m) {
+  const uint32_t a = float_bits(m) & 0x7FFFFFFFu;
+  // m < 1: codes 0, 1, 2 are the multiples of 0.5. The ulp of 2^22 is 0.5, so m + 2^22 rounds m
+  // to that grid with the adder's RNE; the low bits then hold 2m rounded.
+  const uint32_t small = float_bits(add_rn(bits_float(a), 4194304.0f)) - 0x4A800000u;
+  // m >= 1: E2M1 is a float with one mantissa bit and exponent bias 1. Round the fp32 mantissa
+  // to one bit (RNE on the integer bits), then re-bias exponent 127 -> 1 (252 = 126 << 1).
+  uint32_t big = ((a + 0x1FFFFFu + ((a >> 22) & 1u)) >> 22) - 252u;
+  big = big < 7u ? big : 7u;  // saturate at 6 (NaN and Inf land here too)
+  return bits_float(a) < 1.0f ? small : big;
+}
+
+// Full code of v: magnitude code plus the sign bit of v (-0 and small negatives give 0x8).
+NVFP4KV_HD uint32_t e2m1_encode(float v) {
+  return ((float_bits(v) >> 28) & 8u) | e2m1_magnitude(v);
+}
+
+NVFP4KV_HD float e2m1_decode(uint32_t code) {
+  const uint32_t mag = code & 7u;
+  const uint32_t bits =
+      mag < 2u ? (mag ? 0x3F000000u : 0u) : ((((mag >> 1) + 126u) << 23) | ((mag & 1u) << 22));
+  return bits_float(bits | ((code & 8u) << 28));
+}
+
+// ---- E4M3 (scale byte) ------------------------------------------------------------------------
+// Scale byte of v >= 0 with RNE, subnormals, saturation to 448 (0x7E); NaN gives 0x7F.
+NVFP4KV_HD uint32_t e4m3_encode(float v) {
+  if (is_nan(v)) return kScaleNaN;
+  const uint32_t a = float_bits(v) & 0x7FFFFFFFu;
+  // Below 2^-6 the bytes are the multiples of 2^-9; the ulp of 2^14 is 2^-9 (see e2m1_magnitude).
+  const uint32_t small = float_bits(add_rn(bits_float(a), 16384.0f)) - 0x46800000u;
+  // Normal: round the mantissa to 3 bits, re-bias exponent 127 -> 7 (960 = 120 << 3).
+  uint32_t big = ((a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20) - 960u;
+  big = big < kE4M3MaxByte ? big : kE4M3MaxByte;
+  return bits_float(a) < 0.015625f ? small : big;
+}
+
+NVFP4KV_HD float e4m3_decode(uint32_t byte) {
+  const uint32_t b = byte & 0x7Fu;
+  if (b == 0x7Fu) return quiet_nan();
+  const uint32_t e = b >> 3, m = b & 7u;
+  const float mag = e == 0 ? static_cast<float>(m) * 0.001953125f  // m * 2^-9, exact
+                           : bits_float(((e + 120u) << 23) | (m << 20));
+  return bits_float(float_bits(mag) | ((byte & 0x80u) << 24));
+}
+
+// ---- The recipe (FORMAT.md §2) ----------------------------------------------------------------
+// What a global scale g turns into, computed once per call (or once per thread for a scale that
+// lives on the device): enc = 1/g and its reciprocal, which is not always exactly g.
+struct GlobalScale {
+  float enc;      // 1 / g
+  float inv_enc;  // 1 / enc
+  bool valid;     // g finite, > 0, 1/g finite
+};
+
+NVFP4KV_HD GlobalScale make_global_scale(float g) {
+  GlobalScale s;
+  s.enc = recip_rn(g);
+  s.inv_enc = recip_rn(s.enc);
+  s.valid = is_finite(g) && g > 0.0f && is_finite(s.enc) && s.enc > 0.0f;
+  return s;
+}
+
+NVFP4KV_HD bool global_scale_valid(float g) { return make_global_scale(g).valid; }
+
+// out = 1 / (sfq * (1/enc)); a function of the scale byte alone for a given global scale, so a
+// kernel may tabulate it.
+NVFP4KV_HD float out_scale(uint32_t sfb, float inv_enc) {
+  const float sfq = e4m3_decode(sfb);
+  return sfq == 0.0f ? 0.0f : recip_rn(mul_rn(sfq, inv_enc));
+}
+
+NVFP4KV_HD uint32_t scale_byte(float amax, float enc, float divisor) {
+  return e4m3_encode(mul_rn(enc, mul_rn(amax, divisor)));
+}
+
+// Codes of one group for a given out scale: 8 bytes, element 2k in the low nibble of byte k.
+// The sign comes from x (equal to the sign of x*out, since out >= 0, whenever that is not NaN),
+// which keeps the bytes identical across platforms whose default NaN differs.
+NVFP4KV_HD void encode_group(const float (&x)[kGroupSize], float out, uint32_t (&packed)[2]) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int w = 0; w < 2; ++w) {
+    uint32_t word = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int i = 0; i < 8; ++i) {
+      const float xi = x[8 * w + i];
+      const uint32_t code = ((float_bits(xi) >> 28) & 8u) | e2m1_magnitude(mul_rn(abs_f(xi), out));
+      word |= code << (4 * i);
+    }
+    packed[w] = word;
+  }
+}
+
+// Squared error of a candidate, two partial sums of 8 accumulated left to right (FORMAT.md §2).
+NVFP4KV_HD float candidate_error(const float (&x)[kGroupSize], const uint32_t (&packed)[2],
+                                 float out) {
+  const float r = out == 0.0f ? 0.0f : recip_rn(out);
+  float sum[2];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int w = 0; w < 2; ++w) {
+    float s = 0.0f;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int i = 0; i < 8; ++i) {
+      const float e = sub_rn(mul_rn(e2m1_decode(packed[w] >> (4 * i)), r), x[8 * w + i]);
+      s = add_rn(s, mul_rn(e, e));
+    }
+    sum[w] = s;
+  }
+  return add_rn(sum[0], sum[1]);
+}
+
+// Amax of a group; NaN when the group holds a NaN.
+NVFP4KV_HD float group_amax(const float (&x)[kGroupSize]) {
+  float a = 0.0f;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 0; i < kGroupSize; ++i) a = max_nan(a, abs_f(x[i]));
+  return a;
+}
+
+// Quantizes one group with either recipe. `out_of(sfb)` returns out_scale(sfb, inv_enc); a
+// kernel passes a table lookup, the CPU path the function itself. Returns the scale byte.
+template <Recipe kRecipe, class OutOf>
+NVFP4KV_HD uint32_t quantize_group(const float (&x)[kGroupSize], const GlobalScale& gs,
+                                   OutOf out_of, uint32_t (&packed)[2]) {
+  const float amax = group_amax(x);
+  if (is_nan(amax) || !gs.valid) {
+    packed[0] = packed[1] = 0u;
+    return kScaleNaN;
+  }
+  const uint32_t sfb6 = scale_byte(amax, gs.enc, kR6);
+  const float out6 = out_of(sfb6);
+  encode_group(x, out6, packed);
+  if (kRecipe == Recipe::kNvfp4) return sfb6;
+
+  const uint32_t sfb4 = scale_byte(amax, gs.enc, kR4);
+  const float out4 = out_of(sfb4);
+  uint32_t packed4[2];
+  encode_group(x, out4, packed4);
+  const float err6 = candidate_error(x, packed, out6);
+  const float err4 = candidate_error(x, packed4, out4);
+  if (err4 < err6) {  // ties keep 6
+    packed[0] = packed4[0];
+    packed[1] = packed4[1];
+    return sfb4;
+  }
+  return sfb6;
+}
+
+// ---- Page offsets (FORMAT.md §4), in bytes from the start of one side of one page -----------------
+NVFP4KV_HD int64_t row_index(Layout layout, int64_t h, int64_t t, int64_t H, int64_t T) {
+  return layout == Layout::kHND ? h * T + t : t * H + h;
+}
+
+NVFP4KV_HD int64_t data_offset(int64_t row, int64_t D) { return row * (D / 2); }
+
+NVFP4KV_HD int64_t scale_offset_linear(int64_t row, int64_t g, int64_t H, int64_t T, int64_t D) {
+  return H * T * (D / 2) + row * (D / kGroupSize) + g;
+}
+
+// Token-4 interleaved scales (HND only; T % 4 == 0): the 4 tokens of a block sit side by side for
+// each group, the layout trtllm-gen reads for V on Blackwell.
+NVFP4KV_HD int64_t scale_offset_interleaved(int64_t h, int64_t t, int64_t g, int64_t T,
+                                            int64_t H, int64_t D) {
+  const int64_t S = D / kGroupSize;
+  return H * T * (D / 2) + h * T * S + (t / kInterleave) * (kInterleave * S) + kInterleave * g +
+         (t % kInterleave);
+}
+
+NVFP4KV_HD int64_t side_bytes(int64_t H, int64_t T, int64_t D) { return H * T * full_dim(D); }
+
+// ---- Dequantization (FORMAT.md §6) --------------------------------------------------------------
+NVFP4KV_HD float dequantize_value(uint32_t code, uint32_t sfb, float g) {
+  return mul_rn(mul_rn(e2m1_decode(code), e4m3_decode(sfb)), g);
+}
+
+}  // namespace nvfp4kv

@@ -1,0 +1,119 @@
+/* nvfp4kv C ABI: quantize K/V into an NVFP4 paged KV cache and read it back.
+ *
+ * Pure C (C99). Every function is prefixed nvfp4kv_, returns a status and never lets a C++
+ * exception escape. All validation happens before any byte is written: a call that returns an
+ * error has left every output untouched. On error, nvfp4kv_last_error() (thread-local) names the
+ * argument, the value received and what is allowed.
+ *
+ * Tensors are DLPack DLTensor views (dlpack.h); strides are in elements. Tensors on the CPU run
+ * the CPU path, tensors on a CUDA device the CUDA kernels on the stream given as `void*`
+ * (a cudaStream_t; NULL is the legacy default stream). CUDA calls never synchronize and never
+ * allocate. The byte format is FORMAT.md's (the project's docs/FORMAT.md).
+ */
+#ifndef NVFP4KV_NVFP4KV_H_
+#define NVFP4KV_NVFP4KV_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nvfp4kv/dlpack.h"
+
+/* The one source of the version: CMake and the Python package read these three lines. */
+#define NVFP4KV_VERSION_MAJOR 0
+#define NVFP4KV_VERSION_MINOR 1
+#define NVFP4KV_VERSION_PATCH 0
+#define NVFP4KV_VERSION \
+  (NVFP4KV_VERSION_MAJOR * 10000 + NVFP4KV_VERSION_MINOR * 100 + NVFP4KV_VERSION_PATCH)
+
+#if defined(_WIN32)
+#define NVFP4KV_API __declspec(dllexport)
+#else
+#define NVFP4KV_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum nvfp4kv_status {
+  NVFP4KV_SUCCESS = 0,
+  NVFP4KV_ERROR_INVALID_VALUE = 1,   /* bad shape, stride, size or value (Python: ValueError) */
+  NVFP4KV_ERROR_INVALID_DTYPE = 2,   /* wrong element type (Python: TypeError) */
+  NVFP4KV_ERROR_DEVICE_MISMATCH = 3, /* tensors on different devices (Python: ValueError) */
+  NVFP4KV_ERROR_NOT_SUPPORTED = 4,   /* e.g. a CUDA tensor in a build without CUDA */
+  NVFP4KV_ERROR_CUDA = 5,            /* the CUDA runtime reported an error */
+  NVFP4KV_ERROR_INTERNAL = 6         /* a bug: please report it */
+} nvfp4kv_status;
+
+typedef enum nvfp4kv_recipe {
+  NVFP4KV_RECIPE_NVFP4 = 0,        /* scale = amax / 6 */
+  NVFP4KV_RECIPE_NVFP4_4OVER6 = 1  /* the better of amax / 6 and amax / 4 per group */
+} nvfp4kv_recipe;
+
+typedef enum nvfp4kv_scale_profile {
+  NVFP4KV_SCALES_VLLM = 0,  /* K scales linear, V scales token-4 interleaved (vLLM on SM100) */
+  NVFP4KV_SCALES_LINEAR = 1 /* K and V scales linear */
+} nvfp4kv_scale_profile;
+
+/* Version of the library actually loaded (compare with NVFP4KV_VERSION), and as "0.1.0". */
+NVFP4KV_API int nvfp4kv_version(void);
+NVFP4KV_API const char* nvfp4kv_version_string(void);
+
+/* Static description of a status code, e.g. "invalid value". Never NULL. */
+NVFP4KV_API const char* nvfp4kv_status_string(nvfp4kv_status status);
+
+/* Message of the last failed call on this thread ("" if none). Valid until the next call. */
+NVFP4KV_API const char* nvfp4kv_last_error(void);
+
+/* 1 if the library was built with its CUDA kernels, else 0. */
+NVFP4KV_API int nvfp4kv_cuda_built(void);
+/* CUDA version the library was built with (e.g. 13000), 0 without CUDA. */
+NVFP4KV_API int nvfp4kv_cuda_build_version(void);
+/* Architectures compiled, e.g. "80-real;90-real;100-real;120". "" without CUDA. */
+NVFP4KV_API const char* nvfp4kv_cuda_archs(void);
+/* Number of usable CUDA devices (0 when none); when 0, *reason (if not NULL) explains why
+ * (no CUDA in this build, no driver, driver too old, no device). */
+NVFP4KV_API int nvfp4kv_cuda_device_count(const char** reason);
+
+/* Quantize-and-store (vLLM's reshape_and_cache_flash for kv_cache_dtype "nvfp4").
+ *
+ * key, value:   [num_tokens, H, D] and [num_tokens, H, Dv], float32, float16 or bfloat16 (the
+ *               same for both), last stride 1, other strides free. D, Dv multiples of 16, <= 512.
+ * kv_cache:     uint8, one of
+ *               - (N, 2, T, H, F) with HND strides (physical [N][2][H][T][F]) or NHD strides
+ *                 (physical [N][2][T][H][F]); page stride free; requires D == Dv;
+ *               - (N, 2H, T, F) packed, HND: K heads 0..H-1, V heads H..2H-1;
+ *               - when value_cache is not NULL: the K side (N, T, H, F), value_cache the V side;
+ *                 each side a contiguous run of H*T*F bytes per page, HND or NHD by its strides.
+ *               F = D/2 + D/16.
+ * slot_mapping: [num_tokens] int64 or int32. Token i goes to page slot/T, position slot%T;
+ *               slots < 0 or >= N*T are skipped. Slots must be distinct among stored tokens
+ *               (the CPU path keeps the last token, the CUDA path any one of them).
+ * k_scale, v_scale: 1-element float32 tensors, the decode global scales. On the CPU they are
+ *               validated (finite, > 0, finite reciprocal); on the GPU they are read by the
+ *               kernel and a group quantized with an invalid one gets scale byte 0x7F.
+ * recipe, profile: see the enums. The token-4 interleaved V scales of the vLLM profile need
+ *               HND, T % 4 == 0 and Dv % 64 == 0.
+ * stream:       cudaStream_t for CUDA tensors; ignored on the CPU. */
+NVFP4KV_API nvfp4kv_status nvfp4kv_store(const DLTensor* key, const DLTensor* value,
+                                         const DLTensor* kv_cache, const DLTensor* value_cache,
+                                         const DLTensor* slot_mapping, const DLTensor* k_scale,
+                                         const DLTensor* v_scale, nvfp4kv_recipe recipe,
+                                         nvfp4kv_scale_profile profile, void* stream);
+
+/* Dequantize every page of a cache (FORMAT.md §6).
+ *
+ * kv_cache, value_cache, k_scale, v_scale, profile: as for nvfp4kv_store.
+ * key_out, value_out: (N, T, H, D) and (N, T, H, Dv) float32, float16 or bfloat16 (the same for
+ *               both), last stride 1, other strides free, on the cache's device. */
+NVFP4KV_API nvfp4kv_status nvfp4kv_dequantize(const DLTensor* kv_cache,
+                                              const DLTensor* value_cache,
+                                              const DLTensor* k_scale, const DLTensor* v_scale,
+                                              nvfp4kv_scale_profile profile, DLTensor* key_out,
+                                              DLTensor* value_out, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NVFP4KV_NVFP4KV_H_ */

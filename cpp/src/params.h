@@ -1,0 +1,63 @@
+// Parameter structs of the operations: plain memory descriptions, filled and validated by the C
+// ABI (capi.cpp), consumed by the CPU loops (cpu.cpp) and passed whole to the CUDA kernels
+// (cuda/) as one __grid_constant__ argument. No pointers to host objects, no owning members.
+#pragma once
+
+#include <stdint.h>
+
+#include "nvfp4kv/format.h"
+
+namespace nvfp4kv {
+
+// One side (K or V) of the cache.
+struct CacheSide {
+  uint8_t* base;        // this side of page 0
+  int64_t page_stride;  // bytes between pages
+  int32_t D;            // head size of this side
+  int32_t interleaved;  // token-4 interleaved scales (HND only)
+};
+
+// A global scale: the value when it is known on the host, else a device pointer read by the
+// kernel (CUDA graphs replay with whatever the pointer holds then).
+struct ScaleArg {
+  const float* device_ptr;  // nullptr: use `value`
+  float value;
+};
+
+struct StoreSide {
+  const void* src;        // [num_tokens, H, D] elements
+  int64_t token_stride;   // elements
+  int64_t head_stride;    // elements
+  CacheSide cache;
+  ScaleArg scale;
+};
+
+struct StoreParams {
+  StoreSide k, v;
+  const void* slots;      // int32 or int64
+  int64_t slot_stride;    // elements
+  int64_t num_tokens;
+  int64_t num_slots;      // N * T
+  int32_t H, T;
+  int32_t slots_int64;
+  DType dtype;
+  Layout layout;
+  Recipe recipe;
+};
+
+struct DequantSide {
+  CacheSide cache;
+  ScaleArg scale;
+  void* out;              // (N, T, H, D) elements
+  int64_t out_stride[3];  // elements, for N, T, H
+};
+
+struct DequantParams {
+  DequantSide k, v;
+  int64_t N;
+  int32_t H, T;
+  DType dtype;
+  Layout layout;
+};
+
+}  // namespace nvfp4kv

@@ -1,0 +1,41 @@
+"""nvfp4kv: NVFP4 paged KV cache (4-bit E2M1 values, E4M3 scale per 16, fp32 scale per tensor).
+
+Byte-compatible with vLLM's ``kv_cache_dtype="nvfp4"`` layout; CPU path and CUDA kernels
+(Ampere, Hopper, Blackwell) that write identical bytes. Torch is optional.
+"""
+
+from ._C import __version__
+from .api import build_info, dequantize, reshape_and_cache_flash, store
+from .spec import (
+    MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP,
+    STR_DTYPE_TO_TORCH_DTYPE,
+    KVCacheSpec,
+    KVQuantMode,
+    allocate_kv_cache,
+    get_kv_cache_shape,
+    get_kv_cache_stride_order,
+    get_kv_quant_mode,
+    is_quantized_kv_cache,
+    nvfp4_kv_cache_full_dim,
+)
+from .views import nvfp4_kv_cache_split_views, nvfp4_split_data_scale
+
+__all__ = [
+    "__version__",
+    "build_info",
+    "store",
+    "dequantize",
+    "reshape_and_cache_flash",
+    "KVCacheSpec",
+    "KVQuantMode",
+    "MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP",
+    "STR_DTYPE_TO_TORCH_DTYPE",
+    "allocate_kv_cache",
+    "get_kv_cache_shape",
+    "get_kv_cache_stride_order",
+    "get_kv_quant_mode",
+    "is_quantized_kv_cache",
+    "nvfp4_kv_cache_full_dim",
+    "nvfp4_kv_cache_split_views",
+    "nvfp4_split_data_scale",
+]

@@ -1,0 +1,259 @@
+"""Quantize-and-store and dequantize: thin wrappers over the C ABI (``nvfp4kv._C``).
+
+Validation lives in the C ABI; this module only turns Python conveniences (strings, Python
+floats, stream objects) into what the ABI takes, and allocates outputs for ``dequantize``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Optional, Tuple
+
+from . import _C
+
+_RECIPES = {name: i for i, name in enumerate(_C.RECIPES)}
+_SCALE_LAYOUTS = {name: i for i, name in enumerate(_C.SCALE_LAYOUTS)}
+_FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+__all__ = ["store", "reshape_and_cache_flash", "dequantize", "build_info"]
+
+
+def _choice(value: Any, table: dict, arg: str) -> int:
+    if isinstance(value, str) and value in table:
+        return table[value]
+    raise ValueError(f"{arg}: {value!r} is not supported; expected one of {', '.join(map(repr, table))}")
+
+
+def _framework(x: Any) -> str:
+    mod = type(x).__module__
+    for name in ("torch", "cupy", "numpy"):
+        if mod == name or mod.startswith(name + "."):
+            return name
+    return "other"
+
+
+def _stream_handle(stream: Any, like: Any) -> int:
+    """The cudaStream_t to run on, as an integer.
+
+    ``None`` means the caller's current stream: torch's current stream of the tensor's device,
+    or cupy's current stream; 0 (the legacy default stream) for anything else. Also accepts an
+    int, a ``torch.cuda.Stream`` (``.cuda_stream``), a ``cupy.cuda.Stream`` (``.ptr``) or any
+    object with ``__cuda_stream__``.
+    """
+    if stream is None:
+        fw = _framework(like)
+        if fw == "torch" and like.is_cuda:
+            import torch
+
+            return torch.cuda.current_stream(like.device).cuda_stream
+        if fw == "cupy":
+            import cupy
+
+            return cupy.cuda.get_current_stream().ptr
+        return 0
+    if isinstance(stream, int):
+        return stream
+    if hasattr(stream, "__cuda_stream__"):
+        return int(stream.__cuda_stream__()[1])
+    for attr in ("cuda_stream", "ptr"):
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    raise TypeError(f"stream: {type(stream).__name__} is not a CUDA stream (int, torch/cupy stream)")
+
+
+def _scale(x: Any) -> Any:
+    # Python and numpy scalars go to the ABI as host floats; tensors (CPU or GPU) pass through so a
+    # device scale is read by the kernel, never on the host.
+    if isinstance(x, numbers.Real) and not hasattr(x, "__dlpack_device__"):
+        return float(x)
+    if _framework(x) == "numpy" and getattr(x, "ndim", 1) == 0:
+        return float(x)
+    return x
+
+
+def store(
+    key: Any,
+    value: Any,
+    kv_cache: Any,
+    slot_mapping: Any,
+    k_scale: Any = 1.0,
+    v_scale: Any = 1.0,
+    *,
+    value_cache: Any = None,
+    recipe: str = "nvfp4",
+    scale_layout: str = "vllm",
+    stream: Any = None,
+) -> None:
+    """Quantize ``key``/``value`` to NVFP4 and write them into the paged cache, in place.
+
+    Parameters
+    ----------
+    key, value : array ``[num_tokens, H, D]`` (and ``[num_tokens, H, Dv]``)
+        bfloat16, float16 or float32 (the same for both); last stride 1, other strides free
+        (views of a fused QKV tensor work). torch (CPU or CUDA), numpy, cupy.
+    kv_cache : uint8 array
+        ``(N, 2, T, H, F)`` with HND or NHD strides, packed ``(N, 2H, T, F)`` (HND), or the K side
+        ``(N, T, H, F)`` when ``value_cache`` is given. ``F = D/2 + D/16``.
+    slot_mapping : int64 or int32 array ``[num_tokens]``
+        Token ``i`` goes to page ``slot // T``, position ``slot % T``; slots < 0 or >= N*T skip
+        the token. Slots must be distinct.
+    k_scale, v_scale : float or 1-element float32 tensor
+        Decode global scales (usually ``amax / 448``). A GPU tensor is read by the kernel.
+    value_cache : uint8 array ``(N, T, H, F)``, optional
+        The V side when the cache is given as two sides (vLLM's ``kv_cache.unbind(1)``).
+    recipe : {"nvfp4", "nvfp4_4over6"}
+    scale_layout : {"vllm", "linear"}
+        "vllm": K scales linear, V scales token-4 interleaved (HND, T % 4 == 0, D % 64 == 0);
+        "linear": both linear.
+    stream : optional
+        CUDA stream; default: the current stream of the tensors' framework. Never synchronized.
+
+    Raises
+    ------
+    TypeError, ValueError, RuntimeError
+        Bad dtype; bad shape/value/device; CUDA failure. The cache is untouched on error.
+    """
+    _C.store(
+        key,
+        value,
+        kv_cache,
+        value_cache,
+        slot_mapping,
+        _scale(k_scale),
+        _scale(v_scale),
+        _choice(recipe, _RECIPES, "recipe"),
+        _choice(scale_layout, _SCALE_LAYOUTS, "scale_layout"),
+        _stream_handle(stream, kv_cache),
+    )
+
+
+def reshape_and_cache_flash(
+    key: Any,
+    value: Any,
+    key_cache: Any,
+    value_cache: Any,
+    slot_mapping: Any,
+    kv_cache_dtype: str,
+    k_scale: Any,
+    v_scale: Any,
+    *,
+    scale_layout: str = "vllm",
+    stream: Any = None,
+) -> None:
+    """vLLM's ``reshape_and_cache_flash`` for ``kv_cache_dtype`` "nvfp4" / "nvfp4_4over6".
+
+    Same arguments and semantics as vLLM's op (``key_cache``/``value_cache`` are the two sides
+    ``kv_cache[:, 0]``, ``kv_cache[:, 1]``), except that out-of-range slots are skipped instead
+    of written out of bounds. See :func:`store` for shapes and dtypes.
+    """
+    if kv_cache_dtype not in _RECIPES:
+        raise ValueError(
+            f"kv_cache_dtype: {kv_cache_dtype!r} is not supported by nvfp4kv; expected one of "
+            f"{', '.join(map(repr, _RECIPES))} (use vLLM's own op for other cache dtypes)"
+        )
+    store(
+        key,
+        value,
+        key_cache,
+        slot_mapping,
+        k_scale,
+        v_scale,
+        value_cache=value_cache,
+        recipe=kv_cache_dtype,
+        scale_layout=scale_layout,
+        stream=stream,
+    )
+
+
+def _cache_geometry(kv_cache: Any, value_cache: Any) -> Tuple[int, int, int, int, int]:
+    """(N, T, H, D, Dv) read off the shapes; the ABI validates the rest."""
+    shape = tuple(int(s) for s in kv_cache.shape)
+    if value_cache is not None and len(shape) == 4:
+        n, t, h, f = shape
+        fv = int(value_cache.shape[-1])
+    elif len(shape) == 5:
+        n, _, t, h, f = shape
+        fv = f
+    elif len(shape) == 4:
+        n, h2, t, f = shape
+        h, fv = h2 // 2, f
+    else:
+        raise ValueError(f"kv_cache: rank {len(shape)} (shape {shape}); expected a 5-D, packed 4-D or two-sided cache")
+    return n, t, h, f * 16 // 9, fv * 16 // 9
+
+
+def _empty(like: Any, shape: Tuple[int, ...], dtype: Any) -> Any:
+    fw = _framework(like)
+    if fw == "torch":
+        import torch
+
+        tdtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        return torch.empty(shape, dtype=tdtype, device=like.device)
+    if fw == "cupy":
+        import cupy
+
+        if dtype == "bfloat16":
+            raise ValueError("dtype: cupy has no bfloat16; use float32 or float16")
+        return cupy.empty(shape, dtype=dtype)
+    import numpy as np
+
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        raise ValueError("dtype: numpy has no bfloat16; use float32 or float16, or torch tensors")
+    return np.empty(shape, dtype=dtype)
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = dtype if isinstance(dtype, str) else str(dtype).replace("torch.", "")
+    name = {"float": "float32", "half": "float16"}.get(name, name)
+    if name not in _FLOAT_DTYPES:
+        try:
+            import numpy as np
+
+            name = np.dtype(dtype).name
+        except TypeError:
+            pass
+    if name not in _FLOAT_DTYPES:
+        raise ValueError(f"dtype: {dtype!r} is not supported; expected one of {_FLOAT_DTYPES}")
+    return name
+
+
+def dequantize(
+    kv_cache: Any,
+    k_scale: Any = 1.0,
+    v_scale: Any = 1.0,
+    *,
+    value_cache: Any = None,
+    dtype: Any = "float32",
+    scale_layout: str = "vllm",
+    stream: Any = None,
+) -> Tuple[Any, Any]:
+    """Dequantize every page of an NVFP4 cache (FORMAT.md §6).
+
+    Returns
+    -------
+    key, value : arrays ``(N, T, H, D)`` and ``(N, T, H, Dv)``
+        In the cache's framework and device; dtype float32, float16 or bfloat16 (torch only).
+        Values are ``e2m1 * scale * global_scale`` computed in fp32, rounded to nearest even.
+    """
+    n, t, h, d, dv = _cache_geometry(kv_cache, value_cache)
+    name = _dtype_name(dtype)
+    key_out = _empty(kv_cache, (n, t, h, d), name)
+    value_out = _empty(kv_cache, (n, t, h, dv), name)
+    _C.dequantize(
+        kv_cache,
+        value_cache,
+        _scale(k_scale),
+        _scale(v_scale),
+        _choice(scale_layout, _SCALE_LAYOUTS, "scale_layout"),
+        key_out,
+        value_out,
+        _stream_handle(stream, kv_cache),
+    )
+    return key_out, value_out
+
+
+def build_info() -> dict:
+    """Version, CUDA build details and whether CUDA can be used here (and if not, why)."""
+    info = {"version": _C.__version__}
+    info.update(_C.cuda_info())
+    return info

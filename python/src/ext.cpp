@@ -1,0 +1,194 @@
+// nvfp4kv._C: the nanobind bridge from DLPack-capable Python objects (torch, numpy, cupy, ...)
+// to the C ABI. It only converts: arrays become DLTensor views (never copies: an implicit copy of
+// a cache would make the write vanish), Python floats become host scalars, statuses become
+// exceptions in one place (raise_for). The GIL is released around every call into the library.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <stdint.h>
+
+#include <string>
+
+#include "nvfp4kv/format.h"
+#include "nvfp4kv/nvfp4kv.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+void raise_for(nvfp4kv_status status) {
+  if (status == NVFP4KV_SUCCESS) return;
+  const std::string msg = nvfp4kv_last_error();
+  switch (status) {
+    case NVFP4KV_ERROR_INVALID_VALUE:
+    case NVFP4KV_ERROR_DEVICE_MISMATCH:
+      throw nb::value_error(msg.c_str());
+    case NVFP4KV_ERROR_INVALID_DTYPE:
+      throw nb::type_error(msg.c_str());
+    default:
+      throw std::runtime_error(msg);
+  }
+}
+
+std::string python_type_name(nb::handle h) { return nb::type_name(h.type()).c_str(); }
+
+// One argument as a DLTensor view; keeps the imported array alive for the call.
+struct Arg {
+  nb::ndarray<nb::ro> array;
+  int64_t shape[8];
+  int64_t strides[8];
+  float scalar;  // storage when the argument is a Python number
+  DLTensor t{};
+  bool present = false;
+
+  const DLTensor* get() const { return present ? &t : nullptr; }
+  DLTensor* get_mut() { return present ? &t : nullptr; }
+};
+
+// Imports `obj` without conversion. writable: reject read-only arrays with a clear message
+// (nanobind refuses them for a writable ndarray, so try that first, then a read-only import
+// to tell "read-only" apart from "not an array").
+void import_array(Arg& a, nb::handle obj, const char* name, bool writable) {
+  bool ok = false;
+  if (writable) {
+    nb::ndarray<> w;
+    if (nb::try_cast(obj, w, false)) {
+      a.array = nb::ndarray<nb::ro>(w);
+      ok = true;
+    } else if (nb::try_cast(obj, a.array, false)) {
+      throw nb::value_error((std::string(name) +
+                             ": the array is read-only; nvfp4kv writes into it in place, so it "
+                             "must be writable")
+                                .c_str());
+    }
+  } else {
+    ok = nb::try_cast(obj, a.array, false);
+  }
+  if (!ok)
+    throw nb::type_error((std::string(name) + ": expected an array supporting DLPack (torch, "
+                          "numpy, cupy, ...), got " + python_type_name(obj))
+                             .c_str());
+  const size_t nd = a.array.ndim();
+  if (nd > 8) throw nb::value_error((std::string(name) + ": rank above 8").c_str());
+  for (size_t i = 0; i < nd; ++i) {
+    a.shape[i] = static_cast<int64_t>(a.array.shape(i));
+    a.strides[i] = static_cast<int64_t>(a.array.stride(i));
+  }
+  a.t.data = const_cast<void*>(a.array.data());
+  a.t.device.device_type = static_cast<DLDeviceType>(a.array.device_type());
+  a.t.device.device_id = a.array.device_id();
+  a.t.ndim = static_cast<int32_t>(nd);
+  const nb::dlpack::dtype dt = a.array.dtype();
+  a.t.dtype.code = dt.code;
+  a.t.dtype.bits = dt.bits;
+  a.t.dtype.lanes = dt.lanes;
+  a.t.shape = a.shape;
+  a.t.strides = a.strides;
+  a.t.byte_offset = 0;
+  a.present = true;
+}
+
+void import_optional(Arg& a, nb::handle obj, const char* name, bool writable) {
+  if (!obj.is_none()) import_array(a, obj, name, writable);
+}
+
+// A global scale: a Python number becomes a host float32 scalar, anything else an array.
+void import_scale(Arg& a, nb::handle obj, const char* name) {
+  if (nb::isinstance<nb::float_>(obj) || nb::isinstance<nb::int_>(obj)) {
+    a.scalar = static_cast<float>(nb::cast<double>(obj));
+    a.t.data = &a.scalar;
+    a.t.device = DLDevice{kDLCPU, 0};
+    a.t.ndim = 0;
+    a.t.dtype = DLDataType{kDLFloat, 32, 1};
+    a.t.shape = nullptr;
+    a.t.strides = nullptr;
+    a.t.byte_offset = 0;
+    a.present = true;
+    return;
+  }
+  import_array(a, obj, name, false);
+}
+
+void store(nb::handle key, nb::handle value, nb::handle kv_cache, nb::handle value_cache,
+           nb::handle slot_mapping, nb::handle k_scale, nb::handle v_scale, int recipe,
+           int profile, uintptr_t stream) {
+  Arg k, v, c, vc, s, ks, vs;
+  import_array(k, key, "key", false);
+  import_array(v, value, "value", false);
+  import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", true);
+  import_optional(vc, value_cache, "value_cache", true);
+  import_array(s, slot_mapping, "slot_mapping", false);
+  import_scale(ks, k_scale, "k_scale");
+  import_scale(vs, v_scale, "v_scale");
+  nvfp4kv_status st;
+  {
+    nb::gil_scoped_release release;
+    st = nvfp4kv_store(k.get(), v.get(), c.get(), vc.get(), s.get(), ks.get(), vs.get(),
+                       static_cast<nvfp4kv_recipe>(recipe),
+                       static_cast<nvfp4kv_scale_profile>(profile),
+                       reinterpret_cast<void*>(stream));
+  }
+  raise_for(st);
+}
+
+void dequantize(nb::handle kv_cache, nb::handle value_cache, nb::handle k_scale,
+                nb::handle v_scale, int profile, nb::handle key_out, nb::handle value_out,
+                uintptr_t stream) {
+  Arg c, vc, ks, vs, ko, vo;
+  import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
+  import_optional(vc, value_cache, "value_cache", false);
+  import_scale(ks, k_scale, "k_scale");
+  import_scale(vs, v_scale, "v_scale");
+  import_array(ko, key_out, "key_out", true);
+  import_array(vo, value_out, "value_out", true);
+  nvfp4kv_status st;
+  {
+    nb::gil_scoped_release release;
+    st = nvfp4kv_dequantize(c.get(), vc.get(), ks.get(), vs.get(),
+                            static_cast<nvfp4kv_scale_profile>(profile), ko.get_mut(),
+                            vo.get_mut(), reinterpret_cast<void*>(stream));
+  }
+  raise_for(st);
+}
+
+nb::dict cuda_info() {
+  nb::dict d;
+  const char* reason = nullptr;
+  int count;
+  {
+    nb::gil_scoped_release release;
+    count = nvfp4kv_cuda_device_count(&reason);
+  }
+  d["cuda_built"] = nvfp4kv_cuda_built() != 0;
+  const int v = nvfp4kv_cuda_build_version();
+  d["cuda_version"] =
+      v ? nb::object(nb::str((std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10)).c_str()))
+        : nb::none();
+  d["cuda_archs"] = nb::str(nvfp4kv_cuda_archs());
+  d["cuda_device_count"] = count;
+  d["cuda_available"] = count > 0;
+  d["cuda_unavailable_reason"] = count > 0 ? nb::object(nb::none()) : nb::object(nb::str(reason));
+  return d;
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "nvfp4kv compiled core (use the nvfp4kv package, not this module)";
+  m.attr("__version__") = nvfp4kv_version_string();
+  m.attr("ABI_VERSION") = nvfp4kv_version();
+  m.attr("GROUP_SIZE") = nvfp4kv::kGroupSize;
+  m.attr("MAX_HEAD_SIZE") = nvfp4kv::kMaxHeadSize;
+  m.attr("E2M1_MAX") = nvfp4kv::kE2M1Max;
+  m.attr("E4M3_MAX") = nvfp4kv::kE4M3Max;
+  m.attr("SCALE_NAN") = nvfp4kv::kScaleNaN;
+  m.attr("RECIPES") = nb::make_tuple("nvfp4", "nvfp4_4over6");          // enum order
+  m.attr("SCALE_LAYOUTS") = nb::make_tuple("vllm", "linear");           // enum order
+  m.def("store", &store, nb::arg("key"), nb::arg("value"), nb::arg("kv_cache"),
+        nb::arg("value_cache").none(), nb::arg("slot_mapping"), nb::arg("k_scale"),
+        nb::arg("v_scale"), nb::arg("recipe"), nb::arg("profile"), nb::arg("stream"));
+  m.def("dequantize", &dequantize, nb::arg("kv_cache"), nb::arg("value_cache").none(),
+        nb::arg("k_scale"), nb::arg("v_scale"), nb::arg("profile"), nb::arg("key_out"),
+        nb::arg("value_out"), nb::arg("stream"));
+  m.def("cuda_info", &cuda_info);
+}

@@ -1,0 +1,120 @@
+// The C ABI as a C++ engine would call it: DLTensor views over host buffers. Checks statuses,
+// messages, that rejected calls leave the cache untouched, and that a store touches exactly the
+// targeted rows with the bytes of a known group.
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <string>
+#include <vector>
+
+#include "nvfp4kv/nvfp4kv.h"
+
+static int g_failures = 0;
+#define CHECK(cond, ...)                                                   \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      ++g_failures;                                                        \
+      fprintf(stderr, "%s:%d: CHECK(%s) ", __FILE__, __LINE__, #cond);     \
+      fprintf(stderr, __VA_ARGS__);                                        \
+      fprintf(stderr, "\n");                                               \
+    }                                                                      \
+  } while (0)
+
+struct View {
+  std::vector<int64_t> shape;
+  DLTensor t{};
+  View(void* data, DLDataType dt, std::vector<int64_t> s) : shape(std::move(s)) {
+    t.data = data;
+    t.device = DLDevice{kDLCPU, 0};
+    t.ndim = static_cast<int32_t>(shape.size());
+    t.dtype = dt;
+    t.shape = shape.data();
+    t.strides = nullptr;
+  }
+};
+
+static const DLDataType kF32{kDLFloat, 32, 1}, kU8{kDLUInt, 8, 1}, kI64{kDLInt, 64, 1},
+    kF64{kDLFloat, 64, 1};
+
+int main() {
+  CHECK(nvfp4kv_version() == NVFP4KV_VERSION, "header and library versions differ");
+  CHECK(std::string(nvfp4kv_status_string(NVFP4KV_ERROR_INVALID_DTYPE)) == "invalid dtype", "status string");
+
+  // N=2 pages, T=4, H=2, D=32 (F=18): 5-D NHD (contiguous) cache.
+  const int64_t N = 2, T = 4, H = 2, D = 32, F = 18, n = 3;
+  std::vector<uint8_t> cache(N * 2 * T * H * F, 0xA5), before;
+  std::vector<float> key(n * H * D), value(n * H * D);
+  for (size_t i = 0; i < key.size(); ++i) {
+    key[i] = (i % 16 == 7) ? 6.0f : 0.5f * static_cast<float>(i % 4);  // amax 6 per group
+    value[i] = -key[i];
+  }
+  std::vector<int64_t> slots = {5, -1, 100};  // page 1 position 1; padding; out of range
+  float ks = 1.0f, vs = 1.0f;
+  View k(key.data(), kF32, {n, H, D}), v(value.data(), kF32, {n, H, D}),
+      c(cache.data(), kU8, {N, 2, T, H, F}), s(slots.data(), kI64, {n}), kscale(&ks, kF32, {1}),
+      vscale(&vs, kF32, {1});
+
+  nvfp4kv_status st = nvfp4kv_store(&k.t, &v.t, &c.t, nullptr, &s.t, &kscale.t, &vscale.t,
+                                    NVFP4KV_RECIPE_NVFP4, NVFP4KV_SCALES_LINEAR, nullptr);
+  CHECK(st == NVFP4KV_SUCCESS, "store failed: %s", nvfp4kv_last_error());
+  // Row (t=1, h) of page 1 in NHD is t*H + h. Only those rows' bytes may change.
+  size_t changed = 0, expected_changed = 0;
+  for (size_t i = 0; i < cache.size(); ++i) changed += cache[i] != 0xA5;
+  for (int64_t side = 0; side < 2; ++side) {
+    uint8_t* base = cache.data() + (1 * 2 + side) * T * H * F;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t row = 1 * H + h;
+      const uint8_t* data = base + row * D / 2;
+      const uint8_t* scale = base + T * H * D / 2 + row * D / 16;
+      // Group = 0, 0.5, 1, 1.5, 0, .. with 6 at element 7: scale byte 0x38 (1.0), codes = e2m1.
+      CHECK(scale[0] == 0x38 && scale[1] == 0x38, "scale bytes %02x %02x", scale[0], scale[1]);
+      const uint8_t want_k[8] = {0x10, 0x32, 0x10, 0x72, 0x10, 0x32, 0x10, 0x32};
+      for (int b = 0; b < 8; ++b) {
+        const uint8_t want = side == 0 ? want_k[b] : static_cast<uint8_t>(want_k[b] | 0x88);
+        CHECK(data[b] == want, "side %lld head %lld byte %d: %02x want %02x", (long long)side,
+              (long long)h, b, data[b], want);
+      }
+      expected_changed += D / 2 + D / 16;
+    }
+  }
+  CHECK(changed <= expected_changed && changed > expected_changed / 2, "changed %zu bytes", changed);
+
+  // Dequantize reads the same values back.
+  std::vector<float> kout(N * T * H * D), vout(N * T * H * D);
+  View ko(kout.data(), kF32, {N, T, H, D}), vo(vout.data(), kF32, {N, T, H, D});
+  st = nvfp4kv_dequantize(&c.t, nullptr, &kscale.t, &vscale.t, NVFP4KV_SCALES_LINEAR, &ko.t, &vo.t, nullptr);
+  CHECK(st == NVFP4KV_SUCCESS, "dequantize failed: %s", nvfp4kv_last_error());
+  const int64_t row0 = ((1 * T + 1) * H + 0) * D;  // page 1, t=1, h=0
+  for (int64_t e = 0; e < D; ++e) CHECK(kout[row0 + e] == key[e] && vout[row0 + e] == value[e], "dequant %lld", (long long)e);
+
+  // Rejected calls: status, message naming the argument, cache untouched.
+  before = cache;
+  ks = 0.0f;
+  st = nvfp4kv_store(&k.t, &v.t, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                     NVFP4KV_SCALES_LINEAR, nullptr);
+  CHECK(st == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "k_scale"), "%s", nvfp4kv_last_error());
+  ks = 1.0f;
+  View kbad(key.data(), kF64, {n, H, D / 2});
+  st = nvfp4kv_store(&kbad.t, &v.t, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                     NVFP4KV_SCALES_LINEAR, nullptr);
+  CHECK(st == NVFP4KV_ERROR_INVALID_DTYPE && strstr(nvfp4kv_last_error(), "key"), "%s", nvfp4kv_last_error());
+  // The vllm profile interleaves V scales: needs HND, and this cache is NHD.
+  st = nvfp4kv_store(&k.t, &v.t, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                     NVFP4KV_SCALES_VLLM, nullptr);
+  CHECK(st == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "scale_layout"), "%s", nvfp4kv_last_error());
+  st = nvfp4kv_store(&k.t, &v.t, nullptr, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                     NVFP4KV_SCALES_LINEAR, nullptr);
+  CHECK(st == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "kv_cache"), "%s", nvfp4kv_last_error());
+  st = nvfp4kv_store(&k.t, &v.t, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, (nvfp4kv_recipe)7,
+                     NVFP4KV_SCALES_LINEAR, nullptr);
+  CHECK(st == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "recipe"), "%s", nvfp4kv_last_error());
+  CHECK(cache == before, "a rejected call changed the cache");
+
+  if (g_failures) {
+    fprintf(stderr, "test_capi: %d failures\n", g_failures);
+    return 1;
+  }
+  printf("test_capi: all checks passed\n");
+  return 0;
+}
