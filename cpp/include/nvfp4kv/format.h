@@ -34,9 +34,9 @@ constexpr float kR6 = 1.0f / 6.0f;      // fp32(1/6) = 0x3E2AAAAB, the `nvfp4` d
 constexpr float kR4 = 0.25f;            // the second candidate of `nvfp4_4over6`
 
 // Bytes of one row (one token of one head) inside a side: packed codes, then scales.
-constexpr int data_bytes(int D) { return D / 2; }
-constexpr int scale_bytes(int D) { return D / kGroupSize; }
-constexpr int full_dim(int D) { return data_bytes(D) + scale_bytes(D); }  // F = 9D/16
+NVFP4KV_HD constexpr int data_bytes(int D) { return D / 2; }
+NVFP4KV_HD constexpr int scale_bytes(int D) { return D / kGroupSize; }
+NVFP4KV_HD constexpr int full_dim(int D) { return data_bytes(D) + scale_bytes(D); }  // F = 9D/16
 
 static_assert(full_dim(128) == 72, "F(128) must be 72 bytes");
 static_assert(2 * 16 * 8 * full_dim(128) == 18432, "page of D=128, H=8, T=16 must be 18432 B");
@@ -147,6 +147,7 @@ NVFP4KV_HD uint16_t float_to_bf16(float f) {
 
 NVFP4KV_HD uint16_t float_to_f16(float f) {
 #if defined(__CUDA_ARCH__)
+  if (is_nan(f)) return static_cast<uint16_t>(((float_bits(f) >> 16) & 0x8000u) | 0x7E00u);
   uint16_t h;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return h;
@@ -168,24 +169,31 @@ NVFP4KV_HD uint16_t float_to_f16(float f) {
 }
 
 // ---- E2M1 (4-bit element) ---------------------------------------------------------------------
-// Magnitude code 0..7 of m >= 0 (or NaN) with round-to-nearest-even and saturation at 6: the
+// Magnitude code 0..7 of m >= 0 (or a NaN) with round-to-nearest-even and saturation at 6: the
 // ladder of FORMAT.md §2 in a handful of integer and add instructions, which is what keeps the
-// store kernel under its per-element instruction budget.
+// store kernel under its per-element instruction budget (shared/notes/h200-store-budget.md).
 NVFP4KV_HD uint32_t e2m1_magnitude(float m) {
+#if defined(__CUDA_ARCH__)
+  // Callers pass |x| * out: never negative, and a NaN made on the GPU has its sign bit clear.
+  const uint32_t a = float_bits(m);
+#else
+  // x86's default NaN has its sign bit set; clear it so a NaN saturates like on the GPU.
   const uint32_t a = float_bits(m) & 0x7FFFFFFFu;
+#endif
   // m < 1: codes 0, 1, 2 are the multiples of 0.5. The ulp of 2^22 is 0.5, so m + 2^22 rounds m
   // to that grid with the adder's RNE; the low bits then hold 2m rounded.
   const uint32_t small = float_bits(add_rn(bits_float(a), 4194304.0f)) - 0x4A800000u;
   // m >= 1: E2M1 is a float with one mantissa bit and exponent bias 1. Round the fp32 mantissa
-  // to one bit (RNE on the integer bits), then re-bias exponent 127 -> 1 (252 = 126 << 1).
-  uint32_t big = ((a + 0x1FFFFFu + ((a >> 22) & 1u)) >> 22) - 252u;
+  // to one bit (RNE on the integer bits) and re-bias exponent 127 -> 1 in the same add
+  // (0x3F000000 = 252 << 22); for m < 1 the sum wraps, but `small` is chosen there.
+  uint32_t big = (a + (0x1FFFFFu - 0x3F000000u) + ((a >> 22) & 1u)) >> 22;
   big = big < 7u ? big : 7u;  // saturate at 6 (NaN and Inf land here too)
   return bits_float(a) < 1.0f ? small : big;
 }
 
 // Full code of v: magnitude code plus the sign bit of v (-0 and small negatives give 0x8).
 NVFP4KV_HD uint32_t e2m1_encode(float v) {
-  return ((float_bits(v) >> 28) & 8u) | e2m1_magnitude(v);
+  return ((float_bits(v) >> 28) & 8u) | e2m1_magnitude(abs_f(v));
 }
 
 NVFP4KV_HD float e2m1_decode(uint32_t code) {
@@ -353,6 +361,8 @@ NVFP4KV_HD int64_t side_bytes(int64_t H, int64_t T, int64_t D) { return H * T * 
 
 // ---- Dequantization (FORMAT.md §6) --------------------------------------------------------------
 NVFP4KV_HD float dequantize_value(uint32_t code, uint32_t sfb, float g) {
+  // One NaN bit pattern on every platform (hardware NaN propagation differs).
+  if ((sfb & 0x7Fu) == kScaleNaN) return quiet_nan();
   return mul_rn(mul_rn(e2m1_decode(code), e4m3_decode(sfb)), g);
 }
 

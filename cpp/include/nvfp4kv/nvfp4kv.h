@@ -69,7 +69,7 @@ NVFP4KV_API const char* nvfp4kv_last_error(void);
 NVFP4KV_API int nvfp4kv_cuda_built(void);
 /* CUDA version the library was built with (e.g. 13000), 0 without CUDA. */
 NVFP4KV_API int nvfp4kv_cuda_build_version(void);
-/* Architectures compiled, e.g. "80-real;90-real;100-real;120". "" without CUDA. */
+/* Architectures compiled, e.g. "80-real,90-real,100-real,120-real,120-virtual"; "" without CUDA. */
 NVFP4KV_API const char* nvfp4kv_cuda_archs(void);
 /* Number of usable CUDA devices (0 when none); when 0, *reason (if not NULL) explains why
  * (no CUDA in this build, no driver, driver too old, no device). */

@@ -1,0 +1,66 @@
+// Device queries shared by the launchers, and the CUDA-availability report of build_info().
+#include <stdio.h>
+
+#include <mutex>
+
+#include "common.cuh"
+#include "launch.h"
+
+namespace nvfp4kv {
+
+int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm) {
+  // The SM count of each device is read once; the attribute query is cheap but not free.
+  static int sm_count[64] = {0};
+  int sms = device >= 0 && device < 64 ? sm_count[device] : 0;
+  if (sms == 0) {
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0)
+      sms = 1;
+    if (device >= 0 && device < 64) sm_count[device] = sms;
+  }
+  const int64_t needed = (threads_needed + kThreads - 1) / kThreads;
+  const int64_t cap = static_cast<int64_t>(sms) * blocks_per_sm;
+  return static_cast<int>(needed < cap ? (needed > 0 ? needed : 1) : cap);
+}
+
+const char* check_kernel_image(cudaError_t err) {
+  if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction ||
+      err == cudaErrorUnsupportedPtxVersion) {
+    return "this GPU's architecture has no code in this build of nvfp4kv (built for "
+           NVFP4KV_CUDA_ARCHS "); rebuild with -DNVFP4KV_CUDA_ARCHS=<your sm> or install the "
+           "wheel matching your CUDA driver";
+  }
+  return nullptr;
+}
+
+int cuda_device_count(const char** reason) {
+  int driver = 0;
+  const cudaError_t derr = cudaDriverGetVersion(&driver);
+  if (derr != cudaSuccess || driver == 0) {
+    *reason = "no NVIDIA driver found (libcuda.so.1 is not loadable)";
+    return -1;
+  }
+  if (driver < CUDART_VERSION / 1000 * 1000) {
+    static char msg[160];
+    snprintf(msg, sizeof msg,
+             "the NVIDIA driver supports CUDA %d.%d but this build needs CUDA %d.x; update the "
+             "driver or install the wheel for your CUDA major version",
+             driver / 1000, driver % 1000 / 10, CUDART_VERSION / 1000);
+    *reason = msg;
+    return -1;
+  }
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err == cudaErrorNoDevice || (err == cudaSuccess && n == 0)) {
+    *reason = "no CUDA device is visible (check CUDA_VISIBLE_DEVICES)";
+    return -1;
+  }
+  if (err != cudaSuccess) {
+    *reason = cudaGetErrorString(err);
+    return -1;
+  }
+  return n;
+}
+
+const char* cuda_error_string(int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }
+
+}  // namespace nvfp4kv

@@ -1,0 +1,252 @@
+// CUDA quantize-and-store: the format core's recipe, one thread per 16-element group.
+//
+// Thread mapping: work item u = (token, side, head, group) with the group fastest, so a warp
+// reads consecutive 32-byte (bf16/fp16) or 64-byte (fp32) chunks of the token's heads and
+// writes whole 8-byte code words of consecutive groups of a row. A grid-stride loop over a grid
+// sized to fill the GPU amortises the per-block table of out scales (out depends only on the
+// scale byte for a given global scale, so 127 divisions per block replace one per group).
+#include "common.cuh"
+#include "launch.h"
+
+namespace nvfp4kv {
+namespace {
+
+struct StoreLaunch {
+  StoreParams p;
+  FastDiv per_token;    // work items per token: H * (Gk + Gv) / kG
+  FastDiv units_k;      // work items per row of the K side: Gk / kG
+  FastDiv units_v;      // ... of the V side
+  FastDiv block_size;   // T, for slot -> (page, position) when slots < 2^31
+  uint32_t k_items;     // H * Gk / kG: items of the K side within a token
+  uint32_t total;       // items of this launch (< 2^31)
+  int32_t fast_slots;   // num_slots < 2^31: divide slots with block_size
+  int64_t token0;       // first token of this launch (large calls are split)
+};
+
+template <DType kDType>
+struct Loader;
+
+template <>
+struct Loader<DType::kBFloat16> {
+  static __device__ __forceinline__ void load(const void* src, int64_t idx, float (&x)[16], bool vec) {
+    const uint16_t* p = static_cast<const uint16_t*>(src) + idx;
+    if (vec) {
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
+      const uint4 b = __ldg(reinterpret_cast<const uint4*>(p) + 1);
+      const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        x[2 * i] = __uint_as_float(w[i] << 16);  // bf16 is the top half of an fp32
+        x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) x[i] = bf16_to_float(p[i]);
+    }
+  }
+};
+
+template <>
+struct Loader<DType::kFloat16> {
+  static __device__ __forceinline__ void load(const void* src, int64_t idx, float (&x)[16], bool vec) {
+    const uint16_t* p = static_cast<const uint16_t*>(src) + idx;
+    if (vec) {
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
+      const uint4 b = __ldg(reinterpret_cast<const uint4*>(p) + 1);
+      const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        x[2 * i] = f16_to_float(static_cast<uint16_t>(w[i]));
+        x[2 * i + 1] = f16_to_float(static_cast<uint16_t>(w[i] >> 16));
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) x[i] = f16_to_float(p[i]);
+    }
+  }
+};
+
+template <>
+struct Loader<DType::kFloat32> {
+  static __device__ __forceinline__ void load(const void* src, int64_t idx, float (&x)[16], bool vec) {
+    const float* p = static_cast<const float*>(src) + idx;
+    if (vec) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 v = __ldg(reinterpret_cast<const float4*>(p) + i);
+        x[4 * i] = v.x;
+        x[4 * i + 1] = v.y;
+        x[4 * i + 2] = v.z;
+        x[4 * i + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) x[i] = p[i];
+    }
+  }
+};
+
+__device__ __forceinline__ float read_scale(const ScaleArg& s) {
+  return s.device_ptr ? *s.device_ptr : s.value;
+}
+
+// kVec: input rows and cache sides are aligned (checked by the launcher), so groups load as
+// 16-byte vectors and code words store as 8-byte (kG == 1) or 16-byte (kG == 2) words.
+// kG: consecutive groups per work item; 2 halves the index arithmetic per element and keeps four
+// 16-byte loads in flight per thread.
+template <DType kDType, Recipe kRecipe, bool kVec, int kG>
+__global__ void __launch_bounds__(kThreads) store_kernel(const __grid_constant__ StoreLaunch L) {
+  __shared__ float out_table[2][128];
+  const StoreParams& p = L.p;
+  const GlobalScale gsk = make_global_scale(read_scale(p.k.scale));
+  const GlobalScale gsv = make_global_scale(read_scale(p.v.scale));
+  {
+    const int side = threadIdx.x >> 7, b = threadIdx.x & 127;  // kThreads == 256: one entry each
+    const float inv_enc = side ? gsv.inv_enc : gsk.inv_enc;
+    out_table[side][b] = b < static_cast<int>(kScaleNaN) ? out_scale(b, inv_enc) : 0.0f;
+  }
+  __syncthreads();
+
+  for (uint32_t u = blockIdx.x * kThreads + threadIdx.x; u < L.total; u += gridDim.x * kThreads) {
+    const uint32_t tok = L.per_token.div(u);
+    uint32_t r = u - tok * L.per_token.d;
+    const int64_t token = L.token0 + tok;
+    const int64_t slot = p.slots_int64
+                             ? static_cast<const int64_t*>(p.slots)[token * p.slot_stride]
+                             : static_cast<const int32_t*>(p.slots)[token * p.slot_stride];
+    if (slot < 0 || slot >= p.num_slots) continue;  // padding or out of range: never written
+    const bool side = r >= L.k_items;
+    if (side) r -= L.k_items;
+    const FastDiv& units = side ? L.units_v : L.units_k;
+    const uint32_t h = units.div(r);
+    const uint32_t g0 = (r - h * units.d) * kG;
+    const StoreSide& s = side ? p.v : p.k;
+
+    // All loads of the item first, so they are in flight together.
+    float x[kG][kGroupSize];
+    const int64_t src = token * s.token_stride + h * s.head_stride + g0 * kGroupSize;
+#pragma unroll
+    for (int k = 0; k < kG; ++k) Loader<kDType>::load(s.src, src + k * kGroupSize, x[k], kVec);
+
+    int64_t page, pos;
+    if (L.fast_slots) {
+      const uint32_t q = L.block_size.div(static_cast<uint32_t>(slot));
+      page = q;
+      pos = static_cast<uint32_t>(slot) - q * L.block_size.d;
+    } else {
+      page = slot / p.T;
+      pos = slot - page * p.T;
+    }
+    GlobalScale gs;
+    gs.enc = side ? gsv.enc : gsk.enc;
+    gs.inv_enc = side ? gsv.inv_enc : gsk.inv_enc;
+    gs.valid = side ? gsv.valid : gsk.valid;
+    const float* table = out_table[side];
+    uint32_t packed[kG][2], sfb[kG];
+#pragma unroll
+    for (int k = 0; k < kG; ++k)
+      sfb[k] = quantize_group<kRecipe>(x[k], gs, [table](uint32_t b) { return table[b]; }, packed[k]);
+
+    uint8_t* base = s.cache.base + page * s.cache.page_stride;
+    const int32_t D = s.cache.D;
+    const uint32_t row = static_cast<uint32_t>(row_index(p.layout, h, pos, p.H, p.T));
+    uint8_t* data = base + row * static_cast<uint32_t>(D / 2) + 8 * g0;
+    if (kVec && kG == 2) {
+      *reinterpret_cast<uint4*>(data) = make_uint4(packed[0][0], packed[0][1], packed[kG - 1][0], packed[kG - 1][1]);
+    } else if (kVec) {
+      *reinterpret_cast<uint2*>(data) = make_uint2(packed[0][0], packed[0][1]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kG; ++k)
+#pragma unroll
+        for (int b = 0; b < 8; ++b) data[8 * k + b] = static_cast<uint8_t>(packed[k][b >> 2] >> (8 * (b & 3)));
+    }
+#pragma unroll
+    for (int k = 0; k < kG; ++k) {
+      const int64_t soff = s.cache.interleaved
+                               ? scale_offset_interleaved(h, pos, g0 + k, p.T, p.H, D)
+                               : scale_offset_linear(row, g0 + k, p.H, p.T, D);
+      base[soff] = static_cast<uint8_t>(sfb[k]);
+    }
+  }
+}
+
+bool aligned(const void* ptr, int64_t stride_bytes_a, int64_t stride_bytes_b, int64_t to) {
+  return (reinterpret_cast<uintptr_t>(ptr) % to == 0) && (stride_bytes_a % to == 0) &&
+         (stride_bytes_b % to == 0);
+}
+
+template <DType kDType, Recipe kRecipe>
+cudaError_t launch(const StoreLaunch& L, bool vec, int g, int blocks, cudaStream_t stream) {
+  if (vec && g == 2)
+    store_kernel<kDType, kRecipe, true, 2><<<blocks, kThreads, 0, stream>>>(L);
+  else if (vec)
+    store_kernel<kDType, kRecipe, true, 1><<<blocks, kThreads, 0, stream>>>(L);
+  else
+    store_kernel<kDType, kRecipe, false, 1><<<blocks, kThreads, 0, stream>>>(L);
+  return cudaGetLastError();
+}
+
+template <DType kDType>
+cudaError_t launch_recipe(const StoreLaunch& L, bool vec, int g, int blocks, cudaStream_t stream) {
+  return L.p.recipe == Recipe::kNvfp4
+             ? launch<kDType, Recipe::kNvfp4>(L, vec, g, blocks, stream)
+             : launch<kDType, Recipe::kNvfp4_4over6>(L, vec, g, blocks, stream);
+}
+
+}  // namespace
+
+int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** message) {
+  *message = nullptr;
+  if (p.num_tokens == 0) return 0;
+  DeviceGuard guard(device);
+  if (guard.error() != cudaSuccess) return guard.error();
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+
+  const int64_t esize = p.dtype == DType::kFloat32 ? 4 : 2;
+  // Vector path: 16-byte loads of every group, 8-byte stores of every code word (D/2 is a
+  // multiple of 8, so row starts keep the alignment of the side).
+  const bool vec = aligned(p.k.src, p.k.token_stride * esize, p.k.head_stride * esize, 16) &&
+                   aligned(p.v.src, p.v.token_stride * esize, p.v.head_stride * esize, 16) &&
+                   aligned(p.k.cache.base, p.k.cache.page_stride, 0, 8) &&
+                   aligned(p.v.cache.base, p.v.cache.page_stride, 0, 8);
+
+  const uint32_t gk = p.k.cache.D / kGroupSize, gv = p.v.cache.D / kGroupSize;
+  // Two groups per item when both sides have an even number of groups and the 16-byte code
+  // stores stay aligned (D/2 is then a multiple of 16).
+  const int g = vec && gk % 2 == 0 && gv % 2 == 0 &&
+                        aligned(p.k.cache.base, p.k.cache.page_stride, 0, 16) &&
+                        aligned(p.v.cache.base, p.v.cache.page_stride, 0, 16)
+                    ? 2
+                    : 1;
+  StoreLaunch L;
+  L.p = p;
+  const uint32_t per_token = static_cast<uint32_t>(p.H) * (gk + gv) / g;
+  L.per_token = FastDiv(per_token);
+  L.units_k = FastDiv(gk / g);
+  L.units_v = FastDiv(gv / g);
+  L.block_size = FastDiv(static_cast<uint32_t>(p.T));
+  L.fast_slots = p.num_slots < (int64_t{1} << 31);
+  L.k_items = static_cast<uint32_t>(p.H) * gk / g;
+  // Split so that work-item indices stay below 2^31 (FastDiv's range).
+  const int64_t max_tokens = ((int64_t{1} << 31) - 1) / per_token - kThreads;
+  for (int64_t t0 = 0; t0 < p.num_tokens; t0 += max_tokens) {
+    const int64_t n = p.num_tokens - t0 < max_tokens ? p.num_tokens - t0 : max_tokens;
+    L.token0 = t0;
+    L.total = static_cast<uint32_t>(n * per_token);
+    const int blocks = grid_blocks(device, L.total, 8);
+    cudaError_t err;
+    switch (p.dtype) {
+      case DType::kFloat32: err = launch_recipe<DType::kFloat32>(L, vec, g, blocks, stream); break;
+      case DType::kFloat16: err = launch_recipe<DType::kFloat16>(L, vec, g, blocks, stream); break;
+      default: err = launch_recipe<DType::kBFloat16>(L, vec, g, blocks, stream); break;
+    }
+    if (err != cudaSuccess) {
+      *message = check_kernel_image(err);
+      return err;
+    }
+  }
+  return 0;
+}
+
+}  // namespace nvfp4kv

@@ -1,0 +1,187 @@
+"""GPU benchmark of the store (``nvfp4kv bench``, ``benchmarks/bench_store.py``).
+
+One run measures the ceilings and the library side by side, so ratios are taken against the same
+GPU in the same state:
+
+- device-to-device copy bandwidth on a >= 1 GiB buffer, counting bytes read + written;
+- the time of an empty kernel launch, back to back on a stream and per node inside a CUDA graph;
+- the store at several token counts and configurations: median µs (CUDA events), GB/s under the
+  byte model (read 2*H*D*elem + write 2*H*(D/2 + D/16) + slot bytes per token) and the fraction
+  of the measured copy bandwidth.
+
+Needs torch with CUDA. Results are printed as a table and optionally written as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+TOKENS = (1, 16, 64, 256, 1024, 4096, 16384, 65536)
+
+
+def _torch():
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("nvfp4kv bench: no CUDA device visible to torch; the benchmark needs a GPU")
+    return torch
+
+
+def _median_per_call(torch, fn: Callable[[], None], calls: int, repeats: int) -> float:
+    """Median over `repeats` of (event time of `calls` back-to-back calls) / calls, in µs."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(repeats):
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000.0 / calls)
+    return statistics.median(samples)
+
+
+def _graph_per_call(torch, fn: Callable[[], None], calls: int, repeats: int) -> float:
+    """Median µs per call of `calls` captures of fn replayed as one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()  # warm up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return _median_per_call(torch, graph.replay, 1, repeats) / calls
+
+
+def measure_ceilings(torch, copy_bytes: int = 1 << 30, quick: bool = False) -> Dict[str, float]:
+    src = torch.empty(copy_bytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    t_us = _median_per_call(torch, lambda: dst.copy_(src), 5 if quick else 10, 5 if quick else 10)
+    copy_gbs = 2 * copy_bytes / (t_us * 1e-6) / 1e9
+    del src, dst
+    empty = lambda: torch.cuda._sleep(0)  # a kernel that does nothing
+    launch_us = _median_per_call(torch, empty, 200, 10)
+    graph_us = _graph_per_call(torch, empty, 100, 10)
+    return {"copy_GBps": copy_gbs, "empty_launch_us": launch_us, "empty_graph_node_us": graph_us}
+
+
+def _case_bytes(n: int, H: int, D: int, elem: int, slot_bytes: int = 8) -> int:
+    return n * (2 * H * D * elem + 2 * H * (D // 2 + D // 16) + slot_bytes)
+
+
+def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 16,
+                     dtype: str = "bfloat16", layout: str = "HND", recipe: str = "nvfp4",
+                     scale_layout: str = "vllm", quick: bool = False, graph: bool = False) -> Dict:
+    tdtype = getattr(torch, dtype)
+    pages = (n + T - 1) // T
+    spec = nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D, cache_dtype="nvfp4")
+    # Several input sets so that small cases do not time a warm L2 on the same bytes.
+    sets = max(1, min(8, (256 << 20) // max(1, _case_bytes(n, H, D, tdtype.itemsize))))
+    inputs = []
+    for _ in range(sets):
+        kv = nvfp4kv.allocate_kv_cache(spec, pages, layout=layout, device="cuda", backend="torch")
+        key = torch.randn(n, H, D, dtype=tdtype, device="cuda")
+        value = torch.randn(n, H, D, dtype=tdtype, device="cuda")
+        slots = torch.randperm(pages * T, device="cuda")[:n]  # random unique slots
+        inputs.append((key, value, kv, slots))
+    k_scale = torch.tensor([0.02], device="cuda")
+    v_scale = torch.tensor([0.02], device="cuda")
+    state = {"i": 0}
+
+    def call():
+        key, value, kv, slots = inputs[state["i"] % sets]
+        state["i"] += 1
+        nvfp4kv.store(key, value, kv, slots, k_scale, v_scale, recipe=recipe, scale_layout=scale_layout)
+
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    total = _case_bytes(n, H, D, tdtype.itemsize)
+    calls = max(1, min(200, int(2e8 // max(total, 1))))
+    us = _median_per_call(torch, call, calls, 5 if quick else 15)
+    row = {"tokens": n, "H": H, "D": D, "T": T, "dtype": dtype, "layout": layout, "recipe": recipe,
+           "scale_layout": scale_layout, "us": us, "bytes": total, "GBps": total / (us * 1e-6) / 1e9}
+    if graph:
+        row["graph_us"] = _graph_per_call(torch, call, 20, 5 if quick else 10)
+    return row
+
+
+def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = True) -> Dict:
+    torch = _torch()
+    import nvfp4kv
+
+    info = nvfp4kv.build_info()
+    if not info["cuda_available"]:
+        raise SystemExit(f"nvfp4kv bench: CUDA unavailable in nvfp4kv: {info['cuda_unavailable_reason']}")
+    cases: List[Dict] = []
+    tokens = (1, 64, 4096, 65536) if quick else TOKENS
+    for n in tokens:
+        cases.append(dict(n=n, graph=n <= 64))
+    if not quick:
+        for extra in (dict(D=64), dict(D=256), dict(H=32), dict(dtype="float16"),
+                      dict(layout="NHD", scale_layout="linear"), dict(recipe="nvfp4_4over6")):
+            for n in (16384, 65536):
+                cases.append(dict(n=n, **extra))
+    ceil = measure_ceilings(torch, quick=quick)
+    rows = []
+    t0 = time.time()
+    for i, case in enumerate(cases):
+        if progress:
+            print(f"\r[{i + 1}/{len(cases)}] tokens={case['n']} {case}", end="", file=sys.stderr, flush=True)
+        rows.append(bench_store_case(torch, nvfp4kv, quick=quick, **case))
+    if progress:
+        print(f"\r{len(cases)} cases in {time.time() - t0:.1f} s" + " " * 40, file=sys.stderr)
+    for r in rows:
+        r["frac_copy"] = r["GBps"] / ceil["copy_GBps"]
+        r["x_launch"] = r["us"] / ceil["empty_launch_us"]
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "nvfp4kv": nvfp4kv.__version__, "ceilings": ceil, "store": rows}
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+def format_table(result: Dict) -> str:
+    c = result["ceilings"]
+    lines = [
+        f"GPU: {result['gpu']}   nvfp4kv {result['nvfp4kv']}   torch {result['torch']}",
+        f"ceilings: copy {c['copy_GBps']:.0f} GB/s (read+write); empty kernel "
+        f"{c['empty_launch_us']:.2f} us back to back, {c['empty_graph_node_us']:.2f} us per graph node",
+        "",
+        f"{'tokens':>7} {'H':>3} {'D':>4} {'dtype':>9} {'layout':>6} {'recipe':>13} {'us':>9} "
+        f"{'GB/s':>7} {'%copy':>6} {'xlaunch':>7} {'graph us':>8}",
+    ]
+    for r in result["store"]:
+        g = f"{r['graph_us']:.2f}" if "graph_us" in r else ""
+        lines.append(
+            f"{r['tokens']:>7} {r['H']:>3} {r['D']:>4} {r['dtype']:>9} {r['layout']:>6} "
+            f"{r['recipe']:>13} {r['us']:>9.2f} {r['GBps']:>7.0f} {100 * r['frac_copy']:>5.1f}% "
+            f"{r['x_launch']:>7.2f} {g:>8}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="nvfp4kv bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = ap.parse_args(argv)
+    result = run(quick=args.quick, json_path=args.json)
+    print(format_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

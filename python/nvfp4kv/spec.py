@@ -1,0 +1,532 @@
+"""KV-cache geometry: dtype strings, cache shapes, page sizes and allocation.
+
+Pure Python. Nothing here imports the compiled extension, and torch is only imported when a
+caller asks for a torch object (a ``torch.dtype`` from :data:`STR_DTYPE_TO_TORCH_DTYPE`, or a
+torch-backed :func:`allocate_kv_cache`), so ``import nvfp4kv.spec`` works without torch.
+
+The byte contract is ``spec/FORMAT.md``; the numbers used here are its §4:
+
+- ``F(D) = D/2 + D/16`` bytes per (token, head) row of an NVFP4 cache ("full dim");
+- one page holds both sides, ``[K side | V side]``, each ``H*T*F`` bytes;
+- page size for one layer and one block: ``T*H*(F(D) + F(Dv))`` bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Optional
+
+__all__ = [
+    "KVCacheSpec",
+    "KVQuantMode",
+    "MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP",
+    "NVFP4_KV_CACHE_DTYPES",
+    "FP8_KV_CACHE_DTYPES",
+    "UNQUANTIZED_KV_CACHE_DTYPES",
+    "KV_CACHE_DTYPES",
+    "KV_CACHE_LAYOUTS",
+    "STR_DTYPE_TO_TORCH_DTYPE",
+    "allocate_kv_cache",
+    "get_kv_cache_shape",
+    "get_kv_cache_stride_order",
+    "get_kv_quant_mode",
+    "is_quantized_kv_cache",
+    "nvfp4_kv_cache_full_dim",
+]
+
+#: kv_cache_dtype strings that select the NVFP4 format (same bytes, different scale recipe).
+NVFP4_KV_CACHE_DTYPES = ("nvfp4", "nvfp4_4over6")
+#: kv_cache_dtype strings that select a per-tensor-scaled FP8 cache (1 byte per element).
+FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+#: kv_cache_dtype strings that store the model's values unquantized. "auto" means the model
+#: dtype, which nvfp4kv takes to be a 16-bit type when it needs a size.
+UNQUANTIZED_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "half", "float", "float32")
+#: Every accepted kv_cache_dtype string.
+KV_CACHE_DTYPES = UNQUANTIZED_KV_CACHE_DTYPES + FP8_KV_CACHE_DTYPES + NVFP4_KV_CACHE_DTYPES
+#: Accepted cache layouts (FORMAT.md §4): HND is the canonical one.
+KV_CACHE_LAYOUTS = ("HND", "NHD")
+
+# Bytes per stored element for the non-NVFP4 dtypes.
+_ELEMENT_BYTES = {
+    "auto": 2,
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "float": 4,
+    "float32": 4,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+}
+
+#: ModelOpt ``kv_cache_quant_algo`` -> vLLM ``kv_cache_dtype``.
+MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP = {
+    "FP8": "fp8_e4m3",
+    "fp8": "fp8_e4m3",
+    "NVFP4": "nvfp4",
+    "nvfp4": "nvfp4",
+}
+
+
+def _check_kv_cache_dtype(kv_cache_dtype: Any) -> str:
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"kv_cache_dtype: unknown value {kv_cache_dtype!r}; "
+            f"expected one of {', '.join(repr(s) for s in KV_CACHE_DTYPES)}"
+        )
+    return kv_cache_dtype
+
+
+def _check_layout(layout: Any) -> str:
+    if not isinstance(layout, str) or layout not in KV_CACHE_LAYOUTS:
+        raise ValueError(f"layout: unknown value {layout!r}; expected 'HND' or 'NHD'")
+    return layout
+
+
+def _check_positive_int(name: str, value: Any) -> int:
+    # bool is an int subclass; True as a block size is always a mistake.
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _check_nonnegative_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def nvfp4_kv_cache_full_dim(head_size: int) -> int:
+    """Bytes per (token, head) row of an NVFP4 KV cache: ``D/2`` packed + ``D/16`` scales.
+
+    Parameters
+    ----------
+    head_size : int
+        Head size ``D``; a positive multiple of 16 (one E4M3 scale per 16 elements).
+
+    Returns
+    -------
+    int
+        ``F = D//2 + D//16 = 9*D/16`` (72 for ``D = 128``).
+
+    Raises
+    ------
+    ValueError
+        If ``head_size`` is not a positive multiple of 16.
+    """
+    if isinstance(head_size, bool) or not isinstance(head_size, int) or head_size <= 0 \
+            or head_size % 16 != 0:
+        raise ValueError(f"head_size must be a positive multiple of 16, got {head_size!r}")
+    return head_size // 2 + head_size // 16
+
+
+class KVQuantMode(enum.IntEnum):
+    """How a KV cache is quantized.
+
+    Attributes
+    ----------
+    NONE
+        Unquantized (16- or 32-bit values).
+    FP8_PER_TENSOR
+        FP8 (E4M3 or E5M2) with one fp32 scale per tensor and side.
+    NVFP4
+        NVFP4: E2M1 codes, one E4M3 scale per 16 elements, one fp32 global scale per side.
+    """
+
+    NONE = 0
+    FP8_PER_TENSOR = 1
+    NVFP4 = 2
+
+
+def get_kv_quant_mode(kv_cache_dtype: str) -> KVQuantMode:
+    """Quantization mode selected by a vLLM ``kv_cache_dtype`` string.
+
+    Parameters
+    ----------
+    kv_cache_dtype : str
+        One of :data:`KV_CACHE_DTYPES`.
+
+    Returns
+    -------
+    KVQuantMode
+        ``NVFP4`` for "nvfp4"/"nvfp4_4over6", ``FP8_PER_TENSOR`` for "fp8", "fp8_e4m3",
+        "fp8_e5m2", ``NONE`` otherwise.
+
+    Raises
+    ------
+    ValueError
+        If ``kv_cache_dtype`` is not an accepted string.
+    """
+    _check_kv_cache_dtype(kv_cache_dtype)
+    if kv_cache_dtype in NVFP4_KV_CACHE_DTYPES:
+        return KVQuantMode.NVFP4
+    if kv_cache_dtype in FP8_KV_CACHE_DTYPES:
+        return KVQuantMode.FP8_PER_TENSOR
+    return KVQuantMode.NONE
+
+
+def is_quantized_kv_cache(kv_cache_dtype: str) -> bool:
+    """Whether a vLLM ``kv_cache_dtype`` string selects a quantized cache.
+
+    Parameters
+    ----------
+    kv_cache_dtype : str
+        One of :data:`KV_CACHE_DTYPES`.
+
+    Returns
+    -------
+    bool
+        True for the fp8 and nvfp4 strings; False for "auto", "bfloat16", "float16", "half",
+        "float", "float32".
+
+    Raises
+    ------
+    ValueError
+        If ``kv_cache_dtype`` is not an accepted string.
+    """
+    return get_kv_quant_mode(kv_cache_dtype) != KVQuantMode.NONE
+
+
+class _LazyTorchDtypeMap(Mapping):
+    """A read-only ``str -> torch.dtype`` mapping that imports torch on first value access.
+
+    Keys, ``len`` and ``in`` work without torch; reading a value imports it (ImportError if
+    torch is missing).
+    """
+
+    def __init__(self, names: dict):
+        self._names = dict(names)  # str -> attribute name in the torch module
+
+    def __getitem__(self, key: str):
+        attr = self._names[key]  # KeyError for unknown keys, as a dict would
+        import torch  # noqa: PLC0415 - deliberately lazy
+
+        return getattr(torch, attr)
+
+    def __contains__(self, key: object) -> bool:
+        # Mapping's default __contains__ calls __getitem__, which would import torch.
+        return key in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __repr__(self) -> str:
+        return f"STR_DTYPE_TO_TORCH_DTYPE({', '.join(self._names)})"
+
+
+#: ``str -> torch.dtype`` as in vLLM (``vllm.utils.torch_utils``), resolved lazily.
+#: nvfp4 caches are stored as ``torch.uint8``; fp8 as the matching ``torch.float8_*`` type.
+STR_DTYPE_TO_TORCH_DTYPE: Mapping = _LazyTorchDtypeMap(
+    {
+        "bfloat16": "bfloat16",
+        "half": "float16",
+        "float16": "float16",
+        "float": "float32",
+        "float32": "float32",
+        "uint8": "uint8",
+        "fp8": "float8_e4m3fn",
+        "fp8_e4m3": "float8_e4m3fn",
+        "fp8_e5m2": "float8_e5m2",
+        "nvfp4": "uint8",
+        "nvfp4_4over6": "uint8",
+    }
+)
+
+
+def get_kv_cache_shape(
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_size: int,
+    cache_dtype_str: str = "auto",
+    layout: str = "HND",
+) -> tuple:
+    """Logical shape of a paged KV cache for one layer.
+
+    Parameters
+    ----------
+    num_blocks : int
+        Number of pages ``N`` (>= 0).
+    block_size : int
+        Tokens per page ``T``.
+    num_kv_heads : int
+        KV heads ``H``.
+    head_size : int
+        Head size ``D`` (a multiple of 16 for nvfp4).
+    cache_dtype_str : str, optional
+        A vLLM ``kv_cache_dtype`` string (default "auto").
+    layout : {"HND", "NHD"}, optional
+        Only validated: the logical shape is the same for both; the layout shows in the
+        strides (see :func:`get_kv_cache_stride_order`).
+
+    Returns
+    -------
+    tuple of int
+        ``(N, 2, T, H, last)`` with ``last = F(D) = 9*D/16`` for nvfp4 dtypes (bytes, uint8),
+        else ``D`` (elements).
+
+    Raises
+    ------
+    ValueError
+        For a non-positive size, an unknown dtype or layout, or an nvfp4 ``D`` that is not a
+        multiple of 16.
+    """
+    _check_nonnegative_int("num_blocks", num_blocks)
+    _check_positive_int("block_size", block_size)
+    _check_positive_int("num_kv_heads", num_kv_heads)
+    _check_positive_int("head_size", head_size)
+    _check_kv_cache_dtype(cache_dtype_str)
+    _check_layout(layout)
+    if cache_dtype_str in NVFP4_KV_CACHE_DTYPES:
+        last = nvfp4_kv_cache_full_dim(head_size)
+    else:
+        last = head_size
+    return (num_blocks, 2, block_size, num_kv_heads, last)
+
+
+def get_kv_cache_stride_order(layout: str = "HND") -> tuple:
+    """Physical order of the dimensions of the logical ``(N, 2, T, H, F)`` cache.
+
+    Parameters
+    ----------
+    layout : {"HND", "NHD"}
+        Cache layout.
+
+    Returns
+    -------
+    tuple of int
+        ``(0, 1, 3, 2, 4)`` for HND (physical ``[N][2][H][T][F]``), ``(0, 1, 2, 3, 4)`` for
+        NHD (physical = logical). Allocating ``shape[order]`` contiguously and permuting by
+        the inverse order gives the logical tensor; this order is its own inverse.
+
+    Raises
+    ------
+    ValueError
+        For an unknown layout.
+    """
+    _check_layout(layout)
+    return (0, 1, 3, 2, 4) if layout == "HND" else (0, 1, 2, 3, 4)
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """Geometry and dtype of one layer's paged KV cache.
+
+    Parameters
+    ----------
+    block_size : int
+        Tokens per page ``T``.
+    num_kv_heads : int
+        KV heads ``H``.
+    head_size : int
+        Key head size ``D`` (a multiple of 16 for nvfp4).
+    head_size_v : int, optional
+        Value head size ``Dv``; defaults to ``head_size``.
+    cache_dtype : str, optional
+        A vLLM ``kv_cache_dtype`` string (default "nvfp4"); "auto" means a 16-bit model dtype.
+
+    Raises
+    ------
+    ValueError
+        For non-positive sizes, an unknown ``cache_dtype``, or an nvfp4 head size that is not
+        a multiple of 16.
+    """
+
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    head_size_v: Optional[int] = None
+    cache_dtype: str = "nvfp4"
+
+    def __post_init__(self):
+        _check_positive_int("block_size", self.block_size)
+        _check_positive_int("num_kv_heads", self.num_kv_heads)
+        _check_positive_int("head_size", self.head_size)
+        if self.head_size_v is None:
+            # frozen dataclass: the default has to be filled in through object.__setattr__.
+            object.__setattr__(self, "head_size_v", self.head_size)
+        _check_positive_int("head_size_v", self.head_size_v)
+        _check_kv_cache_dtype(self.cache_dtype)
+        if self.cache_dtype in NVFP4_KV_CACHE_DTYPES:
+            nvfp4_kv_cache_full_dim(self.head_size)
+            if self.head_size_v % 16 != 0:
+                raise ValueError(
+                    f"head_size_v must be a positive multiple of 16 for an nvfp4 cache, "
+                    f"got {self.head_size_v!r}"
+                )
+
+    @property
+    def quant_mode(self) -> KVQuantMode:
+        """KVQuantMode: quantization selected by ``cache_dtype``."""
+        return get_kv_quant_mode(self.cache_dtype)
+
+    @property
+    def is_nvfp4(self) -> bool:
+        """bool: whether ``cache_dtype`` is an NVFP4 format."""
+        return self.cache_dtype in NVFP4_KV_CACHE_DTYPES
+
+    @property
+    def bytes_per_token(self) -> int:
+        """int: bytes of one token (K and V, all heads) in one layer.
+
+        nvfp4: ``H*(F(D) + F(Dv))``; fp8: ``H*(D + Dv)``; 16-bit: ``2*H*(D + Dv)``;
+        float32: ``4*H*(D + Dv)``.
+        """
+        h, d, dv = self.num_kv_heads, self.head_size, self.head_size_v
+        if self.is_nvfp4:
+            return h * (nvfp4_kv_cache_full_dim(d) + nvfp4_kv_cache_full_dim(dv))
+        return _ELEMENT_BYTES[self.cache_dtype] * h * (d + dv)
+
+    @property
+    def page_size_bytes(self) -> int:
+        """int: bytes of one page (block) of one layer, ``block_size * bytes_per_token``.
+
+        18432 for nvfp4 with ``D = 128, H = 8, T = 16`` (bf16: 65536, fp8: 32768).
+        """
+        return self.block_size * self.bytes_per_token
+
+    def num_blocks_for(self, memory_bytes: int, num_layers: int = 1) -> int:
+        """Pages that fit in a memory budget when every layer has its own cache.
+
+        Parameters
+        ----------
+        memory_bytes : int
+            Memory available for the KV cache, in bytes (>= 0).
+        num_layers : int, optional
+            Layers sharing the budget (default 1).
+
+        Returns
+        -------
+        int
+            ``memory_bytes // (page_size_bytes * num_layers)``.
+        """
+        _check_nonnegative_int("memory_bytes", memory_bytes)
+        _check_positive_int("num_layers", num_layers)
+        return memory_bytes // (self.page_size_bytes * num_layers)
+
+    def max_tokens_for(self, memory_bytes: int, num_layers: int = 1) -> int:
+        """Tokens that fit in whole pages of a memory budget.
+
+        Parameters
+        ----------
+        memory_bytes : int
+            Memory available for the KV cache, in bytes (>= 0).
+        num_layers : int, optional
+            Layers sharing the budget (default 1).
+
+        Returns
+        -------
+        int
+            ``num_blocks_for(memory_bytes, num_layers) * block_size``.
+        """
+        return self.num_blocks_for(memory_bytes, num_layers) * self.block_size
+
+    def kv_cache_shape(self, num_blocks: int) -> tuple:
+        """Logical shape ``(N, 2, T, H, last)`` of this cache; see :func:`get_kv_cache_shape`.
+
+        Raises
+        ------
+        ValueError
+            If ``head_size_v != head_size`` (one tensor has one last dimension).
+        """
+        self._check_single_head_size()
+        return get_kv_cache_shape(
+            num_blocks, self.block_size, self.num_kv_heads, self.head_size, self.cache_dtype
+        )
+
+    def _check_single_head_size(self):
+        if self.head_size_v != self.head_size:
+            raise ValueError(
+                f"head_size_v ({self.head_size_v}) != head_size ({self.head_size}): a single 5-D "
+                "cache tensor needs one last dimension; allocate the two sides separately"
+            )
+
+
+_BACKENDS = ("auto", "torch", "numpy")
+
+
+def allocate_kv_cache(
+    spec: KVCacheSpec,
+    num_blocks: int,
+    *,
+    layout: str = "HND",
+    device: Any = "cpu",
+    backend: str = "auto",
+):
+    """Allocate a zero-filled 5-D KV cache for one layer.
+
+    Parameters
+    ----------
+    spec : KVCacheSpec
+        Geometry and dtype; ``head_size_v`` must equal ``head_size``.
+    num_blocks : int
+        Number of pages ``N`` (>= 0).
+    layout : {"HND", "NHD"}, optional
+        Physical order: HND stores ``[N][2][H][T][F]`` (default), NHD ``[N][2][T][H][F]``.
+    device : str or torch.device, optional
+        torch device (default "cpu"); the numpy backend accepts only "cpu".
+    backend : {"auto", "torch", "numpy"}, optional
+        "auto" uses torch when it can be imported, else numpy.
+
+    Returns
+    -------
+    torch.Tensor or numpy.ndarray
+        Logical shape ``(N, 2, T, H, last)`` (see :func:`get_kv_cache_shape`), strides in the
+        requested layout (HND: a permuted view of a contiguous ``(N, 2, H, T, last)`` buffer).
+        dtype: ``uint8`` for nvfp4; for the others the torch dtype of
+        :data:`STR_DTYPE_TO_TORCH_DTYPE` ("auto" -> bfloat16). numpy stores fp8 as ``uint8``,
+        float16/half as ``float16``, float/float32 as ``float32``, and has no bfloat16.
+
+    Raises
+    ------
+    ValueError
+        For ``head_size_v != head_size``, a bad ``num_blocks``, layout, backend or device, a
+        torch backend without torch, or bfloat16/"auto" with numpy.
+    """
+    if not isinstance(spec, KVCacheSpec):
+        raise TypeError(f"spec must be a KVCacheSpec, got {type(spec).__name__}")
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend: unknown value {backend!r}; expected one of {_BACKENDS}")
+    shape = spec.kv_cache_shape(num_blocks)
+    order = get_kv_cache_stride_order(layout)
+    physical = tuple(shape[i] for i in order)
+
+    if backend == "auto":
+        try:
+            import torch  # noqa: F401,PLC0415
+
+            backend = "torch"
+        except ImportError:
+            backend = "numpy"
+
+    if backend == "torch":
+        try:
+            import torch  # noqa: PLC0415
+        except ImportError as e:
+            raise ValueError("backend='torch' needs torch, which is not installed") from e
+        key = "bfloat16" if spec.cache_dtype == "auto" else spec.cache_dtype
+        dtype = STR_DTYPE_TO_TORCH_DTYPE[key]
+        buf = torch.zeros(physical, dtype=dtype, device=device)
+        return buf.permute(order)
+
+    import numpy as np  # noqa: PLC0415
+
+    if str(device) != "cpu":
+        raise ValueError(f"device: the numpy backend only allocates on 'cpu', got {device!r}")
+    if spec.cache_dtype in ("auto", "bfloat16"):
+        raise ValueError(
+            f"cache_dtype {spec.cache_dtype!r}: numpy has no bfloat16; use backend='torch' "
+            "or a float16/float32 cache"
+        )
+    if spec.is_nvfp4 or spec.quant_mode == KVQuantMode.FP8_PER_TENSOR:
+        dtype = np.uint8
+    elif _ELEMENT_BYTES[spec.cache_dtype] == 2:
+        dtype = np.float16
+    else:
+        dtype = np.float32
+    return np.zeros(physical, dtype=dtype).transpose(order)

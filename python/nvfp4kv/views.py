@@ -1,0 +1,309 @@
+"""Zero-copy views of the packed data and the scale bytes inside an NVFP4 KV cache.
+
+Pure Python: works on torch tensors (any device, through ``as_strided`` on the same storage)
+and numpy arrays, never copies, and imports neither torch nor numpy itself: a torch tensor can
+only exist once its caller has imported torch.
+
+Byte contract (``spec/FORMAT.md`` §4). ``D`` head size, ``H`` KV heads, ``T`` block size,
+``S = D/16``, ``F = D/2 + S``. Each page holds ``[K side | V side]``; inside a side all packed
+data comes first, then all scale bytes. Rows are ``r = h*T + t`` (HND) or ``r = t*H + h`` (NHD).
+Offsets from the start of a side:
+
+- data of (row r, byte j): ``r*D/2 + j``
+- linear scale of (row r, group g): ``H*T*D/2 + r*S + g``
+- token-4 interleaved scale of (head h, token t, group g), HND only:
+  ``H*T*D/2 + h*T*S + (t//4)*4S + 4g + t%4``
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["nvfp4_kv_cache_split_views", "nvfp4_split_data_scale"]
+
+_CACHE_SCALE_LAYOUTS = ("vllm", "linear")
+_SIDE_SCALE_LAYOUTS = ("linear", "interleaved")
+
+
+def _torch_module_of(x: Any):
+    # Only look at torch if the caller has imported it: otherwise x cannot be a tensor.
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return torch
+    return None
+
+
+def _numpy_module_of(x: Any):
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(x, np.ndarray):
+        return np
+    return None
+
+
+class _ArrayInterface:
+    """Holds a hand-made ``__array_interface__`` and keeps the source array alive."""
+
+    def __init__(self, interface: dict, base: Any):
+        self.__array_interface__ = interface
+        self.base = base
+
+
+def _strided(x: Any, offset: int, shape: tuple, strides: tuple):
+    """uint8 view of ``x``'s memory starting ``offset`` bytes after ``x``'s first element."""
+    torch = _torch_module_of(x)
+    if torch is not None:
+        return x.as_strided(shape, strides, x.storage_offset() + offset)
+    np = _numpy_module_of(x)
+    # numpy's as_strided cannot move the start pointer, so build the interface directly (the
+    # same thing numpy.lib.stride_tricks.as_strided does internally).
+    ptr = x.__array_interface__["data"][0]
+    interface = {
+        "version": 3,
+        "shape": tuple(shape),
+        "typestr": "|u1",
+        "data": (ptr + offset, not x.flags.writeable),
+        "strides": tuple(strides),
+    }
+    return np.asarray(_ArrayInterface(interface, x))
+
+
+def _as_scale_dtype(x: Any):
+    torch = _torch_module_of(x)
+    if torch is not None and hasattr(torch, "float8_e4m3fn"):
+        return x.view(torch.float8_e4m3fn)  # same itemsize: allowed on any strides
+    return x
+
+
+def _shape_and_strides(x: Any, name: str):
+    """Shape and element strides of a uint8 torch tensor or numpy array."""
+    torch = _torch_module_of(x)
+    if torch is not None:
+        if x.dtype != torch.uint8:
+            raise TypeError(f"{name} must have dtype uint8, got {x.dtype}")
+        return tuple(x.shape), tuple(x.stride())
+    np = _numpy_module_of(x)
+    if np is not None:
+        if x.dtype != np.uint8:
+            raise TypeError(f"{name} must have dtype uint8, got {x.dtype}")
+        return tuple(x.shape), tuple(x.strides)  # bytes == elements for uint8
+    raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+
+
+def _head_size_from_full_dim(full_dim: int, name: str) -> int:
+    # F = 9*D/16 with D a multiple of 16  <=>  F a multiple of 9, D = 16*F/9.
+    if full_dim <= 0 or full_dim % 9 != 0:
+        raise ValueError(
+            f"{name}: last dimension {full_dim} is not an NVFP4 full dim 9*D/16 "
+            "(D a multiple of 16)"
+        )
+    return full_dim // 9 * 16
+
+
+def _stride_ok(stride: int, expected: int, size: int) -> bool:
+    # The stride of a size-1 dimension is never used to address memory, and frameworks set
+    # it freely, so it cannot tell anything about the layout.
+    return size == 1 or stride == expected
+
+
+def _side_layout(T: int, H: int, F: int, st: int, sh: int, sf: int, name: str) -> str:
+    """HND or NHD from the (T, H, F) strides of one side; HND when both fit (H==1 or T==1)."""
+    if sf != 1:
+        raise ValueError(f"{name}: the last (byte) dimension must have stride 1, got {sf}")
+    if _stride_ok(st, F, T) and _stride_ok(sh, T * F, H):
+        return "HND"
+    if _stride_ok(sh, F, H) and _stride_ok(st, H * F, T):
+        return "NHD"
+    raise ValueError(
+        f"{name}: strides (T: {st}, H: {sh}, F: {sf}) are neither HND (T: {F}, H: {T * F}) "
+        f"nor NHD (T: {H * F}, H: {F}); each side of a page must be one contiguous run of "
+        f"H*T*F = {H * T * F} bytes"
+    )
+
+
+def _check_nonempty(T: int, H: int, name: str):
+    if T <= 0 or H <= 0:
+        raise ValueError(
+            f"{name}: block size T and head count H must be positive, got T={T}, H={H}"
+        )
+
+
+def _check_free_stride(stride: int, name: str, what: str):
+    if stride < 0:
+        raise ValueError(f"{name}: negative {what} stride {stride} is not supported")
+
+
+def _side_views(x, offset, N, T, H, D, page_stride, layout, scale_layout, name):
+    """(data, scale) views of one side starting ``offset`` bytes after ``x``'s first element."""
+    half, S = D // 2, D // 16
+    if layout == "HND":
+        data_strides = (page_stride, half, T * half, 1)
+        scale_strides = (page_stride, S, T * S, 1)
+    else:
+        data_strides = (page_stride, H * half, half, 1)
+        scale_strides = (page_stride, H * S, S, 1)
+    data = _strided(x, offset, (N, T, H, half), data_strides)
+    scale_offset = offset + H * T * half
+    if scale_layout == "linear":
+        scale = _strided(x, scale_offset, (N, T, H, S), scale_strides)
+    else:
+        # Token-4 interleave: (t//4)*4S + 4g + t%4 inside head h's run of T*S bytes.
+        scale = _strided(
+            x, scale_offset, (N, T // 4, 4, H, S), (page_stride, 4 * S, 1, T * S, 4)
+        )
+    return data, _as_scale_dtype(scale)
+
+
+def _check_interleaved(layout: str, T: int, D: int, name: str):
+    if layout != "HND":
+        raise ValueError(
+            f"scale_layout: token-4 interleaved scales need an HND cache, but {name} is NHD"
+        )
+    if T % 4 != 0:
+        raise ValueError(f"scale_layout: token-4 interleaved scales need T % 4 == 0, got T={T}")
+    if D % 64 != 0:
+        raise ValueError(
+            f"scale_layout: token-4 interleaved scales need D % 64 == 0, got D={D}"
+        )
+
+
+def nvfp4_kv_cache_split_views(kv_cache: Any, scale_layout: str = "vllm"):
+    """Split an NVFP4 KV cache into zero-copy data and scale views of both sides.
+
+    Parameters
+    ----------
+    kv_cache : torch.Tensor or numpy.ndarray, uint8
+        Either 5-D ``(N, 2, T, H, F)`` with HND strides (physical ``[N][2][H][T][F]``,
+        ``T`` stride ``F``, ``H`` stride ``T*F``) or NHD strides (``H`` stride ``F``, ``T``
+        stride ``H*F``); the page and side strides are free. Or packed 4-D ``(N, 2H, T, F)``
+        (HND, K = head slots ``0..H-1``, V = ``H..2H-1``; strides ``(free, T*F, F, 1)``).
+        ``F = 9*D/16``. When ``H == 1`` or ``T == 1`` HND and NHD are the same bytes; the
+        cache is then treated as HND.
+    scale_layout : {"vllm", "linear"}, optional
+        "vllm" (default): K scales linear, V scales token-4 interleaved (needs HND,
+        ``T % 4 == 0`` and ``D % 64 == 0``). "linear": both linear.
+
+    Returns
+    -------
+    k_data, k_scale, v_data, v_scale
+        Views sharing ``kv_cache``'s memory (writing through them writes the cache):
+
+        - ``k_data``, ``v_data``: uint8, shape ``(N, T, H, D/2)``; ``[n, t, h, j]`` is packed
+          byte ``j`` (elements ``2j`` low nibble, ``2j+1`` high nibble) of token ``t``, head
+          ``h`` of page ``n``.
+        - linear scales: shape ``(N, T, H, D/16)``; ``[n, t, h, g]`` is the scale of group
+          ``g`` (elements ``16g..16g+15``).
+        - token-4 interleaved scales (``v_scale`` under "vllm"): shape
+          ``(N, T/4, 4, H, D/16)``, strides ``(page, 4S, 1, T*S, 4)`` with ``S = D/16``;
+          ``[n, b, i, h, g]`` is the scale of token ``t = 4b + i``, head ``h``, group ``g``,
+          at side offset ``H*T*D/2 + h*T*S + b*4S + 4g + i``. ``v_scale.reshape(N, T, H, S)``
+          (a copy for torch/numpy) gives the same indexing as a linear scale view.
+
+        Scale dtype: ``torch.float8_e4m3fn`` for torch tensors, ``uint8`` for numpy arrays.
+
+    Raises
+    ------
+    TypeError
+        If ``kv_cache`` is not a torch tensor / numpy array, or not uint8.
+    ValueError
+        For a wrong rank, a dimension that is not 2 / even where the layout needs it, a last
+        dimension that is not ``9*D/16``, strides that are neither HND nor NHD, negative
+        strides, or an unknown or unusable ``scale_layout``.
+    """
+    name = "kv_cache"
+    if scale_layout not in _CACHE_SCALE_LAYOUTS:
+        raise ValueError(
+            f"scale_layout: unknown value {scale_layout!r}; expected 'vllm' or 'linear'"
+        )
+    shape, strides = _shape_and_strides(kv_cache, name)
+    if len(shape) == 5:
+        N, two, T, H, F = shape
+        sn, s2, st, sh, sf = strides
+        if two != 2:
+            raise ValueError(f"{name}: dimension 1 of a 5-D cache must be 2 (K, V), got {two}")
+        layout = _side_layout(T, H, F, st, sh, sf, name)
+        _check_free_stride(sn, name, "page")
+        _check_free_stride(s2, name, "side")
+        k_offset, v_offset = 0, s2
+    elif len(shape) == 4:
+        N, H2, T, F = shape
+        sn, sh, st, sf = strides
+        if H2 % 2 != 0:
+            raise ValueError(
+                f"{name}: dimension 1 of a packed 4-D cache (2H) must be even, got {H2}"
+            )
+        H = H2 // 2
+        if sf != 1 or not _stride_ok(st, F, T) or not _stride_ok(sh, T * F, H2):
+            raise ValueError(
+                f"{name}: a packed 4-D cache (N, 2H, T, F) must have strides "
+                f"(page, {T * F}, {F}, 1), got {strides}"
+            )
+        _check_free_stride(sn, name, "page")
+        layout = "HND"
+        k_offset, v_offset = 0, H * T * F
+    else:
+        raise ValueError(
+            f"{name}: expected a 5-D (N, 2, T, H, F) or packed 4-D (N, 2H, T, F) cache, "
+            f"got {len(shape)}-D shape {shape}"
+        )
+    _check_nonempty(T, H, name)
+    D = _head_size_from_full_dim(F, name)
+    v_scale_layout = "linear"
+    if scale_layout == "vllm":
+        _check_interleaved(layout, T, D, name)
+        v_scale_layout = "interleaved"
+    k_data, k_scale = _side_views(kv_cache, k_offset, N, T, H, D, sn, layout, "linear", name)
+    v_data, v_scale = _side_views(
+        kv_cache, v_offset, N, T, H, D, sn, layout, v_scale_layout, name
+    )
+    return k_data, k_scale, v_data, v_scale
+
+
+def nvfp4_split_data_scale(side: Any, scale_layout: str = "linear"):
+    """Split one side of an NVFP4 cache into zero-copy data and scale views.
+
+    Parameters
+    ----------
+    side : torch.Tensor or numpy.ndarray, uint8
+        Logical shape ``(N, T, H, F)``, ``F = 9*D/16``, e.g. ``kv_cache[:, 0]`` (K) or
+        ``kv_cache[:, 1]`` (V) of a 5-D cache, or vLLM's ``key_cache`` / ``value_cache``.
+        Strides HND (``T`` stride ``F``, ``H`` stride ``T*F``) or NHD (``H`` stride ``F``,
+        ``T`` stride ``H*F``); the page stride is free. HND when ``H == 1`` or ``T == 1``.
+    scale_layout : {"linear", "interleaved"}, optional
+        How this side's scales are laid out: "linear" (default), or "interleaved" for
+        token-4 interleaved (HND, ``T % 4 == 0``, ``D % 64 == 0``; V under vLLM's profile).
+
+    Returns
+    -------
+    data : uint8, shape ``(N, T, H, D/2)``
+        ``[n, t, h, j]`` is packed byte ``j`` of token ``t``, head ``h`` of page ``n``.
+    scale : float8_e4m3fn (torch) or uint8 (numpy)
+        "linear": shape ``(N, T, H, D/16)``, ``[n, t, h, g]`` the scale of group ``g``.
+        "interleaved": shape ``(N, T/4, 4, H, D/16)``, ``[n, b, i, h, g]`` the scale of token
+        ``4b + i``; see :func:`nvfp4_kv_cache_split_views`.
+
+    Raises
+    ------
+    TypeError
+        If ``side`` is not a torch tensor / numpy array, or not uint8.
+    ValueError
+        For a wrong rank, a last dimension that is not ``9*D/16``, strides that are neither
+        HND nor NHD, or an unknown or unusable ``scale_layout``.
+    """
+    name = "side"
+    if scale_layout not in _SIDE_SCALE_LAYOUTS:
+        raise ValueError(
+            f"scale_layout: unknown value {scale_layout!r}; expected 'linear' or 'interleaved'"
+        )
+    shape, strides = _shape_and_strides(side, name)
+    if len(shape) != 4:
+        raise ValueError(f"{name}: expected a 4-D (N, T, H, F) side, got {len(shape)}-D {shape}")
+    N, T, H, F = shape
+    sn, st, sh, sf = strides
+    _check_nonempty(T, H, name)
+    layout = _side_layout(T, H, F, st, sh, sf, name)
+    _check_free_stride(sn, name, "page")
+    D = _head_size_from_full_dim(F, name)
+    if scale_layout == "interleaved":
+        _check_interleaved(layout, T, D, name)
+    return _side_views(side, 0, N, T, H, D, sn, layout, scale_layout, name)

@@ -1,0 +1,329 @@
+"""Every rejected call: the right exception type, a message naming the argument, and the cache
+byte-for-byte unchanged afterwards (PYTHON_API_CONTRACT.md, "Errors")."""
+import math
+
+import numpy as np
+import pytest
+from conftest import make_cache, make_kv, make_slots, mixed_tokens
+
+torch = pytest.importorskip("torch")
+
+N, T, H, D = 2, 4, 2, 64
+F = 9 * D // 16
+
+
+class Setup:
+    """A valid store() call whose pieces the cases below break one at a time."""
+
+    def __init__(self, backend, view="5d", layout="HND", T_=T, D_=D, n=3):
+        rng = np.random.default_rng(50)
+        self.backend = backend
+        self.cache = make_cache(N, T_, H, D_, view, layout, backend, seed=51)
+        k, v = mixed_tokens(rng, n, H, D_), mixed_tokens(rng, n, H, D_)
+        self.key, self.value, _, _ = make_kv(k, v, "float32", backend)
+        self.slots = make_slots([1, -1, 6][:n] + list(range(7, 7 + max(0, n - 3))), "int64",
+                                backend)
+        self.kw = {"k_scale": 1.0, "v_scale": 1.0, "recipe": "nvfp4", "scale_layout": "linear"}
+
+    def store(self, **override):
+        args = dict(key=self.key, value=self.value, slot_mapping=self.slots, **self.kw,
+                    **self.cache.kwargs())
+        args.update(override)
+        return lambda nv: nv.store(**args)
+
+    def arr(self, a):
+        """numpy array or torch tensor in this setup's framework."""
+        return a if self.backend == "numpy" else torch.from_numpy(np.ascontiguousarray(a))
+
+
+def assert_rejected(nv, setup, call, exc, match):
+    before = setup.cache.snapshot()
+    with pytest.raises(exc, match=match):
+        call(nv)
+    assert np.array_equal(setup.cache.snapshot(), before), "a rejected call wrote to the cache"
+
+
+BACKENDS = ("numpy", "torch")
+
+
+# ----------------------------------------------------------------------------------- the cache
+def test_read_only_numpy_cache(nv):
+    s = Setup("numpy")
+    s.cache.kv_cache.flags.writeable = False
+    assert_rejected(nv, s, s.store(), ValueError, "kv_cache")
+
+
+def test_read_only_numpy_value_cache(nv):
+    s = Setup("numpy", view="sides")
+    s.cache.value_cache.flags.writeable = False
+    assert_rejected(nv, s, s.store(), ValueError, "value_cache")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bad", ["int8", "float16"])
+def test_cache_not_uint8(nv, backend, bad):
+    s = Setup(backend)
+    kv = s.cache.kv_cache
+    if bad == "int8":  # same bytes, wrong dtype
+        wrong = kv.view(np.int8) if backend == "numpy" else kv.view(torch.int8)
+    else:  # a float cache of the same logical shape
+        wrong = s.arr(np.zeros(tuple(kv.shape), np.float16))
+    assert_rejected(nv, s, s.store(kv_cache=wrong), TypeError, "kv_cache")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_value_cache_not_uint8(nv, backend):
+    s = Setup(backend, view="sides")
+    vc = s.cache.value_cache
+    wrong = vc.view(np.int8) if backend == "numpy" else vc.view(torch.int8)
+    assert_rejected(nv, s, s.store(value_cache=wrong), TypeError, "value_cache")
+
+
+def _padded_rows(backend, shape):
+    """A uint8 array of `shape` whose last dim is a slice of wider rows: not a contiguous run."""
+    wide = np.zeros(shape[:-1] + (shape[-1] + 16,), np.uint8)
+    sliced = wide[..., : shape[-1]]
+    return sliced if backend == "numpy" else torch.from_numpy(wide)[..., : shape[-1]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("which", ["key_cache", "value_cache"])
+def test_side_not_contiguous(nv, backend, which):
+    s = Setup(backend, view="sides")
+    bad = _padded_rows(backend, (N, T, H, F))
+    if which == "key_cache":
+        call = s.store(kv_cache=bad)
+        match = "key_cache|kv_cache"  # store() calls the K side kv_cache; the vLLM op key_cache
+    else:
+        call = s.store(value_cache=bad)
+        match = "value_cache"
+    assert_rejected(nv, s, call, ValueError, match)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_5d_cache_with_non_contiguous_sides(nv, backend):
+    s = Setup(backend)
+    bad = _padded_rows(backend, (N, 2, H, T, F))
+    bad = bad.transpose(2, 3) if backend == "torch" else bad.swapaxes(2, 3)
+    assert_rejected(nv, s, s.store(kv_cache=bad), ValueError, "kv_cache")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_packed_4d_not_contiguous(nv, backend):
+    s = Setup(backend, view="packed4d")
+    bad = _padded_rows(backend, (N, 2 * H, T, F))
+    assert_rejected(nv, s, s.store(kv_cache=bad), ValueError, "kv_cache")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(N, 2 * H * T * F), (N, 2, H * T * F),
+                                   (1, N, 2, T, H, F), (N, 3, T, H, F)],
+                         ids=["2d", "3d", "6d", "5d_not_2_sides"])
+def test_cache_wrong_rank_or_shape(nv, backend, shape):
+    s = Setup(backend)
+    bad = s.arr(np.zeros(shape, np.uint8))
+    assert_rejected(nv, s, s.store(kv_cache=bad), ValueError, "kv_cache")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cache_head_dim_mismatch(nv, backend):
+    s = Setup(backend)
+    bad = s.arr(np.zeros((N, 2, T, H, 9 * 128 // 16), np.uint8))  # F of D=128, key has D=64
+    assert_rejected(nv, s, s.store(kv_cache=bad), ValueError, "kv_cache|key")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cache_num_heads_mismatch(nv, backend):
+    s = Setup(backend)
+    bad = s.arr(np.zeros((N, 2, T, H + 1, F), np.uint8))
+    assert_rejected(nv, s, s.store(kv_cache=bad), ValueError, "kv_cache|key")
+
+
+# ------------------------------------------------------------------------------- key / value
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("Dk", [24, 40])
+def test_head_size_not_multiple_of_16(nv, backend, Dk):
+    s = Setup(backend)
+    k = s.arr(np.ones((3, H, Dk), np.float32))
+    assert_rejected(nv, s, s.store(key=k, value=k), ValueError, "key")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_head_size_above_512(nv, backend):
+    s = Setup(backend)
+    k = s.arr(np.ones((3, H, 528), np.float32))
+    big = make_cache(N, T, H, 528, "5d", "HND", backend, seed=52)
+    s.cache = big  # compare the cache actually passed
+    # D is read off both key and the cache F, so either may be named.
+    assert_rejected(nv, s, s.store(key=k, value=k, **big.kwargs()), ValueError, "key|kv_cache")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("what", ["tokens", "heads"])
+def test_key_value_shape_mismatch(nv, backend, what):
+    s = Setup(backend)
+    shape = (2, H, D) if what == "tokens" else (3, H + 1, D)
+    v = s.arr(np.ones(shape, np.float32))
+    assert_rejected(nv, s, s.store(value=v), ValueError, "value|key")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_key_value_dtype_mismatch(nv, backend):
+    s = Setup(backend)
+    v = s.arr(np.ones((3, H, D), np.float16))
+    assert_rejected(nv, s, s.store(value=v), TypeError, "value|key")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [np.float64, np.int32, np.uint8])
+def test_key_unsupported_dtype(nv, backend, dtype):
+    s = Setup(backend)
+    k = s.arr(np.ones((3, H, D), dtype))
+    assert_rejected(nv, s, s.store(key=k, value=k), TypeError, "key")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(3, H * D), (1, 3, H, D)], ids=["2d", "4d"])
+def test_key_wrong_rank(nv, backend, shape):
+    s = Setup(backend)
+    k = s.arr(np.ones(shape, np.float32))
+    assert_rejected(nv, s, s.store(key=k), ValueError, "key")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_key_last_dim_not_unit_stride(nv, backend):
+    s = Setup(backend)
+    wide = np.ones((3, H, 2 * D), np.float32)
+    k = wide[..., ::2] if backend == "numpy" else torch.from_numpy(wide)[..., ::2]
+    assert_rejected(nv, s, s.store(key=k), ValueError, "key")
+
+
+# -------------------------------------------------------------------------------- slot_mapping
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.uint8])
+def test_slot_mapping_wrong_dtype(nv, backend, dtype):
+    s = Setup(backend)
+    slots = s.arr(np.array([1, 0, 6], dtype))
+    assert_rejected(nv, s, s.store(slot_mapping=slots), TypeError, "slot_mapping")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("slots", [[1, 2], [1, 2, 3, 4], [[1, 2, 3]]], ids=["short", "long", "2d"])
+def test_slot_mapping_wrong_shape(nv, backend, slots):
+    s = Setup(backend)
+    assert_rejected(nv, s, s.store(slot_mapping=s.arr(np.array(slots, np.int64))), ValueError,
+                    "slot_mapping")
+
+
+# ---------------------------------------------------------------------------- global scales
+# 1e-45 and 1e-39 are fp32 denormals whose reciprocal overflows; 1e39 overflows fp32 itself.
+BAD_SCALES = [0.0, -0.0, -1.0, math.nan, math.inf, -math.inf, 1e-45, 1e-39, 1e39]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("which", ["k_scale", "v_scale"])
+@pytest.mark.parametrize("g", BAD_SCALES, ids=str)
+def test_invalid_global_scale_float(nv, backend, which, g):
+    s = Setup(backend)
+    assert_rejected(nv, s, s.store(**{which: g}), ValueError, which)
+
+
+@pytest.mark.parametrize("which", ["k_scale", "v_scale"])
+@pytest.mark.parametrize("g", BAD_SCALES, ids=str)
+def test_invalid_global_scale_cpu_tensor(nv, which, g):
+    s = Setup("torch")
+    t = torch.tensor([g], dtype=torch.float32)
+    assert_rejected(nv, s, s.store(**{which: t}), ValueError, which)
+
+
+@pytest.mark.parametrize("which", ["k_scale", "v_scale"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16, torch.int32])
+def test_global_scale_tensor_wrong_dtype(nv, which, dtype):
+    s = Setup("torch")
+    t = torch.ones(1, dtype=dtype)
+    assert_rejected(nv, s, s.store(**{which: t}), TypeError, which)
+
+
+# ------------------------------------------------------------------------- names and layouts
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("recipe", ["nvfp4x", "fp8", "", "NVFP4", None])
+def test_unknown_recipe(nv, backend, recipe):
+    s = Setup(backend)
+    assert_rejected(nv, s, s.store(recipe=recipe), ValueError, "recipe")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("scale_layout", ["interleaved", "", "VLLM", None])
+def test_unknown_scale_layout(nv, backend, scale_layout):
+    s = Setup(backend)
+    assert_rejected(nv, s, s.store(scale_layout=scale_layout), ValueError, "scale_layout")
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "auto", "fp8_e4m3", "nvfp4 ", "bfloat16"])
+def test_reshape_and_cache_flash_unknown_kv_cache_dtype(nv, kv_cache_dtype):
+    s = Setup("torch", view="sides")
+    kc, vc = s.cache.sides_pair()
+    one = torch.ones(1, dtype=torch.float32)
+    call = lambda nv: nv.reshape_and_cache_flash(s.key, s.value, kc, vc, s.slots,
+                                                 kv_cache_dtype, one, one, scale_layout="linear")
+    assert_rejected(nv, s, call, ValueError, "kv_cache_dtype")
+
+
+def test_reshape_and_cache_flash_bad_key_cache_dtype(nv):
+    s = Setup("torch", view="sides")
+    kc, vc = s.cache.sides_pair()
+    call = lambda nv: nv.reshape_and_cache_flash(s.key, s.value, kc.view(torch.int8), vc,
+                                                 s.slots, "nvfp4", 1.0, 1.0,
+                                                 scale_layout="linear")
+    assert_rejected(nv, s, call, TypeError, "key_cache|kv_cache")
+
+
+# Combination errors name either the layout choice or the cache it does not fit (the contract
+# does not say which), hence the alternatives in `match`.
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("T_", [1, 2, 6])
+def test_interleaved_scales_need_T_multiple_of_4(nv, backend, T_):
+    s = Setup(backend, T_=T_, n=2)
+    assert_rejected(nv, s, s.store(scale_layout="vllm"), ValueError,
+                    "scale_layout|kv_cache")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("D_", [16, 32, 48, 80])
+def test_interleaved_scales_need_D_multiple_of_64(nv, backend, D_):
+    s = Setup(backend, D_=D_)
+    assert_rejected(nv, s, s.store(scale_layout="vllm"), ValueError,
+                    "scale_layout|kv_cache|key")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("view", ["5d", "sides"])
+def test_interleaved_scales_need_HND(nv, backend, view):
+    s = Setup(backend, view=view, layout="NHD")
+    assert_rejected(nv, s, s.store(scale_layout="vllm"), ValueError,
+                    "scale_layout|kv_cache|key_cache|value_cache")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sides_with_different_layouts(nv, backend):
+    s = Setup(backend, view="sides")
+    other = make_cache(N, T, H, D, "sides", "NHD", backend, seed=53)
+    assert_rejected(nv, s, s.store(value_cache=other.value_cache), ValueError,
+                    "value_cache|key_cache|kv_cache")
+
+
+# ------------------------------------------------------------------------------- dequantize
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dequantize_rejects(nv, backend):
+    s = Setup(backend)
+    kv = s.cache.kv_cache
+    wrong = kv.view(np.int8) if backend == "numpy" else kv.view(torch.int8)
+    cases = [
+        (lambda nv: nv.dequantize(wrong, 1.0, 1.0), TypeError, "kv_cache"),
+        (lambda nv: nv.dequantize(kv, 1.0, 1.0, scale_layout="bogus"), ValueError, "scale_layout"),
+        (lambda nv: nv.dequantize(s.arr(np.zeros((N, 2, 8), np.uint8)), 1.0, 1.0), ValueError,
+         "kv_cache"),
+        (lambda nv: nv.dequantize(kv, 1.0, 1.0, dtype="int8"), (TypeError, ValueError), "dtype"),
+    ]
+    for call, exc, match in cases:
+        assert_rejected(nv, s, call, exc, match)

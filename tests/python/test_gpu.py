@@ -1,0 +1,318 @@
+"""GPU tests: the CUDA kernels against the CPU path, byte for byte, on the whole cache.
+
+Every case fills one byte buffer with a random poison pattern, hands the library a view of it
+(5-D HND/NHD, packed 4-D, or two sides), runs the same store on the CPU and on the GPU, and
+compares every byte of the buffer. Skipped when no CUDA device (or no CUDA build) is present.
+"""
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nvfp4kv = pytest.importorskip("nvfp4kv")
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() and nvfp4kv.build_info()["cuda_available"]),
+    reason="needs a CUDA device and a CUDA build of nvfp4kv",
+)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def full_dim(d):
+    return d // 2 + d // 16
+
+
+def make_raw(n_pages, side_bytes, pad, gen):
+    """(N, page_stride) poisoned bytes on the CPU: 2 sides per page plus `pad` bytes."""
+    raw = torch.randint(0, 256, (n_pages, 2 * side_bytes + pad), dtype=torch.uint8, generator=gen)
+    return raw
+
+
+def cache_views(raw, N, T, H, D, view, layout):
+    """(kwargs for store/dequantize) viewing `raw` (CPU or CUDA) as the requested cache."""
+    F = full_dim(D)
+    side = H * T * F
+    ps = raw.stride(0)
+    if view == "5d":
+        if layout == "HND":  # physical [N][2][H][T][F]
+            kv = raw.as_strided((N, 2, T, H, F), (ps, side, F, T * F, 1))
+        else:
+            kv = raw.as_strided((N, 2, T, H, F), (ps, side, H * F, F, 1))
+        return {"kv_cache": kv}
+    if view == "packed4d":
+        return {"kv_cache": raw.as_strided((N, 2 * H, T, F), (ps, T * F, F, 1))}
+    strides = (ps, F, T * F, 1) if layout == "HND" else (ps, H * F, F, 1)
+    k = raw.as_strided((N, T, H, F), strides)
+    v = raw.as_strided((N, T, H, F), strides, raw.storage_offset() + side)
+    return {"kv_cache": k, "value_cache": v}
+
+
+def make_inputs(n, H, D, dtype, gen, special=True, fused=False):
+    """Random heavy-tailed K/V, optionally with NaN/Inf/zero groups, optionally strided."""
+    def one():
+        x = torch.randn(n, H, D, generator=gen) * torch.exp(torch.randn(n, H, 1, generator=gen))
+        if special and n > 0:
+            flat = x.view(-1, 16)
+            idx = torch.randint(0, flat.shape[0], (max(1, flat.shape[0] // 50),), generator=gen)
+            kinds = torch.randint(0, 5, idx.shape, generator=gen)
+            for i, k in zip(idx.tolist(), kinds.tolist()):
+                if k == 0:
+                    flat[i, random.randrange(16)] = float("nan")
+                elif k == 1:
+                    flat[i, random.randrange(16)] = float("inf") * random.choice((1, -1))
+                elif k == 2:
+                    flat[i] = 0.0
+                elif k == 3:
+                    flat[i] *= 1e-30  # tiny: scale underflows
+                else:
+                    flat[i] *= 1e6  # huge: scale saturates
+        return x.to(dtype)
+
+    if fused:  # views into a fused [n, (Hq + 2H) * D] QKV tensor
+        qkv = torch.randn(n, (2 * H + 2 * H) * D, generator=gen).to(dtype)
+        k = qkv[:, 2 * H * D:3 * H * D].view(n, H, D)
+        v = qkv[:, 3 * H * D:].view(n, H, D)
+        k.copy_(one())
+        v.copy_(one())
+        return k, v
+    return one(), one()
+
+
+def make_slots(n, N, T, gen, slot_dtype):
+    perm = torch.randperm(N * T, generator=gen)
+    slots = perm[:n].clone() if n <= N * T else torch.cat([perm, torch.full((n - N * T,), -1)])
+    if n:
+        pad = torch.rand(n, generator=gen) < 0.1
+        slots[pad] = -1
+        oob = torch.rand(n, generator=gen) < 0.05
+        slots[oob] = N * T + torch.randint(0, 1000, (int(oob.sum()),), generator=gen)
+    return slots.to(slot_dtype)
+
+
+def run_both(N, T, H, D, view, layout, dtype, recipe, scale_layout, slot_dtype, n, seed,
+             fused=False, pad=0, device_scales=False):
+    gen = torch.Generator().manual_seed(seed)
+    random.seed(seed)
+    F = full_dim(D)
+    raw = make_raw(N, H * T * F, pad, gen)
+    key, value = make_inputs(n, H, D, DTYPES[dtype], gen, fused=fused)
+    slots = make_slots(n, N, T, gen, slot_dtype)
+    ks, vs = 0.5 + random.random(), 0.01 + random.random() / 10
+
+    raw_cpu = raw.clone()
+    nvfp4kv.store(key, value, slot_mapping=slots, k_scale=ks, v_scale=vs, recipe=recipe,
+                  scale_layout=scale_layout, **cache_views(raw_cpu, N, T, H, D, view, layout))
+
+    raw_gpu = raw.cuda()
+    kd, vd, sd = key.cuda(), value.cuda(), slots.cuda()
+    if fused:  # keep the token stride of the fused tensor on the GPU too
+        kd = torch.empty_strided(key.size(), key.stride(), dtype=key.dtype, device="cuda")
+        vd = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device="cuda")
+        kd.copy_(key)
+        vd.copy_(value)
+    gk = torch.tensor([ks], dtype=torch.float32, device="cuda") if device_scales else ks
+    gv = torch.tensor([vs], dtype=torch.float32, device="cuda") if device_scales else vs
+    nvfp4kv.store(kd, vd, slot_mapping=sd, k_scale=gk, v_scale=gv, recipe=recipe,
+                  scale_layout=scale_layout, **cache_views(raw_gpu, N, T, H, D, view, layout))
+    torch.cuda.synchronize()
+    got = raw_gpu.cpu()
+    if not torch.equal(got, raw_cpu):
+        diff = (got != raw_cpu).nonzero()
+        pytest.fail(f"{diff.shape[0]} bytes differ, first at {diff[:5].tolist()}")
+    # Sanity: the call did write something where valid slots exist.
+    valid = ((slots >= 0) & (slots < N * T)).sum().item()
+    if valid:
+        assert not torch.equal(raw_cpu, raw)
+    return raw_cpu, (key, value, slots, ks, vs)
+
+
+# A matrix over every option, thinned so that each value of each option appears many times.
+def _matrix():
+    rng = random.Random(1234)
+    cases = []
+    for dtype, recipe, view, slot_dtype in itertools.product(
+        DTYPES, ("nvfp4", "nvfp4_4over6"), ("5d", "packed4d", "sides"), (torch.int64, torch.int32)
+    ):
+        for _ in range(3):
+            layout = "HND" if view == "packed4d" else rng.choice(("HND", "NHD"))
+            D = rng.choice((16, 32, 48, 64, 128, 192, 256, 512))
+            T = rng.choice((1, 4, 16, 32, 5))
+            scale_layout = "vllm" if (layout == "HND" and T % 4 == 0 and D % 64 == 0 and rng.random() < 0.7) else "linear"
+            H = rng.choice((1, 2, 8))
+            N = rng.choice((1, 3, 9))
+            n = rng.choice((0, 1, 7, 64, N * T))
+            cases.append((N, T, H, D, view, layout, dtype, recipe, scale_layout, slot_dtype, n))
+    return cases
+
+
+@pytest.mark.parametrize("case", _matrix(), ids=lambda c: "-".join(map(str, c[:10])).replace("torch.", ""))
+def test_gpu_equals_cpu(case):
+    run_both(*case, seed=hash(case) & 0xFFFF)
+
+
+@pytest.mark.parametrize("view", ("5d", "sides"))
+@pytest.mark.parametrize("dtype", ("bfloat16", "float32"))
+def test_strided_inputs_and_padded_pages(view, dtype):
+    run_both(6, 16, 4, 128, view, "HND", dtype, "nvfp4", "vllm", torch.int64, 80, seed=7, fused=True,
+             pad=48)
+
+
+def test_unaligned_page_stride_uses_scalar_path():
+    run_both(5, 4, 2, 32, "5d", "NHD", "bfloat16", "nvfp4", "linear", torch.int32, 20, seed=3, pad=3)
+
+
+@pytest.mark.parametrize("recipe", ("nvfp4", "nvfp4_4over6"))
+def test_device_scales(recipe):
+    run_both(8, 16, 8, 128, "5d", "HND", "bfloat16", recipe, "vllm", torch.int64, 100, seed=11,
+             device_scales=True)
+
+
+def test_large_batch():
+    run_both(4096, 16, 8, 128, "5d", "HND", "bfloat16", "nvfp4", "vllm", torch.int64, 65536, seed=5)
+
+
+@pytest.mark.parametrize("bad", (0.0, float("nan"), float("inf"), -1.0))
+def test_invalid_device_scale_writes_nan_groups(bad):
+    """A GPU scale the host cannot inspect: every group written with it gets 0x7F, codes 0."""
+    N, T, H, D = 2, 16, 2, 64
+    F = full_dim(D)
+    raw = torch.full((N, 2 * H * T * F), 0xA5, dtype=torch.uint8, device="cuda")
+    kv = cache_views(raw, N, T, H, D, "5d", "HND")["kv_cache"]
+    key = torch.randn(3, H, D, device="cuda", dtype=torch.bfloat16)
+    slots = torch.tensor([0, 5, 17], device="cuda")
+    nvfp4kv.store(key, key, kv, slots, torch.tensor([bad], device="cuda"), 1.0, scale_layout="linear")
+    k_side = raw.view(N, 2, H, T, F)[:, 0].cpu()
+    for s in slots.tolist():
+        page, pos = divmod(s, T)
+        rows = k_side.reshape(N, H * T * F)[page]
+        for h in range(H):
+            r = h * T + pos
+            assert torch.all(rows[r * D // 2:(r + 1) * D // 2] == 0)
+            sc = rows[H * T * D // 2 + r * D // 16: H * T * D // 2 + (r + 1) * D // 16]
+            assert torch.all(sc == 0x7F)
+    v_side = raw.view(N, 2, H, T, F)[:, 1].cpu()
+    assert not torch.all(v_side.reshape(N, -1)[0, : D // 2] == 0x7F)
+
+
+def test_cuda_graph_capture_and_replay():
+    """Capture once, then change inputs, slots and the device scales in place and replay."""
+    N, T, H, D, n = 16, 16, 8, 128, 40
+    gen = torch.Generator().manual_seed(0)
+    raw = make_raw(N, H * T * full_dim(D), 0, gen).cuda()
+    kv = cache_views(raw, N, T, H, D, "5d", "HND")["kv_cache"]
+    key = torch.randn(n, H, D, device="cuda", dtype=torch.bfloat16)
+    value = torch.randn(n, H, D, device="cuda", dtype=torch.bfloat16)
+    slots = torch.randperm(N * T, device="cuda")[:n]
+    ks = torch.tensor([0.1], device="cuda")
+    vs = torch.tensor([0.2], device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        nvfp4kv.store(key, value, kv, slots, ks, vs)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        nvfp4kv.store(key, value, kv, slots, ks, vs)
+    for step in range(3):
+        key.copy_(torch.randn(n, H, D, generator=gen).to(torch.bfloat16))
+        value.copy_(torch.randn(n, H, D, generator=gen).to(torch.bfloat16))
+        slots.copy_(torch.randperm(N * T, generator=gen)[:n])
+        ks.fill_(0.05 * (step + 1))
+        vs.fill_(0.07 * (step + 1))
+        expect = raw.cpu()
+        nvfp4kv.store(key.cpu(), value.cpu(), cache_views(expect, N, T, H, D, "5d", "HND")["kv_cache"],
+                      slots.cpu(), ks.item(), vs.item())
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(raw.cpu(), expect), f"replay {step} differs from the CPU path"
+
+
+def test_runs_on_the_given_stream():
+    N, T, H, D, n = 64, 16, 8, 128, 1000
+    gen = torch.Generator().manual_seed(1)
+    raw = make_raw(N, H * T * full_dim(D), 0, gen)
+    key, value = make_inputs(n, H, D, torch.bfloat16, gen, special=False)
+    slots = torch.randperm(N * T, generator=gen)[:n]
+    expect = raw.clone()
+    nvfp4kv.store(key, value, cache_views(expect, N, T, H, D, "5d", "HND")["kv_cache"], slots, 0.1, 0.1)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        raw_gpu = raw.cuda(non_blocking=False)
+        kd, vd, sd = key.cuda(), value.cuda(), slots.cuda()
+        torch.cuda._sleep(20_000_000)  # keep the side stream busy: a wrong stream would race ahead
+        nvfp4kv.store(kd, vd, cache_views(raw_gpu, N, T, H, D, "5d", "HND")["kv_cache"], sd, 0.1, 0.1)
+    side.synchronize()
+    assert torch.equal(raw_gpu.cpu(), expect)
+    # explicit stream argument, from the default stream's point of view
+    raw2 = raw.cuda()
+    s2 = torch.cuda.Stream()
+    with torch.cuda.stream(s2):
+        kd2, vd2, sd2 = key.cuda(), value.cuda(), slots.cuda()
+    s2.synchronize()
+    nvfp4kv.store(kd2, vd2, cache_views(raw2, N, T, H, D, "5d", "HND")["kv_cache"], sd2, 0.1, 0.1, stream=s2)
+    s2.synchronize()
+    assert torch.equal(raw2.cpu(), expect)
+
+
+def test_mixed_devices_rejected_and_cache_untouched():
+    raw = torch.zeros(2, 2 * 8 * 16 * 72, dtype=torch.uint8, device="cuda")
+    kv = cache_views(raw, 2, 16, 8, 128, "5d", "HND")["kv_cache"]
+    key = torch.randn(4, 8, 128, dtype=torch.bfloat16)
+    slots = torch.arange(4, device="cuda")
+    with pytest.raises(ValueError, match="key"):
+        nvfp4kv.store(key, key.cuda(), kv, slots, 1.0, 1.0)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        nvfp4kv.store(key.cuda(), key.cuda(), kv, slots.cpu(), 1.0, 1.0)
+    with pytest.raises(ValueError, match="k_scale"):
+        nvfp4kv.store(key, key, kv.cpu(), slots.cpu(), torch.tensor([1.0], device="cuda"), 1.0)
+    assert int(raw.sum()) == 0
+
+
+def test_device_guard_other_current_device():
+    """Tensors on the last device while another one is current (a no-op switch on 1 GPU)."""
+    dev = torch.cuda.device_count() - 1
+    other = 0
+    N, T, H, D, n = 4, 16, 2, 64, 20
+    gen = torch.Generator().manual_seed(2)
+    raw = make_raw(N, H * T * full_dim(D), 0, gen)
+    key, value = make_inputs(n, H, D, torch.float16, gen)
+    slots = torch.randperm(N * T, generator=gen)[:n]
+    expect = raw.clone()
+    nvfp4kv.store(key, value, cache_views(expect, N, T, H, D, "5d", "HND")["kv_cache"], slots, 1.0, 1.0)
+    with torch.cuda.device(other):
+        raw_gpu = raw.to(f"cuda:{dev}")
+        nvfp4kv.store(key.to(f"cuda:{dev}"), value.to(f"cuda:{dev}"),
+                      cache_views(raw_gpu, N, T, H, D, "5d", "HND")["kv_cache"], slots.to(f"cuda:{dev}"),
+                      1.0, 1.0)
+        assert torch.cuda.current_device() == other
+    torch.cuda.synchronize(dev)
+    assert torch.equal(raw_gpu.cpu(), expect)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tensors_split_across_gpus_rejected():
+    raw = torch.zeros(2, 2 * 8 * 16 * 72, dtype=torch.uint8, device="cuda:1")
+    kv = cache_views(raw, 2, 16, 8, 128, "5d", "HND")["kv_cache"]
+    key = torch.randn(4, 8, 128, dtype=torch.bfloat16, device="cuda:0")
+    with pytest.raises(ValueError, match="cuda:0"):
+        nvfp4kv.store(key, key, kv, torch.arange(4, device="cuda:1"), 1.0, 1.0)
+
+
+@pytest.mark.parametrize("dtype", ("float32", "float16", "bfloat16"))
+@pytest.mark.parametrize("view,layout,scale_layout", [("5d", "HND", "vllm"), ("5d", "NHD", "linear"),
+                                                       ("packed4d", "HND", "linear"), ("sides", "NHD", "linear")])
+def test_dequantize_gpu_equals_cpu(dtype, view, layout, scale_layout):
+    N, T, H, D = 5, 16, 4, 128
+    raw, _ = run_both(N, T, H, D, view, layout, "bfloat16", "nvfp4", scale_layout, torch.int64, 50, seed=9)
+    kc, vc = nvfp4kv.dequantize(k_scale=0.3, v_scale=0.7, dtype=dtype, scale_layout=scale_layout,
+                                **cache_views(raw, N, T, H, D, view, layout))
+    kg, vg = nvfp4kv.dequantize(k_scale=0.3, v_scale=0.7, dtype=dtype, scale_layout=scale_layout,
+                                **cache_views(raw.cuda(), N, T, H, D, view, layout))
+    # Bitwise equality (NaN included): compare the raw bits.
+    idt = torch.int32 if dtype == "float32" else torch.int16
+    assert torch.equal(kg.cpu().view(idt), kc.view(idt))
+    assert torch.equal(vg.cpu().view(idt), vc.view(idt))

@@ -1,0 +1,418 @@
+"""Tests of nvfp4kv.spec: dtype strings, shapes, page sizes, allocation, lazy torch import.
+
+The expected numbers are computed by hand from FORMAT.md §4 (F(D) = D/2 + D/16, page =
+T*H*(F(D) + F(Dv))), not by calling the module.
+"""
+
+import dataclasses
+import importlib
+import importlib.util
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC_PY = ROOT / "python" / "nvfp4kv" / "spec.py"
+
+
+def _load(name):
+    """Import nvfp4kv.<name>; fall back to the source file when the package is not importable
+    (e.g. its __init__ needs the compiled extension, which these tests do not)."""
+    try:
+        return importlib.import_module(f"nvfp4kv.{name}")
+    except ImportError:
+        pass
+    mod_name = f"_nvfp4kv_src_{name}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    path = ROOT / "python" / "nvfp4kv" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = mod  # dataclasses look their module up in sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+S = _load("spec")
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - the torch-specific tests skip
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch not installed")
+
+QUANTIZED = ["fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4", "nvfp4_4over6"]
+UNQUANTIZED = ["auto", "bfloat16", "float16", "half", "float", "float32"]
+
+
+# ---------------------------------------------------------------------------------------------
+# full dim
+
+
+@pytest.mark.parametrize("d, f", [(16, 9), (32, 18), (64, 36), (128, 72), (256, 144), (576, 324)])
+def test_full_dim(d, f):
+    assert S.nvfp4_kv_cache_full_dim(d) == f
+    assert f == 9 * d // 16
+
+
+@pytest.mark.parametrize("d", [0, -16, 8, 100, 127, 1.5, 128.0, "128", None, True])
+def test_full_dim_rejects(d):
+    with pytest.raises(ValueError, match="head_size"):
+        S.nvfp4_kv_cache_full_dim(d)
+
+
+# ---------------------------------------------------------------------------------------------
+# dtype strings
+
+
+def test_quant_mode_enum():
+    assert issubclass(S.KVQuantMode, int)
+    assert [m.name for m in S.KVQuantMode] == ["NONE", "FP8_PER_TENSOR", "NVFP4"]
+
+
+@pytest.mark.parametrize(
+    "dtype, mode",
+    [("auto", "NONE"), ("bfloat16", "NONE"), ("float16", "NONE"), ("half", "NONE"),
+     ("float", "NONE"), ("float32", "NONE"), ("fp8", "FP8_PER_TENSOR"),
+     ("fp8_e4m3", "FP8_PER_TENSOR"), ("fp8_e5m2", "FP8_PER_TENSOR"), ("nvfp4", "NVFP4"),
+     ("nvfp4_4over6", "NVFP4")],
+)
+def test_get_kv_quant_mode(dtype, mode):
+    assert S.get_kv_quant_mode(dtype) is S.KVQuantMode[mode]
+
+
+@pytest.mark.parametrize("dtype", QUANTIZED)
+def test_is_quantized_true(dtype):
+    assert S.is_quantized_kv_cache(dtype) is True
+
+
+@pytest.mark.parametrize("dtype", UNQUANTIZED)
+def test_is_quantized_false(dtype):
+    assert S.is_quantized_kv_cache(dtype) is False
+
+
+@pytest.mark.parametrize("bad", ["fp4", "NVFP4", "FP8", "nvfp4 ", "", "int8", "uint8", None, 1])
+@pytest.mark.parametrize("fn", ["is_quantized_kv_cache", "get_kv_quant_mode"])
+def test_unknown_dtype_rejected(fn, bad):
+    with pytest.raises(ValueError) as e:
+        getattr(S, fn)(bad)
+    msg = str(e.value)
+    assert "kv_cache_dtype" in msg
+    for allowed in QUANTIZED + UNQUANTIZED:  # the message lists every accepted value
+        assert repr(allowed) in msg
+
+
+def test_modelopt_map():
+    m = S.MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP
+    assert m["FP8"] == "fp8_e4m3" and m["fp8"] == "fp8_e4m3"
+    assert m["NVFP4"] == "nvfp4" and m["nvfp4"] == "nvfp4"
+    for v in m.values():
+        assert S.is_quantized_kv_cache(v)
+
+
+@needs_torch
+def test_str_dtype_to_torch_dtype_values():
+    m = S.STR_DTYPE_TO_TORCH_DTYPE
+    expected = {
+        "nvfp4": torch.uint8, "nvfp4_4over6": torch.uint8, "uint8": torch.uint8,
+        "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
+        "fp8_e5m2": torch.float8_e5m2, "bfloat16": torch.bfloat16, "half": torch.float16,
+        "float16": torch.float16, "float": torch.float32, "float32": torch.float32,
+    }
+    for k, v in expected.items():
+        assert k in m
+        assert m[k] is v
+        assert m.get(k) is v
+    assert set(m) == set(expected)
+    assert len(m) == len(expected)
+    assert dict(m.items()) == expected
+    assert "auto" not in m and m.get("auto") is None
+    with pytest.raises(KeyError):
+        m["nope"]
+
+
+# ---------------------------------------------------------------------------------------------
+# shapes
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_kv_cache_shape(layout):
+    assert S.get_kv_cache_shape(10, 16, 8, 128, "nvfp4", layout) == (10, 2, 16, 8, 72)
+    assert S.get_kv_cache_shape(10, 16, 8, 128, "nvfp4_4over6", layout) == (10, 2, 16, 8, 72)
+    assert S.get_kv_cache_shape(3, 32, 4, 64, "nvfp4", layout=layout) == (3, 2, 32, 4, 36)
+    for d in UNQUANTIZED + ["fp8", "fp8_e4m3", "fp8_e5m2"]:
+        assert S.get_kv_cache_shape(10, 16, 8, 128, d, layout) == (10, 2, 16, 8, 128)
+    # 100 is fine unquantized, not for nvfp4
+    assert S.get_kv_cache_shape(0, 1, 1, 100) == (0, 2, 1, 1, 100)
+    with pytest.raises(ValueError, match="head_size"):
+        S.get_kv_cache_shape(1, 16, 8, 100, "nvfp4", layout)
+
+
+def test_kv_cache_shape_rejects():
+    with pytest.raises(ValueError, match="layout"):
+        S.get_kv_cache_shape(1, 16, 8, 128, "nvfp4", "HDN")
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        S.get_kv_cache_shape(1, 16, 8, 128, "fp4")
+    with pytest.raises(ValueError, match="num_blocks"):
+        S.get_kv_cache_shape(-1, 16, 8, 128)
+    with pytest.raises(ValueError, match="block_size"):
+        S.get_kv_cache_shape(1, 0, 8, 128)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        S.get_kv_cache_shape(1, 16, 0, 128)
+
+
+def test_stride_order():
+    assert S.get_kv_cache_stride_order("HND") == (0, 1, 3, 2, 4)
+    assert S.get_kv_cache_stride_order("NHD") == (0, 1, 2, 3, 4)
+    with pytest.raises(ValueError, match="layout"):
+        S.get_kv_cache_stride_order("hnd")
+
+
+# ---------------------------------------------------------------------------------------------
+# KVCacheSpec
+
+
+@pytest.mark.parametrize(
+    "kw, page",
+    [
+        # the FORMAT.md numbers
+        (dict(block_size=16, num_kv_heads=8, head_size=128), 18432),
+        (dict(block_size=16, num_kv_heads=8, head_size=128, cache_dtype="nvfp4_4over6"), 18432),
+        (dict(block_size=16, num_kv_heads=8, head_size=128, cache_dtype="bfloat16"), 65536),
+        (dict(block_size=16, num_kv_heads=8, head_size=128, cache_dtype="auto"), 65536),
+        (dict(block_size=16, num_kv_heads=8, head_size=128, cache_dtype="half"), 65536),
+        (dict(block_size=16, num_kv_heads=8, head_size=128, cache_dtype="float16"), 65536),
+        (dict(block_size=16, num_kv_heads=8, head_size=128, cache_dtype="fp8"), 32768),
+        (dict(block_size=16, num_kv_heads=8, head_size=128, cache_dtype="fp8_e4m3"), 32768),
+        (dict(block_size=16, num_kv_heads=8, head_size=128, cache_dtype="fp8_e5m2"), 32768),
+        (dict(block_size=16, num_kv_heads=8, head_size=128, cache_dtype="float32"), 131072),
+        (dict(block_size=16, num_kv_heads=8, head_size=128, cache_dtype="float"), 131072),
+        # by hand: F(64) = 32 + 4 = 36 -> 32 * 4 * 72
+        (dict(block_size=32, num_kv_heads=4, head_size=64), 9216),
+        # F(128) + F(64) = 72 + 36 = 108 -> 16 * 2 * 108
+        (dict(block_size=16, num_kv_heads=2, head_size=128, head_size_v=64), 3456),
+        # F(576) = 288 + 36 = 324 -> 64 * 1 * 648
+        (dict(block_size=64, num_kv_heads=1, head_size=576), 41472),
+        # F(16) = 9 -> 1 * 1 * 18
+        (dict(block_size=1, num_kv_heads=1, head_size=16), 18),
+        # bf16 with D != Dv: 2 * 16 * 2 * (128 + 64)
+        (dict(block_size=16, num_kv_heads=2, head_size=128, head_size_v=64,
+              cache_dtype="bfloat16"), 12288),
+        # fp8, odd head size: 8 * 3 * (80 + 80)
+        (dict(block_size=8, num_kv_heads=3, head_size=80, cache_dtype="fp8"), 3840),
+    ],
+)
+def test_page_size(kw, page):
+    s = S.KVCacheSpec(**kw)
+    assert s.page_size_bytes == page
+    assert s.bytes_per_token * s.block_size == page
+    assert s.bytes_per_token == page // kw["block_size"]
+
+
+def test_spec_defaults_and_frozen():
+    s = S.KVCacheSpec(16, 8, 128)
+    assert s.cache_dtype == "nvfp4"
+    assert s.head_size_v == 128
+    assert s.quant_mode is S.KVQuantMode.NVFP4
+    assert S.KVCacheSpec(16, 8, 128, cache_dtype="auto").quant_mode is S.KVQuantMode.NONE
+    assert s == S.KVCacheSpec(16, 8, 128, 128, "nvfp4")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.block_size = 32
+
+
+def test_num_blocks_for():
+    s = S.KVCacheSpec(16, 8, 128)  # 18432 B per page
+    assert s.num_blocks_for(18432 * 10) == 10
+    assert s.num_blocks_for(18432 * 10 + 18431) == 10
+    assert s.num_blocks_for(18432 * 10 - 1) == 9
+    assert s.num_blocks_for(18432 * 10, num_layers=2) == 5
+    assert s.num_blocks_for(18432 * 10, num_layers=3) == 3
+    assert s.num_blocks_for(0) == 0
+    assert s.max_tokens_for(18432 * 10 + 5) == 160
+    assert s.max_tokens_for(18432 * 10, num_layers=4) == 32
+    assert S.KVCacheSpec(16, 8, 128, cache_dtype="bfloat16").num_blocks_for(2**30, 32) == 512
+    with pytest.raises(ValueError, match="num_layers"):
+        s.num_blocks_for(100, num_layers=0)
+    with pytest.raises(ValueError, match="memory_bytes"):
+        s.num_blocks_for(-1)
+
+
+@pytest.mark.parametrize(
+    "kw, word",
+    [
+        (dict(block_size=0, num_kv_heads=8, head_size=128), "block_size"),
+        (dict(block_size=-16, num_kv_heads=8, head_size=128), "block_size"),
+        (dict(block_size=16.0, num_kv_heads=8, head_size=128), "block_size"),
+        (dict(block_size=True, num_kv_heads=8, head_size=128), "block_size"),
+        (dict(block_size=16, num_kv_heads=0, head_size=128), "num_kv_heads"),
+        (dict(block_size=16, num_kv_heads=8, head_size=0), "head_size"),
+        (dict(block_size=16, num_kv_heads=8, head_size=100), "head_size"),
+        (dict(block_size=16, num_kv_heads=8, head_size=128, head_size_v=40), "head_size_v"),
+        (dict(block_size=16, num_kv_heads=8, head_size=128, head_size_v=0,
+              cache_dtype="bfloat16"), "head_size_v"),
+        (dict(block_size=16, num_kv_heads=8, head_size=128, cache_dtype="int4"), "kv_cache_dtype"),
+    ],
+)
+def test_spec_rejects(kw, word):
+    with pytest.raises(ValueError, match=word):
+        S.KVCacheSpec(**kw)
+
+
+def test_spec_unquantized_any_head_size():
+    assert S.KVCacheSpec(16, 8, 100, cache_dtype="bfloat16").page_size_bytes == 2 * 16 * 8 * 200
+
+
+# ---------------------------------------------------------------------------------------------
+# allocation
+
+
+def _phys_strides(N, T, H, F, layout):
+    if layout == "HND":
+        return (2 * H * T * F, H * T * F, F, T * F, 1)
+    return (2 * H * T * F, H * T * F, H * F, F, 1)
+
+
+@needs_torch
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_allocate_torch(layout):
+    N, T, H, D = 3, 16, 4, 64
+    F = 36
+    c = S.allocate_kv_cache(S.KVCacheSpec(T, H, D), N, layout=layout, backend="torch")
+    assert isinstance(c, torch.Tensor)
+    assert c.dtype == torch.uint8 and c.device.type == "cpu"
+    assert tuple(c.shape) == (N, 2, T, H, F)
+    assert c.stride() == _phys_strides(N, T, H, F, layout)
+    assert c.untyped_storage().nbytes() == N * 2 * T * H * F
+    assert not c.any()
+    order = S.get_kv_cache_stride_order(layout)
+    assert c.permute(order).is_contiguous()
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_allocate_numpy(layout):
+    N, T, H, D = 2, 8, 3, 128
+    F = 72
+    c = S.allocate_kv_cache(S.KVCacheSpec(T, H, D), N, layout=layout, backend="numpy")
+    assert isinstance(c, np.ndarray)
+    assert c.dtype == np.uint8
+    assert c.shape == (N, 2, T, H, F)
+    assert c.strides == _phys_strides(N, T, H, F, layout)
+    assert not c.any()
+    assert c.transpose(S.get_kv_cache_stride_order(layout)).flags.c_contiguous
+
+
+@needs_torch
+def test_allocate_auto_backend_and_dtypes():
+    c = S.allocate_kv_cache(S.KVCacheSpec(16, 2, 64), 1)
+    assert isinstance(c, torch.Tensor) and c.dtype == torch.uint8
+    for dt, tdt in [("auto", torch.bfloat16), ("bfloat16", torch.bfloat16),
+                    ("half", torch.float16), ("float32", torch.float32),
+                    ("fp8", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2),
+                    ("nvfp4_4over6", torch.uint8)]:
+        c = S.allocate_kv_cache(S.KVCacheSpec(16, 2, 64, cache_dtype=dt), 2, backend="torch")
+        assert c.dtype == tdt, dt
+        assert c.shape == S.get_kv_cache_shape(2, 16, 2, 64, dt)
+        page = S.KVCacheSpec(16, 2, 64, cache_dtype=dt).page_size_bytes
+        assert c.element_size() * c.numel() == 2 * page
+
+
+def test_allocate_numpy_dtypes():
+    for dt, ndt in [("fp8", np.uint8), ("half", np.float16), ("float", np.float32)]:
+        spec = S.KVCacheSpec(4, 2, 32, cache_dtype=dt)
+        c = S.allocate_kv_cache(spec, 3, backend="numpy")
+        assert c.dtype == ndt
+        assert c.nbytes == 3 * spec.page_size_bytes
+    for dt in ["auto", "bfloat16"]:
+        with pytest.raises(ValueError, match="bfloat16"):
+            S.allocate_kv_cache(S.KVCacheSpec(4, 2, 32, cache_dtype=dt), 1, backend="numpy")
+
+
+def test_allocate_rejects():
+    spec = S.KVCacheSpec(16, 2, 128)
+    with pytest.raises(ValueError, match="head_size_v"):
+        S.allocate_kv_cache(S.KVCacheSpec(16, 2, 128, head_size_v=64), 1, backend="numpy")
+    with pytest.raises(ValueError, match="backend"):
+        S.allocate_kv_cache(spec, 1, backend="cupy")
+    with pytest.raises(ValueError, match="layout"):
+        S.allocate_kv_cache(spec, 1, layout="THD", backend="numpy")
+    with pytest.raises(ValueError, match="device"):
+        S.allocate_kv_cache(spec, 1, device="cuda", backend="numpy")
+    with pytest.raises(ValueError, match="num_blocks"):
+        S.allocate_kv_cache(spec, -1, backend="numpy")
+    with pytest.raises(TypeError, match="spec"):
+        S.allocate_kv_cache((16, 2, 128), 1, backend="numpy")
+
+
+# ---------------------------------------------------------------------------------------------
+# torch is not imported at module load
+
+
+def _run(code, prefix=""):
+    r = subprocess.run([sys.executable, "-c", prefix + textwrap.dedent(code)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+_LOAD_FROM_FILE = f"""
+import importlib.util, sys
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+spec_mod = load("spec_under_test", {str(SPEC_PY)!r})
+views_mod = load("views_under_test", {str(SPEC_PY.with_name("views.py"))!r})
+"""
+
+
+def test_import_does_not_import_torch():
+    out = _run("""
+    m = spec_mod.STR_DTYPE_TO_TORCH_DTYPE
+    assert "nvfp4" in m and len(m) == 11 and "auto" not in m and "nvfp4" in list(m)
+    spec_mod.KVCacheSpec(16, 8, 128).page_size_bytes
+    spec_mod.is_quantized_kv_cache("nvfp4")
+    print("torch" in sys.modules)
+    """, prefix=_LOAD_FROM_FILE)
+    assert out.strip() == "False"
+
+
+def test_works_without_torch():
+    # sys.modules["torch"] = None makes "import torch" raise ImportError, as if not installed.
+    out = _run("""
+    import numpy as np
+    s = spec_mod.KVCacheSpec(16, 8, 128)
+    assert s.page_size_bytes == 18432
+    c = spec_mod.allocate_kv_cache(s, 2)  # backend auto -> numpy
+    assert isinstance(c, np.ndarray) and c.shape == (2, 2, 16, 8, 72)
+    kd, ks, vd, vs = views_mod.nvfp4_kv_cache_split_views(c)
+    assert kd.shape == (2, 16, 8, 64) and vs.shape == (2, 4, 4, 8, 8)
+    try:
+        spec_mod.STR_DTYPE_TO_TORCH_DTYPE["nvfp4"]
+    except ImportError:
+        print("ok")
+    """, prefix="import sys; sys.modules['torch'] = None\n" + _LOAD_FROM_FILE)
+    assert out.strip() == "ok"
+
+
+def test_package_import_does_not_import_torch():
+    code = f"""
+    import sys
+    sys.path.insert(0, {str(ROOT / "python")!r})
+    try:
+        import nvfp4kv.spec
+    except ImportError as e:
+        print("skip", e)
+        raise SystemExit(0)
+    print("torch" in sys.modules)
+    """
+    out = _run(code).strip()
+    if out.startswith("skip"):
+        pytest.skip(f"package nvfp4kv not importable here: {out}")
+    assert out == "False"

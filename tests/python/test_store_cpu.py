@@ -1,0 +1,356 @@
+"""nvfp4kv.store / reshape_and_cache_flash on CPU, byte-for-byte against the reference.
+
+Every test poisons the whole cache buffer first and compares the WHOLE buffer afterwards."""
+import numpy as np
+import pytest
+import reference as ref
+from conftest import (
+    assert_bytes_equal,
+    count_exact_scale_ties,
+    draw_slots,
+    expected_store,
+    groups_4over6_order_sensitive,
+    groups_every_code_and_tie,
+    groups_every_scale_byte,
+    groups_random,
+    groups_scale_ties,
+    groups_special,
+    make_cache,
+    make_kv,
+    make_scale,
+    make_slots,
+    mixed_tokens,
+    run_store,
+    scatter_slots,
+    to_numpy,
+    tokens_from_groups,
+    view_combos,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+BACKENDS = ("numpy", "torch")
+
+
+# ----------------------------------------------------------------------------- exhaustive tables
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("recipe", ref.RECIPES)
+@pytest.mark.parametrize("g", [1.0, 0.37])
+@pytest.mark.parametrize("scale_layout", ["vllm", "linear"])
+def test_every_scale_byte(nv, backend, recipe, g, scale_layout):
+    rng = np.random.default_rng(10)
+    H, D, T, N = 2, 128, 16, 6
+    groups = groups_every_scale_byte(rng, g)
+    k = tokens_from_groups(groups, H, D, rng)
+    v = tokens_from_groups(groups[::-1].copy(), H, D, rng, len(k))
+    if recipe == "nvfp4":  # coverage of the crafted input (4over6 may pick other bytes)
+        sfb = ref.quantize_groups(groups, g)[1]
+        assert set(range(0x7F)) <= set(sfb.tolist())
+    cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=1)
+    key, value, k32, v32 = make_kv(k, v, "float32", backend)
+    slots = make_slots(scatter_slots(rng, len(k), N, T), backend=backend)
+    run_store(nv, cache, key, value, k32, v32, slots, g, g, recipe, scale_layout)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("recipe", ref.RECIPES)
+@pytest.mark.parametrize("scale_layout", ["vllm", "linear"])
+def test_every_code_and_every_e2m1_tie(nv, backend, recipe, scale_layout):
+    rng = np.random.default_rng(11)
+    H, D, T, N = 2, 64, 4, 4
+    groups = groups_every_code_and_tie(rng)
+    codes = ref.quantize_groups(groups, 1.0, recipe)[0]
+    assert set(codes.reshape(-1).tolist()) == set(range(16))
+    k = tokens_from_groups(groups, H, D, rng)
+    v = tokens_from_groups(-groups, H, D, rng, len(k))
+    cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=2)
+    key, value, k32, v32 = make_kv(k, v, "float32", backend)
+    slots = make_slots(scatter_slots(rng, len(k), N, T), backend=backend)
+    run_store(nv, cache, key, value, k32, v32, slots, 1.0, 1.0, recipe, scale_layout)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("recipe", ref.RECIPES)
+@pytest.mark.parametrize("scale_layout", ["vllm", "linear"])
+def test_every_e4m3_scale_tie(nv, backend, recipe, scale_layout):
+    rng = np.random.default_rng(12)
+    H, D, T, N = 4, 128, 16, 8
+    groups = groups_scale_ties(rng)
+    assert count_exact_scale_ties(groups) == 126
+    k = tokens_from_groups(groups, H, D, rng)
+    v = tokens_from_groups(groups, H, D, rng, len(k))
+    cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=3)
+    key, value, k32, v32 = make_kv(k, v, "float32", backend)
+    slots = make_slots(scatter_slots(rng, len(k), N, T), backend=backend)
+    run_store(nv, cache, key, value, k32, v32, slots, 1.0, 1.0, recipe, scale_layout)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("recipe", ref.RECIPES)
+@pytest.mark.parametrize("scale_layout", ["vllm", "linear"])
+def test_nan_inf_zero_tiny_groups(nv, backend, recipe, scale_layout):
+    rng = np.random.default_rng(13)
+    H, D, T, N = 1, 64, 4, 4
+    groups = groups_special(rng)
+    sfb = ref.quantize_groups(groups, 1.0, recipe)[1]
+    assert {0x00, 0x01, 0x7E, 0x7F} <= set(sfb.tolist())
+    k = tokens_from_groups(groups, H, D, rng)
+    v = tokens_from_groups(groups[::-1].copy(), H, D, rng, len(k))
+    cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=4)
+    key, value, k32, v32 = make_kv(k, v, "float32", backend)
+    slots = make_slots(scatter_slots(rng, len(k), N, T), backend=backend)
+    run_store(nv, cache, key, value, k32, v32, slots, 1.0, 1.0, recipe, scale_layout)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_denormal_amax_with_tiny_global_scale(nv, backend):
+    # g = 1e-38 (valid: 1/g is finite).  A group of nonzero fp32 denormals gets a nonzero scale
+    # byte, and `out` overflows to +Inf, so every element saturates to +-6.  A flush-to-zero
+    # build would see amax = 0 and write a zero group instead.  (No zero elements here: 0 * Inf
+    # is a NaN of unspecified sign, see reference.quantize_groups.)
+    rng = np.random.default_rng(14)
+    H, D, T, N = 1, 16, 4, 1
+    mags = rng.uniform(1e-40, 1.1e-38, (4, 1, 16)).astype(np.float32)
+    k = mags * np.where(rng.random(mags.shape) < 0.5, 1, -1).astype(np.float32)
+    codes, sfb = ref.quantize_groups(k.reshape(-1, 16), 1e-38)
+    assert (sfb != 0).all() and ((codes & 7) == 7).all()
+    cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=5)
+    key, value, k32, v32 = make_kv(k, -k, "float32", backend)
+    run_store(nv, cache, key, value, k32, v32, make_slots([0, 1, 2, 3], backend=backend),
+              1e-38, 1e-38, "nvfp4", "linear")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_4over6_picks_both_candidates(nv, backend):
+    rng = np.random.default_rng(15)
+    H, D, T, N = 4, 128, 16, 2
+    # Random groups plus the ones whose choice depends on the error summation order.
+    k = tokens_from_groups(np.concatenate([groups_random(rng, 600, 6),
+                                           groups_4over6_order_sensitive()]), H, D, rng)
+    plain = ref.quantize_groups(k.reshape(-1, 16), 1.0, "nvfp4")[1]
+    four6 = ref.quantize_groups(k.reshape(-1, 16), 1.0, "nvfp4_4over6")[1]
+    assert (plain == four6).any() and (plain != four6).any()
+    cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=6)
+    key, value, k32, v32 = make_kv(k, k[::-1].copy(), "float32", backend)
+    slots = make_slots(scatter_slots(rng, len(k), N, T), backend=backend)
+    run_store(nv, cache, key, value, k32, v32, slots, 1.0, 1.0, "nvfp4_4over6", "vllm")
+
+
+# ------------------------------------------------------------------------------- cache views
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("view,layout,scale_layout", view_combos())
+@pytest.mark.parametrize("pad", [0, 40])
+def test_cache_views(nv, backend, view, layout, scale_layout, pad):
+    if view == "packed4d" and pad:
+        pytest.skip("packed 4-D is contiguous: no free page stride")
+    rng = np.random.default_rng(20)
+    N, T, H, D = 3, 8, 3, 64
+    k, v = mixed_tokens(rng, 14, H, D), mixed_tokens(rng, 14, H, D)
+    cache = make_cache(N, T, H, D, view, layout, backend, pad=pad, seed=7)
+    key, value, k32, v32 = make_kv(k, v, "float32", backend)
+    slots = make_slots(scatter_slots(rng, 14, N, T), backend=backend)
+    run_store(nv, cache, key, value, k32, v32, slots, 0.5, 2.0, "nvfp4", scale_layout)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout,scale_layout", [("HND", "vllm"), ("NHD", "linear")])
+def test_sides_not_adjacent(nv, backend, layout, scale_layout):
+    # key_cache and value_cache from different places of a page (poison in between).
+    rng = np.random.default_rng(21)
+    N, T, H, D = 3, 8, 2, 128
+    k, v = mixed_tokens(rng, 10, H, D), mixed_tokens(rng, 10, H, D)
+    cache = make_cache(N, T, H, D, "sides", layout, backend, pad=8, v_gap=72, seed=17)
+    key, value, k32, v32 = make_kv(k, v, "float32", backend)
+    slots = make_slots(scatter_slots(rng, 10, N, T), backend=backend)
+    run_store(nv, cache, key, value, k32, v32, slots, 1.0, 0.5, "nvfp4", scale_layout)
+
+
+@pytest.mark.parametrize("D", [16, 48, 64, 128, 256, 512])
+@pytest.mark.parametrize("T", [1, 4, 16, 32])
+@pytest.mark.parametrize("scale_layout", ["vllm", "linear"])
+def test_head_and_block_sizes(nv, D, T, scale_layout):
+    if scale_layout == "vllm" and (T % 4 or D % 64):
+        pytest.skip("interleaved V scales need T % 4 == 0 and D % 64 == 0")
+    rng = np.random.default_rng(D * 100 + T)
+    N, H = 2, 2
+    n = max(1, N * T // 2)
+    k, v = mixed_tokens(rng, n, H, D), mixed_tokens(rng, n, H, D)
+    for layout in (("HND",) if scale_layout == "vllm" else ("HND", "NHD")):
+        cache = make_cache(N, T, H, D, "5d", layout, "torch", seed=T)
+        key, value, k32, v32 = make_kv(k, v, "float32", "torch")
+        slots = make_slots(scatter_slots(rng, n, N, T), backend="torch")
+        run_store(nv, cache, key, value, k32, v32, slots, 1.0, 1.0, "nvfp4", scale_layout)
+
+
+# -------------------------------------------------------------------------- inputs and slots
+@pytest.mark.parametrize("backend,dtype", [("torch", "bfloat16"), ("torch", "float16"),
+                                           ("torch", "float32"), ("numpy", "float16"),
+                                           ("numpy", "float32")])
+@pytest.mark.parametrize("strided", ["contiguous", "qkv", "heads"])
+@pytest.mark.parametrize("recipe", ref.RECIPES)
+def test_input_dtypes_and_strides(nv, backend, dtype, strided, recipe):
+    rng = np.random.default_rng(30)
+    N, T, H, D = 2, 16, 2, 128
+    # Magnitudes kept inside fp16 range so that fp16 does not just produce Infs everywhere.
+    k = tokens_from_groups(np.concatenate([groups_random(rng, 20, 8), groups_special(rng)]),
+                           H, D, rng, 12)
+    v = tokens_from_groups(groups_random(rng, 30, 8), H, D, rng, 12)
+    cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=8)
+    key, value, k32, v32 = make_kv(k, v, dtype, backend, strided=strided)
+    if strided != "contiguous":
+        assert not (key.flags["C_CONTIGUOUS"] if backend == "numpy" else key.is_contiguous())
+    slots = make_slots(scatter_slots(rng, 12, N, T), backend=backend)
+    run_store(nv, cache, key, value, k32, v32, slots, 0.25, 3.0, recipe, "vllm")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("slot_dtype", ["int32", "int64"])
+def test_padding_and_out_of_range_slots(nv, backend, slot_dtype):
+    rng = np.random.default_rng(31)
+    N, T, H, D = 2, 4, 2, 64
+    big = 2**31 - 1 if slot_dtype == "int32" else 2**40
+    low = -(2**31) if slot_dtype == "int32" else -(2**40)
+    slots = np.array([-1, 3, N * T, 0, -1, N * T + 5, 7, big, low, 4, -2], slot_dtype)
+    n = len(slots)
+    k, v = mixed_tokens(rng, n, H, D), mixed_tokens(rng, n, H, D)
+    cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=9)
+    key, value, k32, v32 = make_kv(k, v, "float32", backend)
+    run_store(nv, cache, key, value, k32, v32, make_slots(slots, slot_dtype, backend))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_all_slots_skipped(nv, backend):
+    rng = np.random.default_rng(32)
+    N, T, H, D = 2, 4, 2, 64
+    cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=10)
+    before = cache.snapshot()
+    k = mixed_tokens(rng, 3, H, D)
+    key, value, _, _ = make_kv(k, k, "float32", backend)
+    slots = make_slots([-1, N * T, -5], backend=backend)
+    nv.store(key, value, cache.kv_cache, slots, 1.0, 1.0)
+    assert_bytes_equal(cache.snapshot(), before, cache)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("slot_dtype", ["int32", "int64"])
+def test_zero_tokens(nv, backend, slot_dtype):
+    N, T, H, D = 2, 4, 2, 64
+    cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=10)
+    before = cache.snapshot()
+    if backend == "numpy":
+        key = np.zeros((0, H, D), np.float32)
+    else:
+        key = torch.zeros((0, H, D), dtype=torch.bfloat16)
+    nv.store(key, key, cache.kv_cache, make_slots([], slot_dtype, backend), 1.0, 1.0)
+    assert_bytes_equal(cache.snapshot(), before, cache)
+
+
+def test_zero_tokens_with_degenerate_strides(nv):
+    # NumPy gives zero-size views all-zero strides (np.stack of empty arrays, slicing); with no
+    # element there is nothing to address, so an empty batch is still a valid no-op.
+    N, T, H, D = 2, 4, 2, 64
+    cache = make_cache(N, T, H, D, "5d", "HND", "numpy", seed=10)
+    before = cache.snapshot()
+    kv = np.stack([np.zeros((0, H, D), np.float32)] * 2)
+    assert kv[0].strides == (0, 0, 0)
+    nv.store(kv[0], kv[1], cache.kv_cache, np.zeros(0, np.int64), 1.0, 1.0)
+    assert_bytes_equal(cache.snapshot(), before, cache)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inputs_not_modified_and_later_stores_overwrite(nv, backend):
+    rng = np.random.default_rng(33)
+    N, T, H, D = 2, 4, 2, 64
+    cache = make_cache(N, T, H, D, "sides", "HND", backend, seed=11)
+    for rnd in range(3):  # overlapping slot sets: earlier bytes must be replaced exactly
+        k, v = mixed_tokens(rng, 5, H, D), mixed_tokens(rng, 5, H, D)
+        key, value, k32, v32 = make_kv(k, v, "float32", backend)
+        slots = make_slots(scatter_slots(rng, 5, N, T), backend=backend)
+        keep = [to_numpy(a).copy() for a in (key, value, slots)]
+        run_store(nv, cache, key, value, k32, v32, slots, 1.0, 1.0, ref.RECIPES[rnd % 2])
+        for a, b in zip(keep, (key, value, slots)):
+            assert np.array_equal(a, to_numpy(b), equal_nan=True)
+
+
+@pytest.mark.parametrize("kind", ["float", "tensor", "scalar_tensor"])
+@pytest.mark.parametrize("g", [1.0, 0.37, 3.0e-3, 1.0e-30, 448.0, 7.7e4])
+def test_global_scale_kinds_and_values(nv, kind, g):
+    rng = np.random.default_rng(34)
+    N, T, H, D = 1, 16, 2, 64
+    # Values scaled with g so that sf = amax / (6 g) stays inside the E4M3 range.
+    k = tokens_from_groups(groups_random(rng, 40, 10), H, D, rng, 10) * np.float32(g)
+    cache = make_cache(N, T, H, D, "5d", "HND", "torch", seed=12)
+    key, value, k32, v32 = make_kv(k, -k, "float32", "torch")
+    slots = make_slots(scatter_slots(rng, 10, N, T), backend="torch")
+    ks, vs = make_scale(g, kind), make_scale(g * 3, kind)
+    run_store(nv, cache, key, value, k32, v32, slots, ks, vs)
+
+
+# ------------------------------------------------------------------------- vLLM entry point
+@pytest.mark.parametrize("kv_cache_dtype", ref.RECIPES)
+@pytest.mark.parametrize("layout,scale_layout", [("HND", "vllm"), ("HND", "linear"),
+                                                 ("NHD", "linear")])
+@pytest.mark.parametrize("scale_kind", ["tensor", "float"])
+def test_reshape_and_cache_flash(nv, kv_cache_dtype, layout, scale_layout, scale_kind):
+    rng = np.random.default_rng(40)
+    N, T, H, D = 4, 16, 2, 128
+    n = 37
+    k, v = mixed_tokens(rng, n, H, D), mixed_tokens(rng, n, H, D)
+    cache = make_cache(N, T, H, D, "sides", layout, "torch", seed=13)
+    key, value, k32, v32 = make_kv(k, v, "bfloat16", "torch", strided="qkv")
+    slot_list = scatter_slots(rng, n, N, T)
+    slot_list[::9] = -1
+    slots = make_slots(slot_list, backend="torch")
+    ks, vs = make_scale(0.02, scale_kind), make_scale(0.05, scale_kind)
+    snap = cache.snapshot()
+    want = expected_store(cache, snap, k32, v32, slots, ks, vs, kv_cache_dtype, scale_layout)
+    key_cache, value_cache = cache.sides_pair()
+    nv.reshape_and_cache_flash(key, value, key_cache, value_cache, slots, kv_cache_dtype, ks, vs,
+                               scale_layout=scale_layout)
+    assert_bytes_equal(cache.snapshot(), want, cache)
+
+
+# ------------------------------------------------------------------------- property testing
+@st.composite
+def store_cases(draw):
+    backend = draw(st.sampled_from(BACKENDS))
+    view, layout, scale_layout = draw(st.sampled_from(view_combos()))
+    T = draw(st.sampled_from([1, 4, 16, 32] if scale_layout == "linear" else [4, 16, 32]))
+    D = draw(st.sampled_from([16, 48, 64, 128, 256, 512] if scale_layout == "linear"
+                             else [64, 128, 256, 512]))
+    H = draw(st.integers(1, 4))
+    N = draw(st.integers(1, 4))
+    n = draw(st.integers(1, min(48, 2 * N * T)))  # n = 0 has its own tests (test_zero_tokens*)
+    dtypes = ["bfloat16", "float16", "float32"] if backend == "torch" else ["float16", "float32"]
+    return {
+        "backend": backend, "view": view, "layout": layout, "scale_layout": scale_layout,
+        "T": T, "D": D, "H": H, "N": N, "n": n, "dtype": draw(st.sampled_from(dtypes)),
+        "strided": draw(st.sampled_from(["contiguous", "qkv", "heads"])),
+        "slot_dtype": draw(st.sampled_from(["int32", "int64"])),
+        "slot_pattern": draw(st.sampled_from(["perm", "padded", "out_of_range", "sequential"])),
+        "recipe": draw(st.sampled_from(ref.RECIPES)),
+        "pad": 0 if view == "packed4d" else draw(st.sampled_from([0, 16, 1000])),
+        "v_gap": draw(st.sampled_from([0, 0, 24])) if view == "sides" else 0,
+        "k_scale": draw(st.sampled_from([1.0, 0.5, 0.013, 6.5])),
+        "v_scale": draw(st.sampled_from([1.0, 0.25, 0.07, 11.0])),
+        "special": draw(st.booleans()),
+        "seed": draw(st.integers(0, 2**32 - 1)),
+    }
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=store_cases())
+def test_store_property(nv, case):
+    c = case
+    rng = np.random.default_rng(c["seed"])
+    k = mixed_tokens(rng, c["n"], c["H"], c["D"], c["special"])
+    v = mixed_tokens(rng, c["n"], c["H"], c["D"], c["special"])
+    cache = make_cache(c["N"], c["T"], c["H"], c["D"], c["view"], c["layout"], c["backend"],
+                       pad=c["pad"], seed=c["seed"], v_gap=c["v_gap"])
+    key, value, k32, v32 = make_kv(k, v, c["dtype"], c["backend"], strided=c["strided"])
+    slots = make_slots(draw_slots(rng, c["slot_pattern"], c["n"], c["N"], c["T"]),
+                       c["slot_dtype"], c["backend"])
+    run_store(nv, cache, key, value, k32, v32, slots, c["k_scale"], c["v_scale"], c["recipe"],
+              c["scale_layout"])
