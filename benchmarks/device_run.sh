@@ -33,9 +33,9 @@ for step in $steps; do
     sass)
       log sass
       so=$(python3 -c "import nvfp4kv, pathlib; print(next(pathlib.Path(nvfp4kv.__file__).parent.glob('lib/libnvfp4kv.so')))")
-      cuobjdump --dump-resource-usage "$so" > "$OUT/resources.txt" 2>&1
-      cuobjdump --dump-sass -arch sm_90 "$so" > "$OUT/sass_sm90.txt" 2>&1
-      grep -c "" "$OUT/sass_sm90.txt" ;;
+      cuobjdump --dump-resource-usage "$so" 2>&1 | grep -A1 'DTypeE2ELNS_6RecipeE0ELb1ELi2' | tail -1
+      cuobjdump --dump-sass -arch sm_90 "$so" > /tmp/sass.txt 2>&1
+      python3 benchmarks/sass_stats.py "DTypeE2ELNS_6RecipeE0ELb1ELi2" "$OUT/sass_store_bf16.txt" < /tmp/sass.txt ;;
     bench)
       log bench
       python3 benchmarks/bench_store.py ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | tail -40 ;;

@@ -1,0 +1,348 @@
+"""The ``nvfp4kv`` command line (python/nvfp4kv/cli.py): output, JSON schema, exit codes, and the
+capacity planner's numbers against hand-computed cases.
+
+Most tests call ``cli.main([...])`` in-process; a few run ``python -m nvfp4kv`` as a user would.
+"""
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nvfp4kv import cli
+from nvfp4kv.models import MODELS
+
+GiB = 1024**3
+
+
+def run(*argv):
+    """(exit status, stdout, stderr) of cli.main(argv), in-process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main(list(argv))
+    return rc, out.getvalue(), err.getvalue()
+
+
+def run_json(*argv):
+    rc, out, err = run(*argv, "--json")
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def has_gpu():
+    try:
+        import torch
+    except ImportError:
+        return False
+    import nvfp4kv
+
+    return torch.cuda.is_available() and nvfp4kv.build_info()["cuda_available"]
+
+
+def python_m(*argv, timeout=120):
+    return subprocess.run([sys.executable, "-m", "nvfp4kv", *argv], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# ------------------------------------------------------------------------------- help, version
+@pytest.mark.parametrize("sub", [[], ["demo"], ["plan"], ["bench"], ["info"]])
+def test_help(sub):
+    rc, out, err = run(*sub, "--help")
+    assert rc == 0
+    assert out.startswith("usage: nvfp4kv")
+    if sub:
+        assert "--json" in out
+
+
+def test_version():
+    import nvfp4kv
+
+    rc, out, _ = run("--version")
+    assert rc == 0
+    assert out.strip() == f"nvfp4kv {nvfp4kv.__version__}"
+
+
+# ------------------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["frob"], "invalid choice"),
+        (["plan", "--memory", "80G"], "ambiguous"),
+        (["plan", "--memory", "lots"], "not a size"),
+        (["plan", "--memory", "80 parsecs"], "unknown unit"),
+        (["plan", "--utilization", "1.5"], "not in (0, 1]"),
+        (["plan", "--utilization", "0"], "not in (0, 1]"),
+        (["plan", "--model", "gpt-9"], "unknown model 'gpt-9'"),
+        (["plan", "--block-size", "-16"], "not a positive integer"),
+        (["plan", "--context", "many"], "not an integer"),
+        (["demo", "--tokens", "0"], "not a positive integer"),
+        (["demo", "--device", "tpu"], "invalid choice"),
+        (["info", "--bogus"], "unrecognized arguments"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(argv, needle):
+    rc, out, err = run(*argv)
+    assert rc == 2
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert err.startswith("nvfp4kv") and "error:" in err and needle in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["plan", "--weights", "100GiB"], "exceed the usable memory"),
+        (["plan", "--head-size", "100"], "head_size must be a positive multiple of 16"),
+    ],
+)
+def test_runtime_errors_exit_1_with_one_line(argv, needle):
+    rc, out, err = run(*argv)
+    assert rc == 1
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"nvfp4kv {argv[0]}: error: ") and needle in err
+
+
+@pytest.mark.skipif(has_gpu(), reason="checks the no-GPU message")
+def test_bench_without_gpu_exits_1():
+    rc, out, err = run("bench", "--quick")
+    assert rc == 1
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("nvfp4kv bench: error: ")
+
+
+def test_bad_argument_in_subprocess_has_no_traceback():
+    p = python_m("plan", "--memory", "80G")
+    assert p.returncode == 2
+    assert p.stdout == ""
+    assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
+
+
+# ----------------------------------------------------------------------------------- sizes
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("80GiB", 85899345920),
+        ("80GB", 80000000000),
+        (" 2 gib ", 2147483648),
+        ("512MiB", 536870912),
+        ("1.5KiB", 1536),
+        ("141GB", 141000000000),
+        ("1e9", 1000000000),
+        ("123", 123),
+        ("123B", 123),
+    ],
+)
+def test_parse_size(text, expected):
+    assert cli.parse_size(text) == expected
+
+
+# ---------------------------------------------------------------------------------- planner
+def _by_name(result):
+    return {f["name"]: f for f in result["formats"]}
+
+
+def test_plan_llama_8b_hand_computed():
+    r = run_json("plan", "--model", "llama-3.1-8b", "--memory", "80GiB", "--utilization", "0.9",
+                 "--weights", "16GiB", "--block-size", "16", "--context", "8192")
+    # 80 GiB x 0.9 = 72 GiB; minus 16 GiB of weights = 56 GiB.
+    budget = 56 * 1073741824
+    assert budget == 60129542144
+    assert r["memory_bytes"] == 85899345920
+    assert r["weights_bytes"] == 17179869184
+    assert r["kv_budget_bytes"] == budget
+    assert r["pages_per_sequence"] == 8192 // 16 == 512
+    f = _by_name(r)
+    assert [x["name"] for x in r["formats"]] == ["bf16", "fp8", "nvfp4"]
+    # nvfp4 page, one layer: T*H*2*(D/2 + D/16) = 16*8*2*72 = 18432; 32 layers = 589824.
+    assert f["nvfp4"]["page_bytes"] == 32 * 18432 == 589824
+    assert f["nvfp4"]["pages"] == 101944  # 60129542144 / 589824 = 101944.9
+    assert f["nvfp4"]["max_tokens"] == 101944 * 16 == 1631104
+    assert f["nvfp4"]["max_sequences"] == 199  # 101944 / 512 = 199.1
+    # bf16 page: 16*8*2*128*2 = 65536 per layer, x32 = 2 MiB.
+    assert f["bf16"]["page_bytes"] == 2097152
+    assert f["bf16"]["pages"] == 28672 and f["bf16"]["max_tokens"] == 458752
+    assert f["bf16"]["max_sequences"] == 56
+    assert f["fp8"]["page_bytes"] == 1048576
+    assert f["fp8"]["pages"] == 57344 and f["fp8"]["max_tokens"] == 917504
+    assert f["fp8"]["max_sequences"] == 112
+    assert f["bf16"]["gain_vs_bf16"] == 1.0
+    assert f["fp8"]["gain_vs_bf16"] == 2.0
+    assert f["nvfp4"]["gain_vs_bf16"] == pytest.approx(1631104 / 458752)
+    assert f["nvfp4"]["bytes_per_token"] == 32 * 8 * 144 == 36864
+
+
+def test_plan_qwen_7b_decimal_units_hand_computed():
+    r = run_json("plan", "--model", "qwen2.5-7b", "--memory", "24GiB", "--utilization", "1",
+                 "--weights", "15GB", "--block-size", "32", "--context", "4096")
+    budget = 24 * 1073741824 - 15000000000
+    assert r["kv_budget_bytes"] == budget == 10769803776
+    f = _by_name(r)
+    # 28 layers, 4 KV heads, D = 128, T = 32. Pages per sequence: 4096 / 32 = 128.
+    assert f["bf16"]["page_bytes"] == 28 * 32 * 4 * 256 * 2 == 1835008
+    assert f["bf16"]["pages"] == 5869 and f["bf16"]["max_tokens"] == 187808
+    assert f["bf16"]["max_sequences"] == 45
+    assert f["fp8"]["page_bytes"] == 917504
+    assert f["fp8"]["pages"] == 11738 and f["fp8"]["max_sequences"] == 91
+    assert f["nvfp4"]["page_bytes"] == 28 * 32 * 4 * 144 == 516096
+    assert f["nvfp4"]["pages"] == 20867  # 10769803776 / 516096 = 20867.8
+    assert f["nvfp4"]["max_tokens"] == 667744
+    assert f["nvfp4"]["max_sequences"] == 163
+
+
+def test_plan_head_size_256_and_overrides():
+    f = _by_name(run_json("plan", "--model", "gemma-2-9b", "--memory", "1GiB", "--utilization",
+                          "1"))
+    # D = 256: F = 128 + 16 = 144 bytes per row and side; 16*8*2*144 = 36864 per layer, x42.
+    assert f["nvfp4"]["page_bytes"] == 42 * 36864
+    assert f["nvfp4"]["pages"] == 1073741824 // (42 * 36864) == 693
+
+    r = run_json("plan", "--layers", "10", "--kv-heads", "2", "--head-size", "64")
+    assert r["model"]["name"] == "custom"
+    assert _by_name(r)["nvfp4"]["page_bytes"] == 10 * 16 * 2 * 2 * (32 + 4) == 23040
+
+    r = run_json("plan", "--model", "llama-3.1-70b", "--layers", "40")
+    assert (r["model"]["layers"], r["model"]["kv_heads"], r["model"]["head_size"]) == (40, 8, 128)
+    assert "modified" in r["model"]["name"]
+
+    # Defaults: llama-3.1-8b, 80 GiB x 0.9, no weights.
+    r = run_json("plan")
+    assert r["model"]["name"] == "llama-3.1-8b"
+    assert r["kv_budget_bytes"] == 72 * 1073741824
+
+
+def test_plan_table_output():
+    rc, out, err = run("plan", "--memory", "80GiB", "--utilization", "0.9", "--weights", "16GiB")
+    assert rc == 0
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("format"))
+    assert set(lines[header + 1]) <= {"-", " "}
+    rows = {line.split()[0]: line.split() for line in lines[header + 2:header + 5]}
+    assert rows["nvfp4"][1:] == ["589,824", "36,864", "101,944", "1,631,104", "199", "3.56x"]
+    assert rows["bf16"][-1] == "1.00x" and rows["fp8"][-1] == "2.00x"
+    assert "56.00 GiB for the KV cache" in out
+
+
+def test_model_presets():
+    # Published config.json values (num_hidden_layers, num_key_value_heads, head_dim).
+    expected = {
+        "llama-3.1-8b": (32, 8, 128),
+        "llama-3.1-70b": (80, 8, 128),
+        "qwen2.5-7b": (28, 4, 128),
+        "qwen2.5-72b": (80, 8, 128),
+        "qwen3-8b": (36, 8, 128),
+        "qwen3-32b": (64, 8, 128),
+        "mistral-7b": (32, 8, 128),
+        "gemma-2-9b": (42, 8, 256),
+        "gemma-2-27b": (46, 16, 128),
+        "mixtral-8x7b": (32, 8, 128),
+    }
+    assert {n: (m.layers, m.kv_heads, m.head_size) for n, m in MODELS.items()} == expected
+
+    rc, out, _ = run("plan", "--list-models")
+    assert rc == 0
+    for name in expected:
+        assert name in out
+    models = run_json("plan", "--list-models")["models"]
+    assert {m["name"]: (m["layers"], m["kv_heads"], m["head_size"]) for m in models} == expected
+
+
+# --------------------------------------------------------------------------------------- info
+def test_info():
+    import nvfp4kv
+
+    rc, out, err = run("info")
+    assert rc == 0
+    assert nvfp4kv.__version__ in out and "CUDA kernels built" in out
+    r = run_json("info")
+    assert r["nvfp4kv"] == nvfp4kv.__version__
+    assert r["build"] == nvfp4kv.build_info()
+    assert set(r) >= {"python", "platform", "numpy", "torch", "torch_cuda", "devices"}
+    assert isinstance(r["devices"], list)
+
+
+# --------------------------------------------------------------------------------------- demo
+@pytest.fixture(scope="module")
+def demo_result():
+    rc, out, err = run("demo", "--tokens", "256", "--device", "cpu", "--json")
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def test_demo_json_schema(demo_result):
+    r = demo_result
+    assert r["command"] == "demo" and r["device"] == "cpu" and r["tokens"] == 256
+    assert (r["model"]["layers"], r["model"]["kv_heads"], r["model"]["head_size"],
+            r["block_size"]) == (32, 8, 128, 16)
+    assert r["pages"] * 16 >= 256
+    assert r["k_scale"] > 0 and r["v_scale"] > 0
+    f = {x["name"]: x for x in r["formats"]}
+    assert list(f) == ["bf16", "fp8", "nvfp4", "nvfp4_4over6"]
+    assert f["bf16"]["page_bytes_per_layer"] == 65536
+    assert f["fp8"]["page_bytes_per_layer"] == 32768
+    assert f["nvfp4"]["page_bytes_per_layer"] == f["nvfp4_4over6"]["page_bytes_per_layer"] == 18432
+    assert f["nvfp4"]["page_bytes"] == 32 * 18432
+    assert f["nvfp4"]["bytes_per_token"] == 36864
+    assert f["nvfp4"]["gain_vs_bf16"] == pytest.approx(65536 / 18432)  # 3.56
+    assert f["nvfp4"]["gain_vs_fp8"] == pytest.approx(32768 / 18432)  # 1.78
+    assert [x["recipe"] for x in r["recipes"]] == ["nvfp4", "nvfp4_4over6"]
+    for x in r["recipes"]:
+        assert set(x["k"]) == set(x["v"]) == {"rel_l2", "cosine_mean", "cosine_min"}
+        s = x["store"]
+        assert s["seconds_per_call"] > 0 and s["calls"] >= 3
+        assert s["tokens_per_s"] == pytest.approx(256 / s["seconds_per_call"])
+        assert s["GBps"] > 0
+
+
+def test_demo_errors_in_a_sane_range(demo_result):
+    rec = {x["recipe"]: x for x in demo_result["recipes"]}
+    for side in ("k", "v"):
+        e6 = rec["nvfp4"][side]["rel_l2"]
+        e46 = rec["nvfp4_4over6"][side]["rel_l2"]
+        assert 0.05 < e6 < 0.2, (side, e6)
+        assert e46 <= 1.1 * e6, (side, e46, e6)
+        for x in rec.values():
+            assert 0.97 < x[side]["cosine_mean"] <= 1.0
+
+
+def test_demo_numpy_backend_and_table():
+    rc, out, err = run("demo", "--tokens", "128", "--device", "cpu", "--backend", "numpy", "-q")
+    assert rc == 0, err
+    assert err == ""  # --quiet
+    assert "numpy" in out and "float32 input" in out
+    for word in ("bf16", "fp8", "nvfp4_4over6", "3.56x", "1.78x", "K rel L2", "GB/s"):
+        assert word in out
+    accuracy = out[out.index("Accuracy"):]
+    row = next(line for line in accuracy.splitlines() if line.startswith("nvfp4 "))
+    rel_k = float(row.split()[1])
+    assert 0.05 < rel_k < 0.2
+
+
+def test_demo_with_no_arguments_in_subprocess():
+    # What a user types first: `python -m nvfp4kv` (= `nvfp4kv demo`), default size.
+    p = python_m()
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+    assert "demo: llama-3.1-8b geometry" in p.stdout
+    assert "nvfp4_4over6" in p.stdout and "3.56x" in p.stdout
+
+
+def test_plan_json_in_subprocess():
+    p = python_m("plan", "--model", "qwen3-32b", "--memory", "141GB", "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["model"]["layers"] == 64
+    assert _by_name(r)["nvfp4"]["page_bytes"] == 64 * 18432
+
+
+def test_console_script_if_installed():
+    exe = os.path.join(os.path.dirname(sys.executable), "nvfp4kv")
+    if not os.path.exists(exe):
+        pytest.skip("no nvfp4kv console script next to this Python")
+    p = subprocess.run([exe, "info", "--json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["command"] == "info"
