@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import re
 import sys
 import time
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 from .models import DEFAULT_MODEL, MODELS, ModelGeometry, custom_geometry, get_model
 
@@ -47,14 +47,21 @@ class CLIError(Exception):
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr (and exit status 2)."""
 
-    def error(self, message: str):  # noqa: D102 - argparse API
+    def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
 _SIZE_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 
 
@@ -75,10 +82,13 @@ def parse_size(text: str) -> int:
     number, unit = m.group(1), m.group(2).lower()
     if unit not in _SIZE_UNITS:
         if unit in ("k", "m", "g", "t"):
-            raise ValueError(f"{text!r}: unit {m.group(2)!r} is ambiguous; "
-                             f"write {m.group(2).upper()}iB (binary) or {m.group(2).upper()}B (decimal)")
-        raise ValueError(f"{text!r}: unknown unit {m.group(2)!r}; use B, KB, MB, GB, TB, KiB, MiB, "
-                         "GiB or TiB")
+            raise ValueError(
+                f"{text!r}: unit {m.group(2)!r} is ambiguous; "
+                f"write {m.group(2).upper()}iB (binary) or {m.group(2).upper()}B (decimal)"
+            )
+        raise ValueError(
+            f"{text!r}: unknown unit {m.group(2)!r}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
+        )
     return int(Fraction(number) * _SIZE_UNITS[unit])
 
 
@@ -148,10 +158,13 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str = "
     align = align or "l" + "r" * (len(headers) - 1)
 
     def line(row):
-        return "  ".join(c.ljust(w) if a == "l" else c.rjust(w)
-                         for a, c, w in zip(align, row, widths)).rstrip()
+        return "  ".join(
+            c.ljust(w) if a == "l" else c.rjust(w) for a, c, w in zip(align, row, widths)
+        ).rstrip()
 
-    return "\n".join([line(cells[0]), line(["-" * w for w in widths])] + [line(r) for r in cells[1:]])
+    return "\n".join(
+        [line(cells[0]), line(["-" * w for w in widths])] + [line(r) for r in cells[1:]]
+    )
 
 
 def _human_bytes(n: float) -> str:
@@ -161,11 +174,11 @@ def _human_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def _ratio(a: float, b: float) -> Optional[float]:
+def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
-def _fmt_ratio(r: Optional[float]) -> str:
+def _fmt_ratio(r: float | None) -> str:
     return "n/a" if r is None else f"{r:.2f}x"
 
 
@@ -173,27 +186,41 @@ def _print_json(obj: Any):
     print(json.dumps(obj, indent=2))
 
 
-def _geometry_json(geo: ModelGeometry) -> Dict[str, Any]:
-    return {"name": geo.name, "hf_id": geo.hf_id, "layers": geo.layers,
-            "kv_heads": geo.kv_heads, "head_size": geo.head_size, "note": geo.note}
+def _geometry_json(geo: ModelGeometry) -> dict[str, Any]:
+    return {
+        "name": geo.name,
+        "hf_id": geo.hf_id,
+        "layers": geo.layers,
+        "kv_heads": geo.kv_heads,
+        "head_size": geo.head_size,
+        "note": geo.note,
+    }
 
 
-def _format_sizes(geo: ModelGeometry, block_size: int, formats=_SIZE_FORMATS) -> List[Dict[str, Any]]:
+def _format_sizes(
+    geo: ModelGeometry, block_size: int, formats=_SIZE_FORMATS
+) -> list[dict[str, Any]]:
     """Page sizes of each format for the whole model, from KVCacheSpec (the library's logic)."""
     from .spec import KVCacheSpec
 
     rows = []
     for name, dtype in formats:
-        spec = KVCacheSpec(block_size=block_size, num_kv_heads=geo.kv_heads,
-                           head_size=geo.head_size, cache_dtype=dtype)
-        rows.append({
-            "name": name,
-            "cache_dtype": dtype,
-            "page_bytes_per_layer": spec.page_size_bytes,
-            "page_bytes": spec.page_size_bytes * geo.layers,
-            "bytes_per_token": spec.page_size_bytes * geo.layers // block_size,
-            "spec": spec,
-        })
+        spec = KVCacheSpec(
+            block_size=block_size,
+            num_kv_heads=geo.kv_heads,
+            head_size=geo.head_size,
+            cache_dtype=dtype,
+        )
+        rows.append(
+            {
+                "name": name,
+                "cache_dtype": dtype,
+                "page_bytes_per_layer": spec.page_size_bytes,
+                "page_bytes": spec.page_size_bytes * geo.layers,
+                "bytes_per_token": spec.page_size_bytes * geo.layers // block_size,
+                "spec": spec,
+            }
+        )
     by_name = {r["name"]: r for r in rows}
     for r in rows:
         r["gain_vs_bf16"] = _ratio(by_name["bf16"]["page_bytes"], r["page_bytes"])
@@ -201,7 +228,7 @@ def _format_sizes(geo: ModelGeometry, block_size: int, formats=_SIZE_FORMATS) ->
     return rows
 
 
-def _strip_private(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def _strip_private(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if k != "spec"} for r in rows]
 
 
@@ -213,7 +240,7 @@ def plan_capacity(
     weights_bytes: int = 0,
     block_size: int = 16,
     context: int = 8192,
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """How many pages, tokens and sequences fit, per format (see ``nvfp4kv plan --help``).
 
     The KV budget is ``floor(memory * utilization) - weights`` bytes; every layer has its own
@@ -230,9 +257,11 @@ def plan_capacity(
     usable = int(Fraction(memory_bytes) * Fraction(utilization))
     budget = usable - weights_bytes
     if budget < 0:
-        raise CLIError(f"the weights ({_human_bytes(weights_bytes)}) exceed the usable memory "
-                       f"({_human_bytes(memory_bytes)} x {float(utilization):g} = "
-                       f"{_human_bytes(usable)})")
+        raise CLIError(
+            f"the weights ({_human_bytes(weights_bytes)}) exceed the usable memory "
+            f"({_human_bytes(memory_bytes)} x {float(utilization):g} = "
+            f"{_human_bytes(usable)})"
+        )
     pages_per_seq = -(-context // block_size)
     rows = _format_sizes(geo, block_size)
     for r in rows:
@@ -264,9 +293,16 @@ def _cmd_plan(args) -> int:
         if args.json:
             _print_json({"command": "plan", "models": models})
         else:
-            print(_table(["model", "layers", "kv heads", "head size", "source (config.json)"],
-                         [[m["name"], m["layers"], m["kv_heads"], m["head_size"], m["hf_id"]]
-                          for m in models], align="lrrrl"))
+            print(
+                _table(
+                    ["model", "layers", "kv heads", "head size", "source (config.json)"],
+                    [
+                        [m["name"], m["layers"], m["kv_heads"], m["head_size"], m["hf_id"]]
+                        for m in models
+                    ],
+                    align="lrrrl",
+                )
+            )
             notes = [m for m in models if m["note"]]
             for m in notes:
                 print(f"note: {m['name']}: {m['note']}")
@@ -277,27 +313,55 @@ def _cmd_plan(args) -> int:
         geo = custom_geometry(None, *explicit)
     else:
         geo = custom_geometry(args.model or get_model(DEFAULT_MODEL), *explicit)
-    result = plan_capacity(geo, args.memory, args.utilization, args.weights, args.block_size,
-                           args.context)
+    result = plan_capacity(
+        geo, args.memory, args.utilization, args.weights, args.block_size, args.context
+    )
     if args.json:
         _print_json(result)
         return 0
 
     src = f" ({geo.hf_id})" if geo.hf_id else ""
-    print(f"model:   {geo.name}{src}: {geo.layers} layers, {geo.kv_heads} KV heads, "
-          f"head size {geo.head_size}")
-    print(f"memory:  {_human_bytes(result['memory_bytes'])} x {result['utilization']:g} - "
-          f"{_human_bytes(result['weights_bytes'])} weights = "
-          f"{_human_bytes(result['kv_budget_bytes'])} for the KV cache "
-          f"({result['kv_budget_bytes']:,} B)")
-    print(f"paging:  block size {result['block_size']}, context {result['context']:,} tokens = "
-          f"{result['pages_per_sequence']:,} pages per sequence")
+    print(
+        f"model:   {geo.name}{src}: {geo.layers} layers, {geo.kv_heads} KV heads, "
+        f"head size {geo.head_size}"
+    )
+    print(
+        f"memory:  {_human_bytes(result['memory_bytes'])} x {result['utilization']:g} - "
+        f"{_human_bytes(result['weights_bytes'])} weights = "
+        f"{_human_bytes(result['kv_budget_bytes'])} for the KV cache "
+        f"({result['kv_budget_bytes']:,} B)"
+    )
+    print(
+        f"paging:  block size {result['block_size']}, context {result['context']:,} tokens = "
+        f"{result['pages_per_sequence']:,} pages per sequence"
+    )
     print()
-    rows = [[r["name"], f"{r['page_bytes']:,}", f"{r['bytes_per_token']:,}", f"{r['pages']:,}",
-             f"{r['max_tokens']:,}", f"{r['max_sequences']:,}", _fmt_ratio(r["gain_vs_bf16"])]
-            for r in result["formats"]]
-    print(_table(["format", f"page B ({geo.layers} layers)", "B/token", "pages", "max tokens",
-                  f"seqs @ {result['context']:,}", "vs bf16"], rows))
+    rows = [
+        [
+            r["name"],
+            f"{r['page_bytes']:,}",
+            f"{r['bytes_per_token']:,}",
+            f"{r['pages']:,}",
+            f"{r['max_tokens']:,}",
+            f"{r['max_sequences']:,}",
+            _fmt_ratio(r["gain_vs_bf16"]),
+        ]
+        for r in result["formats"]
+    ]
+    print(
+        _table(
+            [
+                "format",
+                f"page B ({geo.layers} layers)",
+                "B/token",
+                "pages",
+                "max tokens",
+                f"seqs @ {result['context']:,}",
+                "vs bf16",
+            ],
+            rows,
+        )
+    )
     if geo.note:
         print(f"\nnote: {geo.note}")
     return 0
@@ -335,6 +399,7 @@ def _pick_device(device: str, backend: str):
 def _demo_data(np, rng, n: int, H: int, D: int):
     """Heavy-tailed K/V: Student-t(4) x per-token log-normal magnitude x per-channel spread;
     K also has 8 outlier channels (of H*D) at 10-50x, as real K projections do."""
+
     def side(outliers: int):
         x = rng.standard_t(4.0, size=(n, H, D))
         x *= np.exp(rng.normal(0.0, 0.5, size=(n, H, 1)))  # per-token magnitude
@@ -348,12 +413,12 @@ def _demo_data(np, rng, n: int, H: int, D: int):
     return side(8), side(0)
 
 
-def _error_stats(x, y, torch) -> Dict[str, float]:
+def _error_stats(x, y, torch) -> dict[str, float]:
     """Relative L2 error over the batch and cosine similarity per (token, head) vector."""
     if torch is not None:
         x, y = x.double(), y.double()
         rel = (torch.linalg.vector_norm(y - x) / torch.linalg.vector_norm(x)).item()
-        den = (torch.linalg.vector_norm(x, dim=-1) * torch.linalg.vector_norm(y, dim=-1))
+        den = torch.linalg.vector_norm(x, dim=-1) * torch.linalg.vector_norm(y, dim=-1)
         cos = (x * y).sum(-1) / den.clamp_min(1e-300)
         return {"rel_l2": rel, "cosine_mean": cos.mean().item(), "cosine_min": cos.min().item()}
     import numpy as np
@@ -365,7 +430,7 @@ def _error_stats(x, y, torch) -> Dict[str, float]:
     return {"rel_l2": rel, "cosine_mean": float(cos.mean()), "cosine_min": float(cos.min())}
 
 
-def _time_store(fn, sync, min_seconds: float, max_calls: int = 1000) -> Tuple[float, int]:
+def _time_store(fn, sync, min_seconds: float, max_calls: int = 1000) -> tuple[float, int]:
     """Seconds per call of fn (already warmed up), over at least min_seconds or max_calls."""
     calls, start = 0, time.perf_counter()
     elapsed = 0.0
@@ -381,8 +446,13 @@ def _time_store(fn, sync, min_seconds: float, max_calls: int = 1000) -> Tuple[fl
     return elapsed / calls, calls
 
 
-def run_demo(tokens: Optional[int] = None, device: str = "auto", seed: int = 0,
-             backend: str = "auto", progress: Optional[_Progress] = None) -> Dict[str, Any]:
+def run_demo(
+    tokens: int | None = None,
+    device: str = "auto",
+    seed: int = 0,
+    backend: str = "auto",
+    progress: _Progress | None = None,
+) -> dict[str, Any]:
     """Run the demo and return its results (the ``--json`` object)."""
     import numpy as np
 
@@ -427,7 +497,7 @@ def run_demo(tokens: Optional[int] = None, device: str = "auto", seed: int = 0,
         cache = nvfp4kv.allocate_kv_cache(spec, pages, device=device, backend=backend)
         progress(f"{recipe}: store {n} tokens into {pages} pages ...")
 
-        def store():
+        def store(cache=cache, recipe=recipe):
             nvfp4kv.store(key, value, cache, slots, k_scale, v_scale, recipe=recipe)
 
         store()  # warm-up; it also fills the cache that is checked below
@@ -442,13 +512,20 @@ def run_demo(tokens: Optional[int] = None, device: str = "auto", seed: int = 0,
         # Bytes moved per token under the benchmark's model: read K and V, write the NVFP4 rows
         # of both sides (KVCacheSpec.bytes_per_token), read the int64 slot.
         moved = n * (2 * H * D * elem + spec.bytes_per_token + 8)
-        recipes.append({
-            "recipe": recipe,
-            "k": k_err,
-            "v": v_err,
-            "store": {"seconds_per_call": seconds, "calls": calls, "tokens_per_s": n / seconds,
-                      "GBps": moved / seconds / 1e9, "bytes_per_call": moved},
-        })
+        recipes.append(
+            {
+                "recipe": recipe,
+                "k": k_err,
+                "v": v_err,
+                "store": {
+                    "seconds_per_call": seconds,
+                    "calls": calls,
+                    "tokens_per_s": n / seconds,
+                    "GBps": moved / seconds / 1e9,
+                    "bytes_per_call": moved,
+                },
+            }
+        )
     progress.done()
 
     return {
@@ -463,8 +540,10 @@ def run_demo(tokens: Optional[int] = None, device: str = "auto", seed: int = 0,
         "tokens": n,
         "pages": pages,
         "seed": seed,
-        "data": ("K: Student-t(4) x per-token log-normal x per-channel spread, 8 outlier "
-                 "channels at 10-50x; V: the same without outliers"),
+        "data": (
+            "K = Student-t(4) x per-token log-normal x per-channel spread, 8 outlier "
+            "channels at 10-50x; V = the same without outlier channels"
+        ),
         "k_scale": k_scale,
         "v_scale": v_scale,
         "formats": _strip_private(sizes),
@@ -472,37 +551,79 @@ def run_demo(tokens: Optional[int] = None, device: str = "auto", seed: int = 0,
     }
 
 
-def _print_demo(r: Dict[str, Any]):
+def _print_demo(r: dict[str, Any]):
     m = r["model"]
     fw = "torch" if r["backend"] == "torch" else "numpy"
-    print(f"nvfp4kv {r['nvfp4kv']} demo: {m['name']} geometry ({m['layers']} layers, "
-          f"{m['kv_heads']} KV heads, head size {m['head_size']}, block size {r['block_size']})")
-    print(f"device:  {r['device']} ({fw} {r['framework_version']}, {r['input_dtype']} input), "
-          f"{r['tokens']:,} tokens of one layer at random slots in {r['pages']:,} pages, "
-          f"seed {r['seed']}")
-    print(f"data:    {r['data']}")
+    print(
+        f"nvfp4kv {r['nvfp4kv']} demo: {m['name']} geometry ({m['layers']} layers, "
+        f"{m['kv_heads']} KV heads, head size {m['head_size']}, block size {r['block_size']})"
+    )
+    print(f"device:  {r['device']} ({fw} {r['framework_version']}, {r['input_dtype']} input)")
+    print(
+        f"batch:   {r['tokens']:,} tokens of one layer at random slots in {r['pages']:,} pages, "
+        f"seed {r['seed']}"
+    )
+    for part in r["data"].split("; "):
+        print(f"data:    {part}")
     print(f"scales:  k_scale = amax/448 = {r['k_scale']:.6g}, v_scale = {r['v_scale']:.6g}")
     print()
     print(f"KV cache size, whole model ({m['layers']} layers):")
-    print(_table(["format", "page B/layer", "page B", "B/token", "vs bf16", "vs fp8"],
-                 [[f["name"], f"{f['page_bytes_per_layer']:,}", f"{f['page_bytes']:,}",
-                   f"{f['bytes_per_token']:,}", _fmt_ratio(f["gain_vs_bf16"]),
-                   _fmt_ratio(f["gain_vs_fp8"])] for f in r["formats"]]))
+    print(
+        _table(
+            ["format", "page B/layer", "page B", "B/token", "vs bf16", "vs fp8"],
+            [
+                [
+                    f["name"],
+                    f"{f['page_bytes_per_layer']:,}",
+                    f"{f['page_bytes']:,}",
+                    f"{f['bytes_per_token']:,}",
+                    _fmt_ratio(f["gain_vs_bf16"]),
+                    _fmt_ratio(f["gain_vs_fp8"]),
+                ]
+                for f in r["formats"]
+            ],
+        )
+    )
     print()
     print(f"Accuracy (dequantized vs input) and store speed, one layer, {r['tokens']:,} tokens:")
     rows = []
     for x in r["recipes"]:
         s = x["store"]
-        rows.append([x["recipe"], f"{x['k']['rel_l2']:.4f}", f"{x['k']['cosine_mean']:.5f}",
-                     f"{x['v']['rel_l2']:.4f}", f"{x['v']['cosine_mean']:.5f}",
-                     f"{s['seconds_per_call'] * 1e6:,.0f}", f"{s['tokens_per_s']:,.0f}",
-                     f"{s['GBps']:.2f}"])
-    print(_table(["recipe", "K rel L2", "K cosine", "V rel L2", "V cosine", "store us",
-                  "tokens/s", "GB/s"], rows))
+        rows.append(
+            [
+                x["recipe"],
+                f"{x['k']['rel_l2']:.4f}",
+                f"{x['k']['cosine_mean']:.5f}",
+                f"{x['v']['rel_l2']:.4f}",
+                f"{x['v']['cosine_mean']:.5f}",
+                f"{s['seconds_per_call'] * 1e6:,.0f}",
+                f"{s['tokens_per_s']:,.0f}",
+                f"{s['GBps']:.2f}",
+            ]
+        )
+    print(
+        _table(
+            [
+                "recipe",
+                "K rel L2",
+                "K cosine",
+                "V rel L2",
+                "V cosine",
+                "store us",
+                "tokens/s",
+                "GB/s",
+            ],
+            rows,
+        )
+    )
     print()
-    print("rel L2 = ||x_hat - x|| / ||x|| over the batch; cosine = mean over (token, head) vectors;")
-    print("GB/s counts K/V read + NVFP4 bytes written + slot read per token; "
-          "'nvfp4kv bench' measures the GPU.")
+    print(
+        "rel L2 = ||x_hat - x|| / ||x|| over the batch; cosine = mean over (token, head) vectors;"
+    )
+    print(
+        "GB/s counts K/V read + NVFP4 bytes written + slot read per token; "
+        "'nvfp4kv bench' measures the GPU."
+    )
 
 
 def _cmd_demo(args) -> int:
@@ -538,7 +659,9 @@ def _cmd_bench(args) -> int:
             result = bench.run(quick=args.quick, json_path=args.output, progress=not args.quiet)
             _print_json(result)
             return 0
-        argv = (["--quick"] if args.quick else []) + (["--json", args.output] if args.output else [])
+        argv = (["--quick"] if args.quick else []) + (
+            ["--json", args.output] if args.output else []
+        )
         return bench.main(argv) or 0
     except SystemExit as e:  # bench reports a missing GPU as SystemExit("message")
         if isinstance(e.code, str):
@@ -547,11 +670,11 @@ def _cmd_bench(args) -> int:
 
 
 # --------------------------------------------------------------------------------------- info
-def collect_info() -> Dict[str, Any]:
+def collect_info() -> dict[str, Any]:
     """Version, build, Python, numpy/torch versions and CUDA devices."""
     import nvfp4kv
 
-    result: Dict[str, Any] = {
+    result: dict[str, Any] = {
         "command": "info",
         "nvfp4kv": nvfp4kv.__version__,
         "build": nvfp4kv.build_info(),
@@ -577,9 +700,14 @@ def collect_info() -> Dict[str, Any]:
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
-            result["devices"].append({"index": i, "name": p.name,
-                                      "capability": f"sm_{p.major}{p.minor}",
-                                      "memory_bytes": int(p.total_memory)})
+            result["devices"].append(
+                {
+                    "index": i,
+                    "name": p.name,
+                    "capability": f"sm_{p.major}{p.minor}",
+                    "memory_bytes": int(p.total_memory),
+                }
+            )
     return result
 
 
@@ -589,7 +717,7 @@ def _cmd_info(args) -> int:
         _print_json(r)
         return 0
     b = r["build"]
-    none = lambda v: "-" if v in (None, "") else v  # noqa: E731
+    none = lambda v: "-" if v in (None, "") else v
     rows = [
         ["nvfp4kv", r["nvfp4kv"]],
         ["CUDA kernels built", "yes" if b.get("cuda_built") else "no"],
@@ -603,16 +731,28 @@ def _cmd_info(args) -> int:
     rows += [
         ["python", f"{r['python']} ({r['platform']})"],
         ["numpy", none(r["numpy"])],
-        ["torch", "not installed (optional)" if r["torch"] is None
-         else f"{r['torch']} (" + (f"CUDA {r['torch_cuda']}" if r["torch_cuda"] else "CPU only")
-         + ")"],
+        [
+            "torch",
+            "not installed (optional)"
+            if r["torch"] is None
+            else f"{r['torch']} ("
+            + (f"CUDA {r['torch_cuda']}" if r["torch_cuda"] else "CPU only")
+            + ")",
+        ],
     ]
     print(_table(["item", "value"], rows, align="ll"))
     print()
     if r["devices"]:
-        print(_table(["#", "device", "arch", "memory"],
-                     [[d["index"], d["name"], d["capability"], _human_bytes(d["memory_bytes"])]
-                      for d in r["devices"]], align="rllr"))
+        print(
+            _table(
+                ["#", "device", "arch", "memory"],
+                [
+                    [d["index"], d["name"], d["capability"], _human_bytes(d["memory_bytes"])]
+                    for d in r["devices"]
+                ],
+                align="rllr",
+            )
+        )
     elif r["torch"] is None:
         print("devices: unknown (torch is not installed); the CPU path is always available")
     else:
@@ -627,8 +767,11 @@ def build_parser() -> argparse.ArgumentParser:
         from . import __version__ as version
     except ImportError:  # the extension is missing: still show --help
         version = "unknown"
-    ap = _Parser(prog=PROG, description="NVFP4 paged KV cache: demo, capacity planner, benchmark, "
-                 "build info. Without a subcommand, runs 'demo'.")
+    ap = _Parser(
+        prog=PROG,
+        description="NVFP4 paged KV cache: demo, capacity planner, benchmark, "
+        "build info. Without a subcommand, runs 'demo'.",
+    )
     ap.add_argument("--version", action="version", version=f"{PROG} {version}")
     sub = ap.add_subparsers(dest="command", metavar="{demo,plan,bench,info}")
 
@@ -636,60 +779,108 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
     common.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
 
-    p = sub.add_parser("demo", parents=[common], help="quantize a realistic K/V batch and report "
-                       "size, accuracy and speed (default)",
-                       description="Quantize a heavy-tailed K/V batch with Llama-3.1-8B geometry "
-                       "(8 KV heads, head size 128, block size 16) into a paged NVFP4 cache at "
-                       "random slots, read it back, and report cache sizes (bf16, fp8, nvfp4), "
-                       "errors of both recipes and store throughput.")
-    p.add_argument("--tokens", type=_positive_int, default=None,
-                   help="tokens to store (default: 2048 on CPU, 16384 on GPU)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="auto: CUDA when torch sees a GPU and nvfp4kv has CUDA kernels (default)")
-    p.add_argument("--backend", choices=("auto", "torch", "numpy"), default="auto",
-                   help="array library (auto: torch if installed, bf16 input; numpy: float32)")
+    p = sub.add_parser(
+        "demo",
+        parents=[common],
+        help="quantize a realistic K/V batch and report size, accuracy and speed (default)",
+        description="Quantize a heavy-tailed K/V batch with Llama-3.1-8B geometry "
+        "(8 KV heads, head size 128, block size 16) into a paged NVFP4 cache at "
+        "random slots, read it back, and report cache sizes (bf16, fp8, nvfp4), "
+        "errors of both recipes and store throughput.",
+    )
+    p.add_argument(
+        "--tokens",
+        type=_positive_int,
+        default=None,
+        help="tokens to store (default: 2048 on CPU, 16384 on GPU)",
+    )
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto: CUDA when torch sees a GPU and nvfp4kv has CUDA kernels (default)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("auto", "torch", "numpy"),
+        default="auto",
+        help="array library (auto: torch if installed, bf16 input; numpy: float32)",
+    )
     p.add_argument("--seed", type=int, default=0, help="numpy RNG seed (default 0)")
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("plan", parents=[common], help="KV-cache capacity planner",
-                       description="How many KV-cache pages, tokens and sequences fit in a memory "
-                       "budget, for bf16, fp8 and nvfp4. The budget is memory x utilization - "
-                       "weights; every layer has its own cache (KVCacheSpec.page_size_bytes x "
-                       "layers per page).")
-    p.add_argument("--model", type=_model_arg, default=None,
-                   help=f"model preset (default {DEFAULT_MODEL}); see --list-models")
+    p = sub.add_parser(
+        "plan",
+        parents=[common],
+        help="KV-cache capacity planner",
+        description="How many KV-cache pages, tokens and sequences fit in a memory "
+        "budget, for bf16, fp8 and nvfp4. The budget is memory x utilization - "
+        "weights; every layer has its own cache (KVCacheSpec.page_size_bytes x "
+        "layers per page).",
+    )
+    p.add_argument(
+        "--model",
+        type=_model_arg,
+        default=None,
+        help=f"model preset (default {DEFAULT_MODEL}); see --list-models",
+    )
     p.add_argument("--list-models", action="store_true", help="list the model presets and exit")
     p.add_argument("--layers", type=_positive_int, help="override: layers with a KV cache")
     p.add_argument("--kv-heads", type=_positive_int, help="override: KV heads per layer")
     p.add_argument("--head-size", type=_positive_int, help="override: head size D")
-    p.add_argument("--memory", type=_size_arg, default=parse_size("80GiB"),
-                   help="GPU memory, e.g. 80GiB, 141GB, 24576MiB, bytes (default 80GiB)")
-    p.add_argument("--utilization", type=_fraction_arg, default=Fraction(9, 10),
-                   help="fraction of --memory the engine may use, in (0, 1] (default 0.9)")
-    p.add_argument("--weights", type=_size_arg, default=0,
-                   help="memory taken by weights and activations, subtracted (default 0)")
-    p.add_argument("--block-size", type=_positive_int, default=16,
-                   help="tokens per page (default 16)")
-    p.add_argument("--context", type=_positive_int, default=8192,
-                   help="tokens per sequence for the concurrency column (default 8192)")
+    p.add_argument(
+        "--memory",
+        type=_size_arg,
+        default=parse_size("80GiB"),
+        help="GPU memory, e.g. 80GiB, 141GB, 24576MiB, bytes (default 80GiB)",
+    )
+    p.add_argument(
+        "--utilization",
+        type=_fraction_arg,
+        default=Fraction(9, 10),
+        help="fraction of --memory the engine may use, in (0, 1] (default 0.9)",
+    )
+    p.add_argument(
+        "--weights",
+        type=_size_arg,
+        default=0,
+        help="memory taken by weights and activations, subtracted (default 0)",
+    )
+    p.add_argument(
+        "--block-size", type=_positive_int, default=16, help="tokens per page (default 16)"
+    )
+    p.add_argument(
+        "--context",
+        type=_positive_int,
+        default=8192,
+        help="tokens per sequence for the concurrency column (default 8192)",
+    )
     p.set_defaults(func=_cmd_plan)
 
-    p = sub.add_parser("bench", parents=[common], help="GPU store benchmark (needs a GPU)",
-                       description="Run the GPU store benchmark of nvfp4kv.bench: copy-bandwidth "
-                       "and launch ceilings, then the store at several sizes. Needs torch with "
-                       "CUDA and a CUDA build of nvfp4kv.")
+    p = sub.add_parser(
+        "bench",
+        parents=[common],
+        help="GPU store benchmark (needs a GPU)",
+        description="Run the GPU store benchmark of nvfp4kv.bench: copy-bandwidth "
+        "and launch ceilings, then the store at several sizes. Needs torch with "
+        "CUDA and a CUDA build of nvfp4kv.",
+    )
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
     p.add_argument("--output", metavar="PATH", help="also write the results as JSON to PATH")
     p.set_defaults(func=_cmd_bench)
 
-    p = sub.add_parser("info", parents=[common], help="version, build and devices",
-                       description="Show the nvfp4kv version, how it was built (CUDA or not, "
-                       "architectures), numpy/torch versions and the CUDA devices.")
+    p = sub.add_parser(
+        "info",
+        parents=[common],
+        help="version, build and devices",
+        description="Show the nvfp4kv version, how it was built (CUDA or not, "
+        "architectures), numpy/torch versions and the CUDA devices.",
+    )
     p.set_defaults(func=_cmd_info)
     return ap
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nvfp4kv`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
@@ -705,11 +896,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # e.g. `nvfp4kv plan | head -1`
-        try:
-            sys.stdout = open(os.devnull, "w")
-        except OSError:
-            pass
+    except BrokenPipeError:  # e.g. `nvfp4kv plan | head -1`: stop quietly
+        # Python flushes stdout at exit, which would raise again; point fd 1 at /dev/null.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
         return 0
     except (CLIError, ValueError, TypeError, RuntimeError, OSError, ImportError, KeyError) as e:
         if os.environ.get("NVFP4KV_DEBUG"):

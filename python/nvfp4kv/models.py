@@ -13,9 +13,8 @@ sliding-window layers separately, so the planner's numbers are a lower bound for
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
 
-__all__ = ["ModelGeometry", "MODELS", "DEFAULT_MODEL", "get_model", "custom_geometry"]
+__all__ = ["DEFAULT_MODEL", "MODELS", "ModelGeometry", "custom_geometry", "get_model"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ class ModelGeometry:
 _SLIDING = "alternates sliding-window (4096) and global layers; planner assumes all global"
 
 # Sources: config.json of each hf_id (num_hidden_layers, num_key_value_heads, head_dim).
-MODELS: Dict[str, ModelGeometry] = {
+MODELS: dict[str, ModelGeometry] = {
     m.name: m
     for m in (
         ModelGeometry("llama-3.1-8b", "meta-llama/Llama-3.1-8B", 32, 8, 128),
@@ -84,15 +83,18 @@ def get_model(name: str) -> ModelGeometry:
 
 
 def custom_geometry(
-    base: Optional[ModelGeometry],
-    layers: Optional[int] = None,
-    kv_heads: Optional[int] = None,
-    head_size: Optional[int] = None,
+    base: ModelGeometry | None,
+    layers: int | None = None,
+    kv_heads: int | None = None,
+    head_size: int | None = None,
 ) -> ModelGeometry:
     """``base`` with any of its three numbers replaced (all three are needed without a base)."""
     if base is None:
-        missing = [n for n, v in (("--layers", layers), ("--kv-heads", kv_heads),
-                                  ("--head-size", head_size)) if v is None]
+        missing = [
+            n
+            for n, v in (("--layers", layers), ("--kv-heads", kv_heads), ("--head-size", head_size))
+            if v is None
+        ]
         if missing:
             raise ValueError(f"without --model, give {', '.join(missing)}")
         return ModelGeometry("custom", "", layers, kv_heads, head_size)

@@ -3,6 +3,7 @@ capacity planner's numbers against hand-computed cases.
 
 Most tests call ``cli.main([...])`` in-process; a few run ``python -m nvfp4kv`` as a user would.
 """
+
 import contextlib
 import io
 import json
@@ -11,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from nvfp4kv import cli
 from nvfp4kv.models import MODELS
 
@@ -43,14 +43,19 @@ def has_gpu():
 
 
 def python_m(*argv, timeout=120):
-    return subprocess.run([sys.executable, "-m", "nvfp4kv", *argv], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "nvfp4kv", *argv],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 # ------------------------------------------------------------------------------- help, version
 @pytest.mark.parametrize("sub", [[], ["demo"], ["plan"], ["bench"], ["info"]])
 def test_help(sub):
-    rc, out, err = run(*sub, "--help")
+    rc, out, _err = run(*sub, "--help")
     assert rc == 0
     assert out.startswith("usage: nvfp4kv")
     if sub:
@@ -147,8 +152,21 @@ def _by_name(result):
 
 
 def test_plan_llama_8b_hand_computed():
-    r = run_json("plan", "--model", "llama-3.1-8b", "--memory", "80GiB", "--utilization", "0.9",
-                 "--weights", "16GiB", "--block-size", "16", "--context", "8192")
+    r = run_json(
+        "plan",
+        "--model",
+        "llama-3.1-8b",
+        "--memory",
+        "80GiB",
+        "--utilization",
+        "0.9",
+        "--weights",
+        "16GiB",
+        "--block-size",
+        "16",
+        "--context",
+        "8192",
+    )
     # 80 GiB x 0.9 = 72 GiB; minus 16 GiB of weights = 56 GiB.
     budget = 56 * 1073741824
     assert budget == 60129542144
@@ -177,8 +195,21 @@ def test_plan_llama_8b_hand_computed():
 
 
 def test_plan_qwen_7b_decimal_units_hand_computed():
-    r = run_json("plan", "--model", "qwen2.5-7b", "--memory", "24GiB", "--utilization", "1",
-                 "--weights", "15GB", "--block-size", "32", "--context", "4096")
+    r = run_json(
+        "plan",
+        "--model",
+        "qwen2.5-7b",
+        "--memory",
+        "24GiB",
+        "--utilization",
+        "1",
+        "--weights",
+        "15GB",
+        "--block-size",
+        "32",
+        "--context",
+        "4096",
+    )
     budget = 24 * 1073741824 - 15000000000
     assert r["kv_budget_bytes"] == budget == 10769803776
     f = _by_name(r)
@@ -195,8 +226,9 @@ def test_plan_qwen_7b_decimal_units_hand_computed():
 
 
 def test_plan_head_size_256_and_overrides():
-    f = _by_name(run_json("plan", "--model", "gemma-2-9b", "--memory", "1GiB", "--utilization",
-                          "1"))
+    f = _by_name(
+        run_json("plan", "--model", "gemma-2-9b", "--memory", "1GiB", "--utilization", "1")
+    )
     # D = 256: F = 128 + 16 = 144 bytes per row and side; 16*8*2*144 = 36864 per layer, x42.
     assert f["nvfp4"]["page_bytes"] == 42 * 36864
     assert f["nvfp4"]["pages"] == 1073741824 // (42 * 36864) == 693
@@ -216,12 +248,12 @@ def test_plan_head_size_256_and_overrides():
 
 
 def test_plan_table_output():
-    rc, out, err = run("plan", "--memory", "80GiB", "--utilization", "0.9", "--weights", "16GiB")
+    rc, out, _err = run("plan", "--memory", "80GiB", "--utilization", "0.9", "--weights", "16GiB")
     assert rc == 0
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("format"))
     assert set(lines[header + 1]) <= {"-", " "}
-    rows = {line.split()[0]: line.split() for line in lines[header + 2:header + 5]}
+    rows = {line.split()[0]: line.split() for line in lines[header + 2 : header + 5]}
     assert rows["nvfp4"][1:] == ["589,824", "36,864", "101,944", "1,631,104", "199", "3.56x"]
     assert rows["bf16"][-1] == "1.00x" and rows["fp8"][-1] == "2.00x"
     assert "56.00 GiB for the KV cache" in out
@@ -255,7 +287,7 @@ def test_model_presets():
 def test_info():
     import nvfp4kv
 
-    rc, out, err = run("info")
+    rc, out, _err = run("info")
     assert rc == 0
     assert nvfp4kv.__version__ in out and "CUDA kernels built" in out
     r = run_json("info")
@@ -276,8 +308,12 @@ def demo_result():
 def test_demo_json_schema(demo_result):
     r = demo_result
     assert r["command"] == "demo" and r["device"] == "cpu" and r["tokens"] == 256
-    assert (r["model"]["layers"], r["model"]["kv_heads"], r["model"]["head_size"],
-            r["block_size"]) == (32, 8, 128, 16)
+    assert (
+        r["model"]["layers"],
+        r["model"]["kv_heads"],
+        r["model"]["head_size"],
+        r["block_size"],
+    ) == (32, 8, 128, 16)
     assert r["pages"] * 16 >= 256
     assert r["k_scale"] > 0 and r["v_scale"] > 0
     f = {x["name"]: x for x in r["formats"]}
@@ -316,7 +352,7 @@ def test_demo_numpy_backend_and_table():
     assert "numpy" in out and "float32 input" in out
     for word in ("bf16", "fp8", "nvfp4_4over6", "3.56x", "1.78x", "K rel L2", "GB/s"):
         assert word in out
-    accuracy = out[out.index("Accuracy"):]
+    accuracy = out[out.index("Accuracy") :]
     row = next(line for line in accuracy.splitlines() if line.startswith("nvfp4 "))
     rel_k = float(row.split()[1])
     assert 0.05 < rel_k < 0.2
@@ -343,6 +379,8 @@ def test_console_script_if_installed():
     exe = os.path.join(os.path.dirname(sys.executable), "nvfp4kv")
     if not os.path.exists(exe):
         pytest.skip("no nvfp4kv console script next to this Python")
-    p = subprocess.run([exe, "info", "--json"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [exe, "info", "--json"], check=False, capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["command"] == "info"

@@ -176,26 +176,50 @@ NVFP4KV_HD uint16_t float_to_f16(float f) {
 }
 
 // ---- E2M1 (4-bit element) ---------------------------------------------------------------------
-// Magnitude code 0..7 of m >= 0 (or a NaN) with round-to-nearest-even and saturation at 6: the
-// ladder of FORMAT.md §2 in a handful of integer and add instructions, which is what keeps the
-// store kernel under its per-element instruction budget (shared/notes/h200-store-budget.md).
-NVFP4KV_HD uint32_t e2m1_magnitude(float m) {
+// a*b + c where a*b is exact (b a power of two): one FFMA on the GPU, and the same value as the
+// separately rounded product and sum of the recipe, so it changes no byte.
+NVFP4KV_HD float fma_exact(float a, float b, float c) {
 #if defined(__CUDA_ARCH__)
-  // Callers pass |x| * out: never negative, and a NaN made on the GPU has its sign bit clear.
-  const uint32_t a = float_bits(m);
+  return __fmaf_rn(a, b, c);
 #else
-  // x86's default NaN has its sign bit set; clear it so a NaN saturates like on the GPU.
-  const uint32_t a = float_bits(m) & 0x7FFFFFFFu;
+  return a * b + c;
 #endif
-  // m < 1: codes 0, 1, 2 are the multiples of 0.5. The ulp of 2^22 is 0.5, so m + 2^22 rounds m
-  // to that grid with the adder's RNE; the low bits then hold 2m rounded.
-  const uint32_t small = float_bits(add_rn(bits_float(a), 4194304.0f)) - 0x4A800000u;
-  // m >= 1: E2M1 is a float with one mantissa bit and exponent bias 1. Round the fp32 mantissa
-  // to one bit (RNE on the integer bits) and re-bias exponent 127 -> 1 in the same add
-  // (0x3F000000 = 252 << 22); for m < 1 the sum wraps, but `small` is chosen there.
-  uint32_t big = (a + (0x1FFFFFu - 0x3F000000u) + ((a >> 22) & 1u)) >> 22;
-  big = big < 7u ? big : 7u;  // saturate at 6 (NaN and Inf land here too)
-  return bits_float(a) < 1.0f ? small : big;
+}
+
+// Clamp to [0, 1]; NaN gives 0 (the .sat modifier of GPU float instructions).
+NVFP4KV_HD float sat01(float x) {
+#if defined(__CUDA_ARCH__)
+  return __saturatef(x);
+#else
+  return !(x > 0.0f) ? 0.0f : (x < 1.0f ? x : 1.0f);
+#endif
+}
+
+constexpr float kMagic = 8388608.0f;  // 2^23: floats in [2^23, 2^24) hold integers in their low bits
+
+// 1 if m > t, else 0, exactly: m*2^26 - t*2^26 is one rounding of 2^26*(m - t), which keeps the
+// sign and, for t >= 0.25, is at least 2^26 * ulp(t) = 16 when m > t; .sat turns it into 0 or 1.
+NVFP4KV_HD float step_above(float m, float t) { return sat01(fma_exact(m, 67108864.0f, -t * 67108864.0f)); }
+
+// base + (E2M1 magnitude code of m), for m >= 0, as a float: round-to-nearest-even onto
+// 0, 0.5, 1, 1.5, 2, 3, 4, 6 with saturation (the ladder of FORMAT.md §2), built from float
+// multiply-adds only. On Hopper the float pipe runs twice the rate of the integer/compare pipe,
+// which is what the store kernel is bound by (shared/notes/h200-store-budget.md).
+//   codes 0..4 (values 0..2, spaced 0.5): rint(2m) by the 2^23 trick, capped at 4;
+//   codes 5, 6, 7: one step each above 2.5, from 3.5 and above 5 (ties 2.5 -> 2, 3.5 -> 4, 5 -> 4).
+// A NaN m (only 0 * Inf, never in the recipe's normal flow) gives code 0.
+NVFP4KV_HD float e2m1_code_plus(float m, float base) {
+  const float r = fma_exact(m, 2.0f, kMagic);                       // 2^23 + rint(2m)
+  const float low = sat01(fma_exact(r, 0.25f, -0.25f * kMagic));     // rint(2m) / 4, capped at 1
+  float acc = fma_exact(low, 4.0f, base);
+  acc = add_rn(acc, step_above(m, 2.5f));
+  acc = add_rn(acc, step_above(m, bits_float(0x405FFFFFu)));        // m >= 3.5
+  return add_rn(acc, step_above(m, 5.0f));
+}
+
+// Magnitude code 0..7 of m >= 0.
+NVFP4KV_HD uint32_t e2m1_magnitude(float m) {
+  return float_bits(e2m1_code_plus(m, kMagic)) - 0x4B000000u;
 }
 
 // Full code of v: magnitude code plus the sign bit of v (-0 and small negatives give 0x8).
@@ -266,6 +290,10 @@ NVFP4KV_HD uint32_t scale_byte(float amax, float enc, float divisor) {
 // The sign comes from x (equal to the sign of x*out, since out >= 0, whenever that is not NaN),
 // which keeps the bytes identical across platforms whose default NaN differs.
 NVFP4KV_HD void encode_group(const float (&x)[kGroupSize], float out, uint32_t (&packed)[2]) {
+  // Each element's code is the low nibble of a float 2^23 + 4 + code -/+ 4 (the sign adds 8);
+  // adding the 8 float bit patterns shifted by 4i packs the nibbles and adds a constant, the
+  // bias of 0x4B000000 at every nibble position, subtracted once per word.
+  constexpr uint32_t kBias = 0x4B000000u * 0x11111111u;  // sum of 0x4B000000 << 4i (mod 2^32)
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
@@ -276,10 +304,12 @@ NVFP4KV_HD void encode_group(const float (&x)[kGroupSize], float out, uint32_t (
 #endif
     for (int i = 0; i < 8; ++i) {
       const float xi = x[8 * w + i];
-      const uint32_t code = ((float_bits(xi) >> 28) & 8u) | e2m1_magnitude(mul_rn(abs_f(xi), out));
-      word += code << (4 * i);  // disjoint nibbles: one multiply-add per element on the GPU
+      const float code = e2m1_code_plus(mul_rn(abs_f(xi), out), kMagic + 4.0f);
+      // +-8 with the sign of x, times -0.5: -4 for a positive x, +4 (code + 8) for a negative one.
+      const float sign8 = bits_float((float_bits(xi) & 0x80000000u) | 0x41000000u);
+      word += float_bits(fma_exact(sign8, -0.5f, code)) << (4 * i);
     }
-    packed[w] = word;
+    packed[w] = word - kBias;
   }
 }
 
