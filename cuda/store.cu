@@ -23,65 +23,56 @@ struct StoreLaunch {
   int64_t token0;       // first token of this launch (large calls are split)
 };
 
-template <DType kDType>
-struct Loader;
+// Raw input words of one group, loaded ahead of use: 16-byte vectors when aligned (two for 16-bit
+// types, four for fp32), else 16 scalars widened to fp32 at load time.
+template <DType kDType, bool kVec>
+struct Raw {
+  static constexpr int kWords = kVec ? (kDType == DType::kFloat32 ? 4 : 2) : 0;
+  uint4 v[kVec ? kWords : 1];
+  float f[kVec ? 1 : kGroupSize];
 
-template <>
-struct Loader<DType::kBFloat16> {
-  static __device__ __forceinline__ void load(const void* src, int64_t idx, float (&x)[16], bool vec) {
-    const uint16_t* p = static_cast<const uint16_t*>(src) + idx;
-    if (vec) {
-      const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
-      const uint4 b = __ldg(reinterpret_cast<const uint4*>(p) + 1);
-      const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  __device__ __forceinline__ void load(const void* src, int64_t idx) {
+    if constexpr (kVec) {
+      const uint4* p = reinterpret_cast<const uint4*>(static_cast<const char*>(src) +
+                                                      idx * (kDType == DType::kFloat32 ? 4 : 2));
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        x[2 * i] = __uint_as_float(w[i] << 16);  // bf16 is the top half of an fp32
-        x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-      }
+      for (int i = 0; i < kWords; ++i) v[i] = __ldg(p + i);
+    } else if constexpr (kDType == DType::kFloat32) {
+#pragma unroll
+      for (int i = 0; i < kGroupSize; ++i) f[i] = static_cast<const float*>(src)[idx + i];
     } else {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) x[i] = bf16_to_float(p[i]);
-    }
-  }
-};
-
-template <>
-struct Loader<DType::kFloat16> {
-  static __device__ __forceinline__ void load(const void* src, int64_t idx, float (&x)[16], bool vec) {
-    const uint16_t* p = static_cast<const uint16_t*>(src) + idx;
-    if (vec) {
-      const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
-      const uint4 b = __ldg(reinterpret_cast<const uint4*>(p) + 1);
-      const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        x[2 * i] = f16_to_float(static_cast<uint16_t>(w[i]));
-        x[2 * i + 1] = f16_to_float(static_cast<uint16_t>(w[i] >> 16));
+      for (int i = 0; i < kGroupSize; ++i) {
+        const uint16_t h = static_cast<const uint16_t*>(src)[idx + i];
+        f[i] = kDType == DType::kFloat16 ? f16_to_float(h) : bf16_to_float(h);
       }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) x[i] = f16_to_float(p[i]);
     }
   }
-};
 
-template <>
-struct Loader<DType::kFloat32> {
-  static __device__ __forceinline__ void load(const void* src, int64_t idx, float (&x)[16], bool vec) {
-    const float* p = static_cast<const float*>(src) + idx;
-    if (vec) {
+  __device__ __forceinline__ void to_float(float (&x)[kGroupSize]) const {
+    if constexpr (!kVec) {
+#pragma unroll
+      for (int i = 0; i < kGroupSize; ++i) x[i] = f[i];
+    } else if constexpr (kDType == DType::kFloat32) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float4 v = __ldg(reinterpret_cast<const float4*>(p) + i);
-        x[4 * i] = v.x;
-        x[4 * i + 1] = v.y;
-        x[4 * i + 2] = v.z;
-        x[4 * i + 3] = v.w;
+        x[4 * i] = __uint_as_float(v[i].x);
+        x[4 * i + 1] = __uint_as_float(v[i].y);
+        x[4 * i + 2] = __uint_as_float(v[i].z);
+        x[4 * i + 3] = __uint_as_float(v[i].w);
       }
     } else {
+      const uint32_t w[8] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w};
 #pragma unroll
-      for (int i = 0; i < 16; ++i) x[i] = p[i];
+      for (int i = 0; i < 8; ++i) {
+        if constexpr (kDType == DType::kBFloat16) {
+          x[2 * i] = __uint_as_float(w[i] << 16);  // bf16 is the top half of an fp32
+          x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+        } else {
+          x[2 * i] = f16_to_float(static_cast<uint16_t>(w[i]));
+          x[2 * i + 1] = f16_to_float(static_cast<uint16_t>(w[i] >> 16));
+        }
+      }
     }
   }
 };
@@ -90,14 +81,48 @@ __device__ __forceinline__ float read_scale(const ScaleArg& s) {
   return s.device_ptr ? *s.device_ptr : s.value;
 }
 
+// One work item: kG consecutive groups of one (token, side, head) row, with its slot and input
+// words already loaded.
+template <DType kDType, bool kVec, int kG>
+struct Item {
+  int64_t slot;
+  uint32_t side, h, g0;
+  Raw<kDType, kVec> raw[kG];
+
+  __device__ __forceinline__ void load(const StoreLaunch& L, uint32_t u) {
+    const StoreParams& p = L.p;
+    const uint32_t tok = L.per_token.div(u);
+    uint32_t r = u - tok * L.per_token.d;
+    const int64_t token = L.token0 + tok;
+    slot = p.slots_int64 ? static_cast<const int64_t*>(p.slots)[token * p.slot_stride]
+                         : static_cast<const int32_t*>(p.slots)[token * p.slot_stride];
+    side = r >= L.k_items;
+    if (side) r -= L.k_items;
+    const FastDiv& units = side ? L.units_v : L.units_k;
+    h = units.div(r);
+    g0 = (r - h * units.d) * kG;
+    const StoreSide& s = side ? p.v : p.k;
+    const int64_t src = token * s.token_stride + h * s.head_stride + g0 * kGroupSize;
+#pragma unroll
+    for (int k = 0; k < kG; ++k) raw[k].load(s.src, src + k * kGroupSize);
+  }
+};
+
 // kVec: input rows and cache sides are aligned (checked by the launcher), so groups load as
 // 16-byte vectors and code words store as 8-byte (kG == 1) or 16-byte (kG == 2) words.
-// kG: consecutive groups per work item; 2 halves the index arithmetic per element and keeps four
-// 16-byte loads in flight per thread.
+// kG: consecutive groups per work item; 2 halves the index arithmetic per element.
+// Each thread loads its next item before quantizing the current one, so input loads stay in
+// flight while it computes (the loop is otherwise a load-then-compute chain per item), and the
+// first item's loads overlap the read of the global scales and the out-scale table.
 template <DType kDType, Recipe kRecipe, bool kVec, int kG>
 __global__ void __launch_bounds__(kThreads) store_kernel(const __grid_constant__ StoreLaunch L) {
   __shared__ float out_table[2][128];
   const StoreParams& p = L.p;
+  const uint32_t stride = gridDim.x * kThreads;
+  uint32_t u = blockIdx.x * kThreads + threadIdx.x;
+  Item<kDType, kVec, kG> next;
+  if (u < L.total) next.load(L, u);
+
   const GlobalScale gsk = make_global_scale(read_scale(p.k.scale));
   const GlobalScale gsv = make_global_scale(read_scale(p.v.scale));
   {
@@ -107,26 +132,14 @@ __global__ void __launch_bounds__(kThreads) store_kernel(const __grid_constant__
   }
   __syncthreads();
 
-  for (uint32_t u = blockIdx.x * kThreads + threadIdx.x; u < L.total; u += gridDim.x * kThreads) {
-    const uint32_t tok = L.per_token.div(u);
-    uint32_t r = u - tok * L.per_token.d;
-    const int64_t token = L.token0 + tok;
-    const int64_t slot = p.slots_int64
-                             ? static_cast<const int64_t*>(p.slots)[token * p.slot_stride]
-                             : static_cast<const int32_t*>(p.slots)[token * p.slot_stride];
+  for (; u < L.total; u += stride) {
+    const Item<kDType, kVec, kG> cur = next;
+    if (u + stride < L.total) next.load(L, u + stride);
+    const int64_t slot = cur.slot;
     if (slot < 0 || slot >= p.num_slots) continue;  // padding or out of range: never written
-    const bool side = r >= L.k_items;
-    if (side) r -= L.k_items;
-    const FastDiv& units = side ? L.units_v : L.units_k;
-    const uint32_t h = units.div(r);
-    const uint32_t g0 = (r - h * units.d) * kG;
+    const bool side = cur.side;
+    const uint32_t h = cur.h, g0 = cur.g0;
     const StoreSide& s = side ? p.v : p.k;
-
-    // All loads of the item first, so they are in flight together.
-    float x[kG][kGroupSize];
-    const int64_t src = token * s.token_stride + h * s.head_stride + g0 * kGroupSize;
-#pragma unroll
-    for (int k = 0; k < kG; ++k) Loader<kDType>::load(s.src, src + k * kGroupSize, x[k], kVec);
 
     int64_t page, pos;
     if (L.fast_slots) {
@@ -144,8 +157,11 @@ __global__ void __launch_bounds__(kThreads) store_kernel(const __grid_constant__
     const float* table = out_table[side];
     uint32_t packed[kG][2], sfb[kG];
 #pragma unroll
-    for (int k = 0; k < kG; ++k)
-      sfb[k] = quantize_group<kRecipe>(x[k], gs, [table](uint32_t b) { return table[b]; }, packed[k]);
+    for (int k = 0; k < kG; ++k) {
+      float x[kGroupSize];
+      cur.raw[k].to_float(x);
+      sfb[k] = quantize_group<kRecipe>(x, gs, [table](uint32_t b) { return table[b]; }, packed[k]);
+    }
 
     uint8_t* base = s.cache.base + page * s.cache.page_stride;
     const int32_t D = s.cache.D;

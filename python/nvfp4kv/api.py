@@ -45,7 +45,10 @@ def _stream_handle(stream: Any, like: Any) -> int:
         if fw == "torch" and like.is_cuda:
             import torch
 
-            return torch.cuda.current_stream(like.device).cuda_stream
+            try:  # the raw handle without building a torch.cuda.Stream object (~10x cheaper)
+                return torch._C._cuda_getCurrentRawStream(like.get_device())
+            except AttributeError:
+                return torch.cuda.current_stream(like.device).cuda_stream
         if fw == "cupy":
             import cupy
 

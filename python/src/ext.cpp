@@ -56,6 +56,8 @@ struct TorchInfo {
   PyObject* dtypes[6] = {};
   DLDataType dl[6] = {{kDLFloat, 32, 1}, {kDLFloat, 16, 1}, {kDLBfloat, 16, 1},
                       {kDLUInt, 8, 1},   {kDLInt, 32, 1},   {kDLInt, 64, 1}};
+  // Interned attribute names: no string is built per call.
+  PyObject *dtype, *get_device, *is_cpu, *is_cuda, *is_neg, *shape, *stride, *data_ptr;
 };
 
 const TorchInfo* torch_info() {
@@ -72,37 +74,60 @@ const TorchInfo* torch_info() {
   } catch (const nb::python_error&) {
     return nullptr;
   }
+  info.dtype = PyUnicode_InternFromString("dtype");
+  info.get_device = PyUnicode_InternFromString("get_device");
+  info.is_cpu = PyUnicode_InternFromString("is_cpu");
+  info.is_cuda = PyUnicode_InternFromString("is_cuda");
+  info.is_neg = PyUnicode_InternFromString("is_neg");
+  info.shape = PyUnicode_InternFromString("shape");
+  info.stride = PyUnicode_InternFromString("stride");
+  info.data_ptr = PyUnicode_InternFromString("data_ptr");
   ready = true;
   return &info;
+}
+
+nb::object get(nb::handle obj, PyObject* name) {
+  return nb::steal(PyObject_GetAttr(obj.ptr(), name));
+}
+nb::object call(nb::handle obj, PyObject* name) {
+  return nb::steal(PyObject_CallMethodObjArgs(obj.ptr(), name, nullptr));
 }
 
 bool import_torch(Arg& a, nb::handle obj) {
   const TorchInfo* info = torch_info();
   if (!info || reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())) != info->tensor_type) return false;
-  nb::object dtype = obj.attr("dtype");
+  nb::object dtype = get(obj, info->dtype);
   int which = -1;
   for (int i = 0; i < 6; ++i)
     if (dtype.ptr() == info->dtypes[i]) which = i;
   if (which < 0) return false;
-  nb::object device = obj.attr("device");
-  const std::string type = nb::str(device.attr("type")).c_str();
+  // get_device(): -1 on the CPU, else the CUDA ordinal (one call instead of a torch.device).
+  nb::object ord = call(obj, info->get_device);
+  if (!ord.is_valid()) throw nb::python_error();
+  const int32_t ordinal = static_cast<int32_t>(PyLong_AsLong(ord.ptr()));
   DLDevice dev;
-  if (type == "cpu") {
+  if (ordinal < 0) {
+    if (get(obj, info->is_cpu).ptr() != Py_True) return false;  // meta, mps, ...: DLPack decides
     dev = DLDevice{kDLCPU, 0};
-  } else if (type == "cuda") {
-    dev = DLDevice{kDLCUDA, nb::cast<int32_t>(device.attr("index"))};
   } else {
+    if (get(obj, info->is_cuda).ptr() != Py_True) return false;
+    dev = DLDevice{kDLCUDA, ordinal};
+  }
+  if (call(obj, info->is_neg).ptr() != Py_False) return false;  // lazily negated view: DLPack refuses
+  nb::object shape = get(obj, info->shape), strides = call(obj, info->stride);
+  if (!shape.is_valid() || !strides.is_valid()) throw nb::python_error();
+  const Py_ssize_t nd = PyTuple_Size(shape.ptr());  // torch.Size is a tuple
+  if (nd < 0 || nd > 8 || PyTuple_Size(strides.ptr()) != nd) {
+    PyErr_Clear();
     return false;
   }
-  if (nb::cast<bool>(obj.attr("is_neg")())) return false;  // lazily negated view: DLPack refuses
-  nb::object shape = obj.attr("shape"), strides = obj.attr("stride")();
-  const size_t nd = nb::len(shape);
-  if (nd > 8) return false;
-  for (size_t i = 0; i < nd; ++i) {
-    a.shape[i] = nb::cast<int64_t>(shape[i]);
-    a.strides[i] = nb::cast<int64_t>(strides[i]);
+  for (Py_ssize_t i = 0; i < nd; ++i) {
+    a.shape[i] = PyLong_AsLongLong(PyTuple_GetItem(shape.ptr(), i));
+    a.strides[i] = PyLong_AsLongLong(PyTuple_GetItem(strides.ptr(), i));
   }
-  a.t.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(obj.attr("data_ptr")()));
+  nb::object ptr = call(obj, info->data_ptr);
+  if (!ptr.is_valid()) throw nb::python_error();
+  a.t.data = PyLong_AsVoidPtr(ptr.ptr());
   a.t.device = dev;
   a.t.ndim = static_cast<int32_t>(nd);
   a.t.dtype = info->dl[which];
