@@ -36,6 +36,21 @@ for step in $steps; do
       cuobjdump --dump-resource-usage "$so" 2>&1 | grep -A1 'DTypeE2ELNS_6RecipeE0ELb1ELi2' | tail -1
       cuobjdump --dump-sass -arch sm_90 "$so" > /tmp/sass.txt 2>&1
       python3 benchmarks/sass_stats.py "DTypeE2ELNS_6RecipeE0ELb1ELi2" "$OUT/sass_store_bf16.txt" < /tmp/sass.txt ;;
+    noimage)
+      log "build for sm_80 only: a store on this GPU must fail with a clear error"
+      python3 -m pip install --no-build-isolation --no-deps -q -C cmake.define.NVFP4KV_CUDA_ARCHS=80-real -C build-dir=/tmp/build-sm80 . > "$OUT/build80.log" 2>&1 || tail -5 "$OUT/build80.log"
+      (cd /tmp && python3 -c "
+import torch, nvfp4kv
+kv = torch.zeros(2, 2, 16, 8, 72, dtype=torch.uint8, device='cuda')
+k = torch.randn(3, 8, 128, device='cuda', dtype=torch.bfloat16)
+try:
+    nvfp4kv.store(k, k, kv, torch.arange(3, device='cuda'), 1.0, 1.0, scale_layout='linear')
+    print('NO ERROR (unexpected)')
+except Exception as e:
+    print(type(e).__name__ + ':', e)
+print('cache untouched:', int(kv.sum()) == 0)
+")
+      python3 -m pip install --no-build-isolation --no-deps -q . > /dev/null 2>&1 ;;
     bench)
       log bench
       python3 benchmarks/bench_store.py ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | tail -40 ;;

@@ -316,3 +316,45 @@ def test_dequantize_gpu_equals_cpu(dtype, view, layout, scale_layout):
     idt = torch.int32 if dtype == "float32" else torch.int16
     assert torch.equal(kg.cpu().view(idt), kc.view(idt))
     assert torch.equal(vg.cpu().view(idt), vc.view(idt))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_two_threads_own_streams():
+    """Tensor parallelism: each GPU holds its own cache; two threads store at once, each on its own
+    stream of its own device, with the current device left at 0 in both threads."""
+    import threading
+
+    N, T, H, D, n = 512, 16, 8, 128, 4096
+    jobs = []
+    for dev in (0, 1):
+        gen = torch.Generator().manual_seed(100 + dev)
+        raw = make_raw(N, H * T * full_dim(D), 0, gen)
+        key, value = make_inputs(n, H, D, torch.bfloat16, gen)
+        slots = torch.randperm(N * T, generator=gen)[:n]
+        expect = raw.clone()
+        nvfp4kv.store(key, value, cache_views(expect, N, T, H, D, "5d", "HND")["kv_cache"], slots, 0.3, 0.4)
+        d = f"cuda:{dev}"
+        jobs.append(dict(dev=dev, raw=raw.to(d), key=key.to(d), value=value.to(d), slots=slots.to(d),
+                         expect=expect, stream=torch.cuda.Stream(device=d)))
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+    errors = []
+
+    def work(job):
+        try:
+            kv = cache_views(job["raw"], N, T, H, D, "5d", "HND")["kv_cache"]
+            for _ in range(20):  # repeated, so the two devices' launches overlap in time
+                nvfp4kv.store(job["key"], job["value"], kv, job["slots"], 0.3, 0.4, stream=job["stream"])
+            assert torch.cuda.current_device() == 0
+        except Exception as e:  # reported from the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(j,)) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for job in jobs:
+        job["stream"].synchronize()
+        assert torch.equal(job["raw"].cpu(), job["expect"]), f"cuda:{job['dev']} differs from the CPU path"
