@@ -11,6 +11,7 @@ namespace nvfp4kv {
 // device: the CUDA ordinal of the tensors; the launcher switches to it and back.
 int cuda_store(const StoreParams& p, int device, void* stream, const char** message);
 int cuda_dequantize(const DequantParams& p, int device, void* stream, const char** message);
+int cuda_gather(const GatherParams& p, int device, void* stream, const char** message);
 // Number of devices, or -1 with *reason on failure.
 int cuda_device_count(const char** reason);
 const char* cuda_error_string(int err);

@@ -476,20 +476,44 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
 #endif
 }
 
-void dequantize(const DLTensor* kv_cache, const DLTensor* value_cache, const DLTensor* k_scale,
-                const DLTensor* v_scale, nvfp4kv_scale_profile profile, DLTensor* key_out_t,
-                DLTensor* value_out_t, void* stream) {
-  if (!kv_cache) fail(NVFP4KV_ERROR_INVALID_VALUE, "kv_cache: NULL tensor");
-  Cache c = resolve_cache(kv_cache, value_cache);
-  apply_profile(c, profile);
-  const Tensor cache_ref(kv_cache, c.k_name);
-  Tensor ko(key_out_t, "key_out"), vo(value_out_t, "value_out");
+IndexVec index_vec(const DLTensor* t, const char* name, const Tensor& ref, int64_t length) {
+  Tensor x(t, name);
+  x.expect_ndim(1, length >= 0 ? "a vector" : "a vector");
+  expect_same_device(x, ref);
+  const bool i64 = is_dtype(x.t->dtype, kDLInt, 64);
+  if (!i64 && !is_dtype(x.t->dtype, kDLInt, 32))
+    fail(NVFP4KV_ERROR_INVALID_DTYPE, "%s: dtype %s received; expected int64 or int32", name,
+         dtype_name(x.t->dtype).c_str());
+  if (length >= 0 && x.size(0) != length)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: %lld entries received; expected %lld", name,
+         static_cast<long long>(x.size(0)), static_cast<long long>(length));
+  return IndexVec{x.ptr(), x.stride(0), i64};
+}
+
+// The two outputs of a read: rank, shape (dims after the leading ones checked by the caller),
+// dtype (float, the same for both), device, last stride 1.
+DType check_outputs(const Tensor& ko, const Tensor& vo, const Tensor& cache_ref) {
   expect_same_device(ko, cache_ref);
   expect_same_device(vo, cache_ref);
   const DType dtype = float_dtype(ko);
   if (float_dtype(vo) != dtype)
     fail(NVFP4KV_ERROR_INVALID_DTYPE, "value_out: dtype %s but key_out is %s; they must match",
          dtype_name(vo.t->dtype).c_str(), dtype_name(ko.t->dtype).c_str());
+  for (const Tensor* o : {&ko, &vo})
+    if (o->numel() > 0 && o->stride(o->ndim() - 1) != 1)
+      fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: last stride %lld; expected 1", o->name,
+           static_cast<long long>(o->stride(o->ndim() - 1)));
+  return dtype;
+}
+
+void dequantize(const DLTensor* kv_cache, const DLTensor* value_cache, const DLTensor* pages,
+                const DLTensor* k_scale, const DLTensor* v_scale, nvfp4kv_scale_profile profile,
+                DLTensor* key_out_t, DLTensor* value_out_t, void* stream) {
+  if (!kv_cache) fail(NVFP4KV_ERROR_INVALID_VALUE, "kv_cache: NULL tensor");
+  Cache c = resolve_cache(kv_cache, value_cache);
+  apply_profile(c, profile);
+  const Tensor cache_ref(kv_cache, c.k_name);
+  Tensor ko(key_out_t, "key_out"), vo(value_out_t, "value_out");
   const Tensor* outs[2] = {&ko, &vo};
   const int64_t Ds[2] = {c.k.D, c.v.D};
   for (int i = 0; i < 2; ++i) {
@@ -499,16 +523,20 @@ void dequantize(const DLTensor* kv_cache, const DLTensor* value_cache, const DLT
       fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: shape %s received; expected (%lld, %lld, %lld, %lld)",
            o.name, o.shape_str().c_str(), static_cast<long long>(c.N), static_cast<long long>(c.T),
            static_cast<long long>(c.H), static_cast<long long>(Ds[i]));
-    if (o.stride(3) != 1)
-      fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: last stride %lld; expected 1", o.name,
-           static_cast<long long>(o.stride(3)));
   }
+  const DType dtype = check_outputs(ko, vo, cache_ref);
 
   DequantParams p{};
   p.k = DequantSide{c.k, resolve_scale(k_scale, "k_scale", c.device), ko.ptr(),
                     {ko.stride(0), ko.stride(1), ko.stride(2)}};
   p.v = DequantSide{c.v, resolve_scale(v_scale, "v_scale", c.device), vo.ptr(),
                     {vo.stride(0), vo.stride(1), vo.stride(2)}};
+  p.pages = IndexVec{nullptr, 0, 0};
+  p.num_pages = c.N;
+  if (pages) {
+    p.pages = index_vec(pages, "pages", cache_ref, -1);
+    p.num_pages = Tensor(pages, "pages").size(0);
+  }
   p.N = c.N;
   p.H = static_cast<int32_t>(c.H);
   p.T = static_cast<int32_t>(c.T);
@@ -522,6 +550,70 @@ void dequantize(const DLTensor* kv_cache, const DLTensor* value_cache, const DLT
 #if defined(NVFP4KV_WITH_CUDA)
   const char* msg = nullptr;
   const int err = cuda_dequantize(p, c.device.device_id, stream, &msg);
+  if (err)
+    fail(msg ? NVFP4KV_ERROR_NOT_SUPPORTED : NVFP4KV_ERROR_CUDA, "%s",
+         msg ? msg : cuda_error_string(err));
+#else
+  (void)stream;
+#endif
+}
+
+void gather(const DLTensor* kv_cache, const DLTensor* value_cache, const DLTensor* block_table_t,
+            const DLTensor* seq_lens, const DLTensor* cu_seqlens, const DLTensor* k_scale,
+            const DLTensor* v_scale, nvfp4kv_scale_profile profile, DLTensor* key_out_t,
+            DLTensor* value_out_t, void* stream) {
+  if (!kv_cache) fail(NVFP4KV_ERROR_INVALID_VALUE, "kv_cache: NULL tensor");
+  Cache c = resolve_cache(kv_cache, value_cache);
+  apply_profile(c, profile);
+  const Tensor cache_ref(kv_cache, c.k_name);
+  Tensor bt(block_table_t, "block_table");
+  bt.expect_ndim(2, "(num_seqs, max_blocks_per_seq)");
+  expect_same_device(bt, cache_ref);
+  const bool bt64 = is_dtype(bt.t->dtype, kDLInt, 64);
+  if (!bt64 && !is_dtype(bt.t->dtype, kDLInt, 32))
+    fail(NVFP4KV_ERROR_INVALID_DTYPE, "block_table: dtype %s received; expected int32 or int64",
+         dtype_name(bt.t->dtype).c_str());
+  const int64_t B = bt.size(0);
+  Tensor ko(key_out_t, "key_out"), vo(value_out_t, "value_out");
+  const Tensor* outs[2] = {&ko, &vo};
+  const int64_t Ds[2] = {c.k.D, c.v.D};
+  for (int i = 0; i < 2; ++i) {
+    const Tensor& o = *outs[i];
+    o.expect_ndim(3, "(total_tokens, num_kv_heads, head_size)");
+    if (o.size(0) != ko.size(0) || o.size(1) != c.H || o.size(2) != Ds[i])
+      fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: shape %s received; expected (%lld, %lld, %lld)",
+           o.name, o.shape_str().c_str(), static_cast<long long>(ko.size(0)),
+           static_cast<long long>(c.H), static_cast<long long>(Ds[i]));
+  }
+  const DType dtype = check_outputs(ko, vo, cache_ref);
+
+  GatherParams p{};
+  p.k = DequantSide{c.k, resolve_scale(k_scale, "k_scale", c.device), ko.ptr(),
+                    {ko.stride(0), ko.stride(1), 0}};
+  p.v = DequantSide{c.v, resolve_scale(v_scale, "v_scale", c.device), vo.ptr(),
+                    {vo.stride(0), vo.stride(1), 0}};
+  p.block_table = bt.ptr();
+  p.bt_stride[0] = bt.stride(0);
+  p.bt_stride[1] = bt.stride(1);
+  p.bt_int64 = bt64;
+  p.seq_lens = index_vec(seq_lens, "seq_lens", cache_ref, B);
+  p.cu_seqlens = index_vec(cu_seqlens, "cu_seqlens", cache_ref, B + 1);
+  p.B = B;
+  p.max_blocks = bt.size(1);
+  p.N = c.N;
+  p.total_tokens = ko.size(0);
+  p.H = static_cast<int32_t>(c.H);
+  p.T = static_cast<int32_t>(c.T);
+  p.dtype = dtype;
+  p.layout = c.layout;
+
+  if (where(c.device, c.k_name) == Where::kCpu) {
+    cpu_gather(p);
+    return;
+  }
+#if defined(NVFP4KV_WITH_CUDA)
+  const char* msg = nullptr;
+  const int err = cuda_gather(p, c.device.device_id, stream, &msg);
   if (err)
     fail(msg ? NVFP4KV_ERROR_NOT_SUPPORTED : NVFP4KV_ERROR_CUDA, "%s",
          msg ? msg : cuda_error_string(err));
@@ -616,8 +708,37 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_dequantize(const DLTensor* kv_cache,
                                               nvfp4kv_scale_profile profile, DLTensor* key_out,
                                               DLTensor* value_out, void* stream) {
   return guarded("nvfp4kv_dequantize", [&] {
-    nvfp4kv::dequantize(kv_cache, value_cache, k_scale, v_scale, profile, key_out, value_out,
-                        stream);
+    nvfp4kv::dequantize(kv_cache, value_cache, nullptr, k_scale, v_scale, profile, key_out,
+                        value_out, stream);
+  });
+}
+
+NVFP4KV_API nvfp4kv_status nvfp4kv_dequantize_pages(const DLTensor* kv_cache,
+                                                    const DLTensor* value_cache,
+                                                    const DLTensor* pages,
+                                                    const DLTensor* k_scale,
+                                                    const DLTensor* v_scale,
+                                                    nvfp4kv_scale_profile profile,
+                                                    DLTensor* key_out, DLTensor* value_out,
+                                                    void* stream) {
+  return guarded("nvfp4kv_dequantize_pages", [&] {
+    nvfp4kv::dequantize(kv_cache, value_cache, pages, k_scale, v_scale, profile, key_out,
+                        value_out, stream);
+  });
+}
+
+NVFP4KV_API nvfp4kv_status nvfp4kv_gather_dequant(const DLTensor* kv_cache,
+                                                  const DLTensor* value_cache,
+                                                  const DLTensor* block_table,
+                                                  const DLTensor* seq_lens,
+                                                  const DLTensor* cu_seqlens,
+                                                  const DLTensor* k_scale, const DLTensor* v_scale,
+                                                  nvfp4kv_scale_profile profile,
+                                                  DLTensor* key_out, DLTensor* value_out,
+                                                  void* stream) {
+  return guarded("nvfp4kv_gather_dequant", [&] {
+    nvfp4kv::gather(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, k_scale, v_scale,
+                    profile, key_out, value_out, stream);
   });
 }
 

@@ -4,6 +4,8 @@
 
 #include <string.h>
 
+#include <initializer_list>
+
 namespace nvfp4kv {
 namespace {
 
@@ -78,36 +80,66 @@ void store_impl(const StoreParams& p) {
   }
 }
 
+// One row (token, head) of one side into `out` (D elements); zeros when `side` is null (a
+// token whose block is invalid).
 template <DType kDType>
-void dequant_side(const DequantParams& p, const DequantSide& s) {
+void dequant_row(const DequantSide& s, const uint8_t* side, int64_t h, int64_t t, int32_t H, int32_t T, Layout layout, int64_t out_row) {
   const int64_t D = s.cache.D;
+  if (!side) {
+    for (int64_t e = 0; e < D; ++e) store_elem<kDType>(s.out, out_row + e, 0.0f);
+    return;
+  }
+  const int64_t row = row_index(layout, h, t, H, T);
+  const uint8_t* data = side + data_offset(row, D);
   const float g = s.scale.value;
-  for (int64_t n = 0; n < p.N; ++n) {
-    const uint8_t* side = s.cache.base + n * s.cache.page_stride;
-    for (int64_t t = 0; t < p.T; ++t) {
-      for (int64_t h = 0; h < p.H; ++h) {
-        const int64_t row = row_index(p.layout, h, t, p.H, p.T);
-        const uint8_t* data = side + data_offset(row, D);
-        const int64_t out_row = n * s.out_stride[0] + t * s.out_stride[1] + h * s.out_stride[2];
-        for (int64_t g16 = 0; g16 < D / kGroupSize; ++g16) {
-          const int64_t soff = s.cache.interleaved
-                                   ? scale_offset_interleaved(h, t, g16, p.T, p.H, D)
-                                   : scale_offset_linear(row, g16, p.H, p.T, D);
-          const uint32_t sfb = side[soff];
-          for (int64_t e = g16 * kGroupSize; e < (g16 + 1) * kGroupSize; ++e) {
-            const uint32_t code = data[e / 2] >> (4 * (e % 2));
-            store_elem<kDType>(s.out, out_row + e, dequantize_value(code, sfb, g));
-          }
-        }
-      }
-    }
+  for (int64_t g16 = 0; g16 < D / kGroupSize; ++g16) {
+    const int64_t soff = s.cache.interleaved ? scale_offset_interleaved(h, t, g16, T, H, D)
+                                             : scale_offset_linear(row, g16, H, T, D);
+    uint32_t w[2] = {0, 0};
+    for (int b = 0; b < 8; ++b) w[b / 4] |= static_cast<uint32_t>(data[8 * g16 + b]) << (8 * (b % 4));
+    float y[kGroupSize];
+    dequantize_group(w, side[soff], g, y);
+    for (int i = 0; i < kGroupSize; ++i) store_elem<kDType>(s.out, out_row + g16 * kGroupSize + i, y[i]);
   }
 }
 
 template <DType kDType>
 void dequant_impl(const DequantParams& p) {
-  dequant_side<kDType>(p, p.k);
-  dequant_side<kDType>(p, p.v);
+  for (int64_t i = 0; i < p.num_pages; ++i) {
+    const int64_t n = p.pages.ptr ? load_index(p.pages, i) : i;
+    if (n < 0 || n >= p.N) continue;  // a page id out of range: nothing to read or write
+    for (const DequantSide* s : {&p.k, &p.v}) {
+      const uint8_t* side = s->cache.base + n * s->cache.page_stride;
+      for (int64_t t = 0; t < p.T; ++t)
+        for (int64_t h = 0; h < p.H; ++h)
+          dequant_row<kDType>(*s, side, h, t, p.H, p.T, p.layout,
+                              n * s->out_stride[0] + t * s->out_stride[1] + h * s->out_stride[2]);
+    }
+  }
+}
+
+template <DType kDType>
+void gather_impl(const GatherParams& p) {
+  for (int64_t b = 0; b < p.B; ++b) {
+    const int64_t len = load_index(p.seq_lens, b), start = load_index(p.cu_seqlens, b);
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t out_tok = start + j;
+      if (out_tok < 0 || out_tok >= p.total_tokens) continue;  // never write outside the output
+      const int64_t blk = j / p.T;
+      const int64_t page =
+          blk < p.max_blocks
+              ? (p.bt_int64 ? static_cast<const int64_t*>(p.block_table)[b * p.bt_stride[0] + blk * p.bt_stride[1]]
+                            : static_cast<const int32_t*>(p.block_table)[b * p.bt_stride[0] + blk * p.bt_stride[1]])
+              : -1;
+      const bool valid = page >= 0 && page < p.N;  // a bad block-table entry reads as zeros
+      for (const DequantSide* s : {&p.k, &p.v}) {
+        const uint8_t* side = valid ? s->cache.base + page * s->cache.page_stride : nullptr;
+        for (int64_t h = 0; h < p.H; ++h)
+          dequant_row<kDType>(*s, side, h, j % p.T, p.H, p.T, p.layout,
+                              out_tok * s->out_stride[0] + h * s->out_stride[1]);
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -132,6 +164,14 @@ void cpu_dequantize(const DequantParams& p) {
     case DType::kFloat32: return dequant_impl<DType::kFloat32>(p);
     case DType::kFloat16: return dequant_impl<DType::kFloat16>(p);
     case DType::kBFloat16: return dequant_impl<DType::kBFloat16>(p);
+  }
+}
+
+void cpu_gather(const GatherParams& p) {
+  switch (p.dtype) {
+    case DType::kFloat32: return gather_impl<DType::kFloat32>(p);
+    case DType::kFloat16: return gather_impl<DType::kFloat16>(p);
+    case DType::kBFloat16: return gather_impl<DType::kBFloat16>(p);
   }
 }
 

@@ -7,5 +7,6 @@ namespace nvfp4kv {
 
 void cpu_store(const StoreParams& p);
 void cpu_dequantize(const DequantParams& p);
+void cpu_gather(const GatherParams& p);
 
 }  // namespace nvfp4kv

@@ -52,9 +52,38 @@ struct DequantSide {
   int64_t out_stride[3];  // elements, for N, T, H
 };
 
+// An int32 or int64 vector (slot lists, page lists, sequence lengths).
+struct IndexVec {
+  const void* ptr;   // nullptr: absent
+  int64_t stride;    // elements
+  int32_t is_int64;
+};
+
+NVFP4KV_HD int64_t load_index(const IndexVec& v, int64_t i) {
+  return v.is_int64 ? static_cast<const int64_t*>(v.ptr)[i * v.stride]
+                    : static_cast<const int32_t*>(v.ptr)[i * v.stride];
+}
+
 struct DequantParams {
   DequantSide k, v;
+  IndexVec pages;    // pages to dequantize, written at the same page index; absent: all pages
+  int64_t num_pages; // entries of `pages`, or N
   int64_t N;
+  int32_t H, T;
+  DType dtype;
+  Layout layout;
+};
+
+// Read path for attention kernels without FP4: the tokens of each sequence, through its block
+// table, into contiguous [total_tokens, H, D] outputs in varlen order.
+struct GatherParams {
+  DequantSide k, v;      // out_stride[0]: token, [1]: head; [2] unused
+  const void* block_table;
+  int64_t bt_stride[2];  // elements: sequence, block
+  int32_t bt_int64;
+  IndexVec seq_lens;     // [B]
+  IndexVec cu_seqlens;   // [B + 1]: output row of each sequence's first token
+  int64_t B, max_blocks, N, total_tokens;
   int32_t H, T;
   DType dtype;
   Layout layout;

@@ -5,7 +5,7 @@ Byte-compatible with vLLM's ``kv_cache_dtype="nvfp4"`` layout; CPU path and CUDA
 """
 
 from ._C import __version__
-from .api import build_info, dequantize, reshape_and_cache_flash, store
+from .api import build_info, dequantize, gather_dequant, reshape_and_cache_flash, store
 from .spec import (
     MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP,
     STR_DTYPE_TO_TORCH_DTYPE,
@@ -25,6 +25,7 @@ __all__ = [
     "build_info",
     "store",
     "dequantize",
+    "gather_dequant",
     "reshape_and_cache_flash",
     "KVCacheSpec",
     "KVQuantMode",

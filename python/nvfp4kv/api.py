@@ -15,7 +15,7 @@ _RECIPES = {name: i for i, name in enumerate(_C.RECIPES)}
 _SCALE_LAYOUTS = {name: i for i, name in enumerate(_C.SCALE_LAYOUTS)}
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
-__all__ = ["store", "reshape_and_cache_flash", "dequantize", "build_info"]
+__all__ = ["store", "reshape_and_cache_flash", "dequantize", "gather_dequant", "build_info"]
 
 
 def _choice(value: Any, table: dict, arg: str) -> int:
@@ -226,25 +226,43 @@ def dequantize(
     v_scale: Any = 1.0,
     *,
     value_cache: Any = None,
+    pages: Any = None,
     dtype: Any = "float32",
     scale_layout: str = "vllm",
+    key_out: Any = None,
+    value_out: Any = None,
     stream: Any = None,
 ) -> Tuple[Any, Any]:
-    """Dequantize every page of an NVFP4 cache (FORMAT.md §6).
+    """Dequantize pages of an NVFP4 cache (FORMAT.md §6).
+
+    Parameters
+    ----------
+    kv_cache, value_cache, k_scale, v_scale, scale_layout, stream
+        As for :func:`store`.
+    pages : int32/int64 array ``[P]``, optional
+        Pages to dequantize; page ``p`` is written at index ``p`` of the outputs (paged to
+        paged). Default: every page. Ids < 0 or >= N are skipped.
+    dtype : {"float32", "float16", "bfloat16"} or a torch/numpy dtype
+        Output dtype when the outputs are allocated here (bfloat16: torch only).
+    key_out, value_out : arrays ``(N, T, H, D)`` / ``(N, T, H, Dv)``, optional
+        Where to write, e.g. ``bf16_cache[:, 0]`` and ``bf16_cache[:, 1]`` of a bf16 paged cache
+        ``(N, 2, T, H, D)`` of the same geometry; any strides with the last one 1.
 
     Returns
     -------
     key, value : arrays ``(N, T, H, D)`` and ``(N, T, H, Dv)``
-        In the cache's framework and device; dtype float32, float16 or bfloat16 (torch only).
-        Values are ``e2m1 * scale * global_scale`` computed in fp32, rounded to nearest even.
+        In the cache's framework and device. Values are ``e2m1 * scale * global_scale`` in fp32,
+        rounded to nearest even; NaN for groups stored from NaN input.
     """
     n, t, h, d, dv = _cache_geometry(kv_cache, value_cache)
-    name = _dtype_name(dtype)
-    key_out = _empty(kv_cache, (n, t, h, d), name)
-    value_out = _empty(kv_cache, (n, t, h, dv), name)
+    if key_out is None or value_out is None:
+        name = _dtype_name(dtype)
+        key_out = _empty(kv_cache, (n, t, h, d), name) if key_out is None else key_out
+        value_out = _empty(kv_cache, (n, t, h, dv), name) if value_out is None else value_out
     _C.dequantize(
         kv_cache,
         value_cache,
+        pages,
         _scale(k_scale),
         _scale(v_scale),
         _choice(scale_layout, _SCALE_LAYOUTS, "scale_layout"),
@@ -253,6 +271,89 @@ def dequantize(
         _stream_handle(stream, kv_cache),
     )
     return key_out, value_out
+
+
+def _prefix_sums(seq_lens: Any) -> Any:
+    """int32 ``[B + 1]`` prefix sums of ``seq_lens`` in its framework and device (no host sync)."""
+    fw = _framework(seq_lens)
+    if fw == "torch":
+        import torch
+
+        cu = torch.zeros(seq_lens.shape[0] + 1, dtype=torch.int32, device=seq_lens.device)
+        cu[1:].copy_(torch.cumsum(seq_lens, 0))
+        return cu
+    xp = __import__("cupy") if fw == "cupy" else __import__("numpy")
+    cu = xp.zeros(int(seq_lens.shape[0]) + 1, dtype=xp.int32)
+    cu[1:] = xp.cumsum(seq_lens)
+    return cu
+
+
+def gather_dequant(
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    k_scale: Any = 1.0,
+    v_scale: Any = 1.0,
+    *,
+    value_cache: Any = None,
+    cu_seqlens: Any = None,
+    dtype: Any = None,
+    scale_layout: str = "vllm",
+    key_out: Any = None,
+    value_out: Any = None,
+    stream: Any = None,
+) -> Tuple[Any, Any, Any]:
+    """Gather each sequence's tokens through its block table and dequantize them, varlen order.
+
+    The read side for attention kernels that take bf16/fp16 K/V (FlashAttention varlen, SDPA):
+    token ``j`` of sequence ``b`` is read from page ``block_table[b, j // T]``, position
+    ``j % T``, and written to row ``cu_seqlens[b] + j`` of ``key``/``value``.
+
+    Parameters
+    ----------
+    kv_cache, value_cache, k_scale, v_scale, scale_layout, stream
+        As for :func:`store`.
+    block_table : int32/int64 array ``[B, max_blocks]``
+        Entries < 0 or >= N (and blocks past ``max_blocks``) read as zeros.
+    seq_lens : int32/int64 array ``[B]``
+    cu_seqlens : int32/int64 array ``[B + 1]``, optional
+        Output row of each sequence's first token. Default: the prefix sums of ``seq_lens``
+        (int32, computed on the device).
+    dtype : {"bfloat16", "float16", "float32"}, optional
+        Output dtype when allocated here; default bfloat16 for torch, float32 otherwise.
+    key_out, value_out : arrays ``[total_tokens, H, D]`` / ``[total_tokens, H, Dv]``, optional
+        Where to write. When not given, ``total_tokens = cu_seqlens[-1]`` is read on the host,
+        which synchronizes with the GPU: pass outputs to stay asynchronous (and CUDA-graph safe).
+
+    Returns
+    -------
+    key, value, cu_seqlens
+        Rows outside ``[0, total_tokens)`` are never written.
+    """
+    _, _, h, d, dv = _cache_geometry(kv_cache, value_cache)
+    if cu_seqlens is None:
+        cu_seqlens = _prefix_sums(seq_lens)
+    if key_out is None or value_out is None:
+        total = int(cu_seqlens[-1])
+        if dtype is None:
+            dtype = "bfloat16" if _framework(kv_cache) == "torch" else "float32"
+        name = _dtype_name(dtype)
+        key_out = _empty(kv_cache, (total, h, d), name) if key_out is None else key_out
+        value_out = _empty(kv_cache, (total, h, dv), name) if value_out is None else value_out
+    _C.gather_dequant(
+        kv_cache,
+        value_cache,
+        block_table,
+        seq_lens,
+        cu_seqlens,
+        _scale(k_scale),
+        _scale(v_scale),
+        _choice(scale_layout, _SCALE_LAYOUTS, "scale_layout"),
+        key_out,
+        value_out,
+        _stream_handle(stream, kv_cache),
+    )
+    return key_out, value_out, cu_seqlens
 
 
 def build_info() -> dict:

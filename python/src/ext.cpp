@@ -226,12 +226,13 @@ void store(nb::handle key, nb::handle value, nb::handle kv_cache, nb::handle val
   raise_for(st);
 }
 
-void dequantize(nb::handle kv_cache, nb::handle value_cache, nb::handle k_scale,
+void dequantize(nb::handle kv_cache, nb::handle value_cache, nb::handle pages, nb::handle k_scale,
                 nb::handle v_scale, int profile, nb::handle key_out, nb::handle value_out,
                 uintptr_t stream) {
-  Arg c, vc, ks, vs, ko, vo;
+  Arg c, vc, pg, ks, vs, ko, vo;
   import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
   import_optional(vc, value_cache, "value_cache", false);
+  import_optional(pg, pages, "pages", false);
   import_scale(ks, k_scale, "k_scale");
   import_scale(vs, v_scale, "v_scale");
   import_array(ko, key_out, "key_out", true);
@@ -239,9 +240,33 @@ void dequantize(nb::handle kv_cache, nb::handle value_cache, nb::handle k_scale,
   nvfp4kv_status st;
   {
     nb::gil_scoped_release release;
-    st = nvfp4kv_dequantize(c.get(), vc.get(), ks.get(), vs.get(),
-                            static_cast<nvfp4kv_scale_profile>(profile), ko.get_mut(),
-                            vo.get_mut(), reinterpret_cast<void*>(stream));
+    st = nvfp4kv_dequantize_pages(c.get(), vc.get(), pg.get(), ks.get(), vs.get(),
+                                  static_cast<nvfp4kv_scale_profile>(profile), ko.get_mut(),
+                                  vo.get_mut(), reinterpret_cast<void*>(stream));
+  }
+  raise_for(st);
+}
+
+void gather_dequant(nb::handle kv_cache, nb::handle value_cache, nb::handle block_table,
+                    nb::handle seq_lens, nb::handle cu_seqlens, nb::handle k_scale,
+                    nb::handle v_scale, int profile, nb::handle key_out, nb::handle value_out,
+                    uintptr_t stream) {
+  Arg c, vc, bt, sl, cu, ks, vs, ko, vo;
+  import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
+  import_optional(vc, value_cache, "value_cache", false);
+  import_array(bt, block_table, "block_table", false);
+  import_array(sl, seq_lens, "seq_lens", false);
+  import_array(cu, cu_seqlens, "cu_seqlens", false);
+  import_scale(ks, k_scale, "k_scale");
+  import_scale(vs, v_scale, "v_scale");
+  import_array(ko, key_out, "key_out", true);
+  import_array(vo, value_out, "value_out", true);
+  nvfp4kv_status st;
+  {
+    nb::gil_scoped_release release;
+    st = nvfp4kv_gather_dequant(c.get(), vc.get(), bt.get(), sl.get(), cu.get(), ks.get(),
+                                vs.get(), static_cast<nvfp4kv_scale_profile>(profile),
+                                ko.get_mut(), vo.get_mut(), reinterpret_cast<void*>(stream));
   }
   raise_for(st);
 }
@@ -283,7 +308,11 @@ NB_MODULE(_C, m) {
         nb::arg("value_cache").none(), nb::arg("slot_mapping"), nb::arg("k_scale"),
         nb::arg("v_scale"), nb::arg("recipe"), nb::arg("profile"), nb::arg("stream"));
   m.def("dequantize", &dequantize, nb::arg("kv_cache"), nb::arg("value_cache").none(),
-        nb::arg("k_scale"), nb::arg("v_scale"), nb::arg("profile"), nb::arg("key_out"),
-        nb::arg("value_out"), nb::arg("stream"));
+        nb::arg("pages").none(), nb::arg("k_scale"), nb::arg("v_scale"), nb::arg("profile"),
+        nb::arg("key_out"), nb::arg("value_out"), nb::arg("stream"));
+  m.def("gather_dequant", &gather_dequant, nb::arg("kv_cache"), nb::arg("value_cache").none(),
+        nb::arg("block_table"), nb::arg("seq_lens"), nb::arg("cu_seqlens"), nb::arg("k_scale"),
+        nb::arg("v_scale"), nb::arg("profile"), nb::arg("key_out"), nb::arg("value_out"),
+        nb::arg("stream"));
   m.def("cuda_info", &cuda_info);
 }

@@ -228,10 +228,18 @@ NVFP4KV_HD uint32_t e2m1_encode(float v) {
 }
 
 NVFP4KV_HD float e2m1_decode(uint32_t code) {
+#if defined(__CUDA_ARCH__)
+  // The code's bits placed at bit 22 read as an fp32 subnormal/normal equal to e2m1 * 2^-126
+  // (E2M1 is fp32's bottom end with one mantissa bit); one exact multiply restores the scale.
+  // Two integer ops and one multiply instead of a select chain on the read path.
+  return bits_float(((code & 7u) << 22) | ((code & 8u) << 28)) * bits_float(0x7E800000u);  // 2^126
+#else
+  // On the host, without relying on subnormal arithmetic (a process may have set FTZ/DAZ).
   const uint32_t mag = code & 7u;
   const uint32_t bits =
       mag < 2u ? (mag ? 0x3F000000u : 0u) : ((((mag >> 1) + 126u) << 23) | ((mag & 1u) << 22));
   return bits_float(bits | ((code & 8u) << 28));
+#endif
 }
 
 // ---- E4M3 (scale byte) ------------------------------------------------------------------------
@@ -406,6 +414,26 @@ NVFP4KV_HD float dequantize_value(uint32_t code, uint32_t sfb, float g) {
   // One NaN bit pattern on every platform (hardware NaN propagation differs).
   if ((sfb & 0x7Fu) == kScaleNaN) return quiet_nan();
   return mul_rn(mul_rn(e2m1_decode(code), e4m3_decode(sfb)), g);
+}
+
+// A whole group from its two code words and scale byte: y_i = (e2m1_i * sfq) * g in fp32.
+// Returns false for a NaN group (scale byte 0x7F), whose y are all NaN.
+NVFP4KV_HD bool dequantize_group(const uint32_t (&w)[2], uint32_t sfb, float g,
+                                 float (&y)[kGroupSize]) {
+  if ((sfb & 0x7Fu) == kScaleNaN) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int i = 0; i < kGroupSize; ++i) y[i] = quiet_nan();
+    return false;
+  }
+  const float sfq = e4m3_decode(sfb);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 0; i < kGroupSize; ++i)
+    y[i] = mul_rn(mul_rn(e2m1_decode(w[i >> 3] >> (4 * (i & 7))), sfq), g);
+  return true;
 }
 
 }  // namespace nvfp4kv

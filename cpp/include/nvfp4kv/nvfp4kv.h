@@ -105,12 +105,49 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_store(const DLTensor* key, const DLTensor* va
  *
  * kv_cache, value_cache, k_scale, v_scale, profile: as for nvfp4kv_store.
  * key_out, value_out: (N, T, H, D) and (N, T, H, Dv) float32, float16 or bfloat16 (the same for
- *               both), last stride 1, other strides free, on the cache's device. */
+ *               both), last stride 1, other strides free, on the cache's device. Values are
+ *               e2m1 * scale * global scale in fp32, rounded to nearest even; NaN for a group whose
+ *               scale byte is 0x7F. */
 NVFP4KV_API nvfp4kv_status nvfp4kv_dequantize(const DLTensor* kv_cache,
                                               const DLTensor* value_cache,
                                               const DLTensor* k_scale, const DLTensor* v_scale,
                                               nvfp4kv_scale_profile profile, DLTensor* key_out,
                                               DLTensor* value_out, void* stream);
+
+/* Paged to paged: dequantize the pages listed in `pages` ([P] int32 or int64; NULL: all pages)
+ * into key_out/value_out as nvfp4kv_dequantize does, page p going to index p of the outputs (e.g.
+ * the two sides of a bf16 paged cache of the same geometry, (N, 2, T, H, D)[:, 0] and [:, 1]).
+ * Page ids < 0 or >= N are skipped; pages not listed are not written. */
+NVFP4KV_API nvfp4kv_status nvfp4kv_dequantize_pages(const DLTensor* kv_cache,
+                                                    const DLTensor* value_cache,
+                                                    const DLTensor* pages,
+                                                    const DLTensor* k_scale,
+                                                    const DLTensor* v_scale,
+                                                    nvfp4kv_scale_profile profile,
+                                                    DLTensor* key_out, DLTensor* value_out,
+                                                    void* stream);
+
+/* Gather and dequantize sequences (the read path of attention kernels without FP4, varlen form).
+ *
+ * block_table:  [B, max_blocks] int32 or int64: page of each block of each sequence.
+ * seq_lens:     [B] int32 or int64: tokens of each sequence.
+ * cu_seqlens:   [B + 1] int32 or int64: output row of each sequence's first token (the prefix
+ *               sums of seq_lens, as FlashAttention's varlen interface takes them).
+ * key_out, value_out: [total_tokens, H, D] / [total_tokens, H, Dv] float32, float16 or bfloat16,
+ *               last stride 1. Token j of sequence b is read from page block_table[b, j / T],
+ *               position j % T, and written to row cu_seqlens[b] + j. A block-table entry < 0 or
+ *               >= N (or a block past max_blocks) gives zeros; rows outside [0, total_tokens) are
+ *               never written; nothing is read outside the cache.
+ * The other arguments as for nvfp4kv_dequantize. */
+NVFP4KV_API nvfp4kv_status nvfp4kv_gather_dequant(const DLTensor* kv_cache,
+                                                  const DLTensor* value_cache,
+                                                  const DLTensor* block_table,
+                                                  const DLTensor* seq_lens,
+                                                  const DLTensor* cu_seqlens,
+                                                  const DLTensor* k_scale, const DLTensor* v_scale,
+                                                  nvfp4kv_scale_profile profile,
+                                                  DLTensor* key_out, DLTensor* value_out,
+                                                  void* stream);
 
 #ifdef __cplusplus
 }
