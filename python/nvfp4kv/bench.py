@@ -1,4 +1,4 @@
-"""GPU benchmark of the store (``nvfp4kv bench``, ``benchmarks/bench_store.py``).
+"""GPU benchmark of the store and the gather (``nvfp4kv bench``, ``benchmarks/bench_store.py``).
 
 One run measures the ceilings and the library side by side, so ratios are taken against the same
 GPU in the same state:
@@ -117,6 +117,39 @@ def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 
     return row
 
 
+def bench_gather_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 16,
+                      seqs: int = 8, dtype: str = "bfloat16", quick: bool = False) -> Dict:
+    """gather_dequant of n tokens in `seqs` equal sequences, pages in random order."""
+    pages = (n + T - 1) // T
+    spec = nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D, cache_dtype="nvfp4")
+    kv = nvfp4kv.allocate_kv_cache(spec, pages, layout="HND", device="cuda", backend="torch")
+    kv.random_(0, 127)  # arbitrary bytes; scale bytes < 0x7F so no NaN groups
+    per_seq = n // seqs
+    blocks = (per_seq + T - 1) // T
+    order = torch.randperm(pages, device="cuda")
+    block_table = order[: seqs * blocks].view(seqs, blocks).to(torch.int32)
+    seq_lens = torch.full((seqs,), per_seq, dtype=torch.int32, device="cuda")
+    cu = torch.arange(seqs + 1, dtype=torch.int32, device="cuda") * per_seq
+    tdtype = getattr(torch, dtype)
+    key_out = torch.empty(seqs * per_seq, H, D, dtype=tdtype, device="cuda")
+    value_out = torch.empty_like(key_out)
+    k_scale = torch.tensor([0.02], device="cuda")
+
+    def call():
+        nvfp4kv.gather_dequant(kv, block_table, seq_lens, k_scale, k_scale, cu_seqlens=cu,
+                               key_out=key_out, value_out=value_out)
+
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    tokens = seqs * per_seq
+    total = tokens * (2 * H * (D // 2 + D // 16) + 2 * H * D * tdtype.itemsize)
+    calls = max(1, min(200, int(2e8 // max(total, 1))))
+    us = _median_per_call(torch, call, calls, 5 if quick else 15)
+    return {"tokens": tokens, "H": H, "D": D, "T": T, "dtype": dtype, "seqs": seqs, "us": us,
+            "bytes": total, "GBps": total / (us * 1e-6) / 1e9}
+
+
 def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = True) -> Dict:
     torch = _torch()
     import nvfp4kv
@@ -140,13 +173,22 @@ def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = T
         if progress:
             print(f"\r[{i + 1}/{len(cases)}] tokens={case['n']} {case}", end="", file=sys.stderr, flush=True)
         rows.append(bench_store_case(torch, nvfp4kv, quick=quick, **case))
+    gather_tokens = (4096, 65536, 1 << 20) if quick else (4096, 16384, 65536, 262144, 1 << 20)
+    gather_rows = []
+    for i, n in enumerate(gather_tokens):
+        if progress:
+            print(f"\r[gather {i + 1}/{len(gather_tokens)}] tokens={n}" + " " * 30, end="",
+                  file=sys.stderr, flush=True)
+        gather_rows.append(bench_gather_case(torch, nvfp4kv, n, quick=quick))
     if progress:
-        print(f"\r{len(cases)} cases in {time.time() - t0:.1f} s" + " " * 40, file=sys.stderr)
-    for r in rows:
+        print(f"\r{len(cases) + len(gather_tokens)} cases in {time.time() - t0:.1f} s" + " " * 40,
+              file=sys.stderr)
+    for r in rows + gather_rows:
         r["frac_copy"] = r["GBps"] / ceil["copy_GBps"]
         r["x_launch"] = r["us"] / ceil["empty_launch_us"]
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "nvfp4kv": nvfp4kv.__version__, "ceilings": ceil, "store": rows}
+              "nvfp4kv": nvfp4kv.__version__, "ceilings": ceil, "store": rows,
+              "gather": gather_rows}
     if json_path:
         with open(json_path, "w") as f:
             json.dump(result, f, indent=1)
@@ -170,6 +212,12 @@ def format_table(result: Dict) -> str:
             f"{r['recipe']:>13} {r['us']:>9.2f} {r['GBps']:>7.0f} {100 * r['frac_copy']:>5.1f}% "
             f"{r['x_launch']:>7.2f} {g:>8}"
         )
+    if result.get("gather"):
+        lines += ["", "gather_dequant (bf16 out; bytes: read 2*H*F + write 2*H*D*2 per token)",
+                  f"{'tokens':>8} {'seqs':>5} {'H':>3} {'D':>4} {'us':>9} {'GB/s':>7} {'%copy':>6}"]
+        for r in result["gather"]:
+            lines.append(f"{r['tokens']:>8} {r['seqs']:>5} {r['H']:>3} {r['D']:>4} {r['us']:>9.2f} "
+                         f"{r['GBps']:>7.0f} {100 * r['frac_copy']:>5.1f}%")
     return "\n".join(lines)
 
 
