@@ -195,7 +195,18 @@ NVFP4KV_HD float sat01(float x) {
 #endif
 }
 
-constexpr float kMagic = 8388608.0f;  // 2^23: floats in [2^23, 2^24) hold integers in their low bits
+constexpr float kMagic = 8388608.0f;
+
+// (x & 0x80000000) | c in one logic instruction on the GPU (the compiler otherwise spends two).
+NVFP4KV_HD uint32_t sign_or(uint32_t x, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "r"(0x80000000u), "r"(c));
+  return r;
+#else
+  return (x & 0x80000000u) | c;
+#endif
+}  // 2^23: floats in [2^23, 2^24) hold integers in their low bits
 
 // 1 if m > t, else 0, exactly: m*2^26 - t*2^26 is one rounding of 2^26*(m - t), which keeps the
 // sign and, for t >= 0.25, is at least 2^26 * ulp(t) = 16 when m > t; .sat turns it into 0 or 1.
@@ -205,15 +216,17 @@ NVFP4KV_HD float step_above(float m, float t) { return sat01(fma_exact(m, 671088
 // 0, 0.5, 1, 1.5, 2, 3, 4, 6 with saturation (the ladder of FORMAT.md §2), built from float
 // multiply-adds only. On Hopper the float pipe runs twice the rate of the integer/compare pipe,
 // which is what the store kernel is bound by (shared/notes/h200-store-budget.md).
-//   codes 0..4 (values 0..2, spaced 0.5): rint(2m) by the 2^23 trick, capped at 4;
-//   codes 5, 6, 7: one step each above 2.5, from 3.5 and above 5 (ties 2.5 -> 2, 3.5 -> 4, 5 -> 4).
+//   code = min(rint(2m), 4) + clamp(rint(m) - 2, 0, 2) + [m > 5]
+// rint(2m) gives codes 0..4 (values 0..2, spaced 0.5); on [2, 4] the spacing is 1 and rint(m) + 2
+// gives codes 4..6 with the right ties (2.5 -> 2, 3.5 -> 4); the last step gives 7 above 5 (a tie
+// at 5 goes to 4). rint(y) for y < 2^22 is (y + 2^23) - 2^23 in one rounding (the 2^23 trick).
 // A NaN m (only 0 * Inf, never in the recipe's normal flow) gives code 0.
 NVFP4KV_HD float e2m1_code_plus(float m, float base) {
-  const float r = fma_exact(m, 2.0f, kMagic);                       // 2^23 + rint(2m)
-  const float low = sat01(fma_exact(r, 0.25f, -0.25f * kMagic));     // rint(2m) / 4, capped at 1
-  float acc = fma_exact(low, 4.0f, base);
-  acc = add_rn(acc, step_above(m, 2.5f));
-  acc = add_rn(acc, step_above(m, bits_float(0x405FFFFFu)));        // m >= 3.5
+  const float r2 = fma_exact(m, 2.0f, kMagic);                        // 2^23 + rint(2m)
+  const float r1 = add_rn(m, kMagic);                                 // 2^23 + rint(m)
+  const float low = sat01(fma_exact(r2, 0.25f, -0.25f * kMagic));     // min(rint(2m), 4) / 4
+  const float mid = sat01(fma_exact(r1, 0.5f, -0.5f * (kMagic + 2.0f)));  // clamp(rint(m)-2, 0, 2) / 2
+  const float acc = fma_exact(mid, 2.0f, fma_exact(low, 4.0f, base));
   return add_rn(acc, step_above(m, 5.0f));
 }
 
@@ -314,7 +327,7 @@ NVFP4KV_HD void encode_group(const float (&x)[kGroupSize], float out, uint32_t (
       const float xi = x[8 * w + i];
       const float code = e2m1_code_plus(mul_rn(abs_f(xi), out), kMagic + 4.0f);
       // +-8 with the sign of x, times -0.5: -4 for a positive x, +4 (code + 8) for a negative one.
-      const float sign8 = bits_float((float_bits(xi) & 0x80000000u) | 0x41000000u);
+      const float sign8 = bits_float(sign_or(float_bits(xi), 0x41000000u));
       word += float_bits(fma_exact(sign8, -0.5f, code)) << (4 * i);
     }
     packed[w] = word - kBias;
