@@ -125,10 +125,10 @@ struct GatherLaunch {
   int64_t b0;         // first sequence of this launch (gridDim.y is capped)
 };
 
-// blockIdx.y: sequence; x: a grid-stride share of its tokens' items. An item is kG consecutive
-// groups of one (token, side, head) row: with kG = 4 a thread reads 32 contiguous code bytes and
-// writes 64 elements, so the index arithmetic and the dependent block-table load are paid once
-// per 64 outputs instead of per 16.
+// blockIdx.y: sequence; x: a grid-stride share of its tokens' items. An item is kG groups of one
+// (token, side, head) row, j + k*U for item j of the row's U: the index arithmetic and the
+// dependent block-table load are paid once per 64 outputs instead of per 16, while for each k the
+// warp's reads and writes stay contiguous (whole sectors).
 template <DType kDType, bool kVec, int kG>
 __global__ void __launch_bounds__(kThreads) gather_kernel(const __grid_constant__ GatherLaunch L) {
   const GatherParams& p = L.p;
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const __grid_constant_
     if (side) r -= L.k_items;
     const FastDiv& units = side ? L.gv : L.gk;  // items per row of this side
     const uint32_t h = units.div(r);
-    const uint32_t g0 = (r - h * units.d) * kG;
+    const uint32_t jr = r - h * units.d, U = units.d;  // groups jr + k*U: contiguous per k across a warp
     const DequantSide& s = side ? p.v : p.k;
     const bool valid = page >= 0 && page < p.N;  // a bad entry reads as zeros, nothing read
     uint32_t w[kG][2], sfb[kG];
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const __grid_constant_
       const uint8_t* base = s.cache.base + page * s.cache.page_stride;
 #pragma unroll
       for (int k = 0; k < kG; ++k)
-        sfb[k] = load_group<kVec>(base, s.cache, p.layout, h, t, g0 + k, p.H, p.T, w[k]);
+        sfb[k] = load_group<kVec>(base, s.cache, p.layout, h, t, jr + k * U, p.H, p.T, w[k]);
     }
 #pragma unroll
     for (int k = 0; k < kG; ++k) {
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const __grid_constant_
 #pragma unroll
         for (int i = 0; i < 16; ++i) y[i] = 0.0f;
       }
-      store_group<kDType, kVec>(s.out, out_tok * s.out_stride[0] + h * s.out_stride[1] + (g0 + k) * 16, y, !ok);
+      store_group<kDType, kVec>(s.out, out_tok * s.out_stride[0] + h * s.out_stride[1] + (jr + k * U) * 16, y, !ok);
     }
   }
 }

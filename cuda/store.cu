@@ -86,7 +86,7 @@ __device__ __forceinline__ float read_scale(const ScaleArg& s) {
 template <DType kDType, bool kVec, int kG>
 struct Item {
   int64_t slot;
-  uint32_t side, h, g0;
+  uint32_t side, h, j, U;  // item j of its row, U items per row: groups j + k*U
   Raw<kDType, kVec> raw[kG];
 
   __device__ __forceinline__ void load(const StoreLaunch& L, uint32_t u) {
@@ -100,11 +100,12 @@ struct Item {
     if (side) r -= L.k_items;
     const FastDiv& units = side ? L.units_v : L.units_k;
     h = units.div(r);
-    g0 = (r - h * units.d) * kG;
+    j = r - h * units.d;
+    U = units.d;
     const StoreSide& s = side ? p.v : p.k;
-    const int64_t src = token * s.token_stride + h * s.head_stride + g0 * kGroupSize;
+    const int64_t src = token * s.token_stride + h * s.head_stride + j * kGroupSize;
 #pragma unroll
-    for (int k = 0; k < kG; ++k) raw[k].load(s.src, src + k * kGroupSize);
+    for (int k = 0; k < kG; ++k) raw[k].load(s.src, src + k * U * kGroupSize);
   }
 };
 
@@ -117,7 +118,7 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Item<kDTy
   const int64_t slot = it.slot;
   if (slot < 0 || slot >= p.num_slots) return;  // padding or out of range: never written
   const bool side = it.side;
-  const uint32_t h = it.h, g0 = it.g0;
+  const uint32_t h = it.h, j = it.j, U = it.U;
   const StoreSide& s = side ? p.v : p.k;
 
   int64_t page, pos;
@@ -145,33 +146,30 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Item<kDTy
   uint8_t* base = s.cache.base + page * s.cache.page_stride;
   const int32_t D = s.cache.D;
   const uint32_t row = static_cast<uint32_t>(row_index(p.layout, h, pos, p.H, p.T));
-  uint8_t* data = base + row * static_cast<uint32_t>(D / 2) + 8 * g0;
-  if (kVec && kG >= 2) {
-#pragma unroll
-    for (int k = 0; k + 1 < kG; k += 2)
-      reinterpret_cast<uint4*>(data)[k / 2] =
-          make_uint4(packed[k][0], packed[k][1], packed[k + 1][0], packed[k + 1][1]);
-  } else if (kVec) {
-    *reinterpret_cast<uint2*>(data) = make_uint2(packed[0][0], packed[0][1]);
-  } else {
-#pragma unroll
-    for (int k = 0; k < kG; ++k)
-#pragma unroll
-      for (int b = 0; b < 8; ++b) data[8 * k + b] = static_cast<uint8_t>(packed[k][b >> 2] >> (8 * (b & 3)));
-  }
+  uint8_t* data = base + row * static_cast<uint32_t>(D / 2);
+  // Group j + k*U of the row: the threads of one row's items write adjacent 8-byte code words
+  // for each k, so every store instruction of a warp covers whole sectors.
 #pragma unroll
   for (int k = 0; k < kG; ++k) {
+    uint8_t* d = data + 8 * (j + k * U);
+    if (kVec) {
+      *reinterpret_cast<uint2*>(d) = make_uint2(packed[k][0], packed[k][1]);
+    } else {
+#pragma unroll
+      for (int b = 0; b < 8; ++b) d[b] = static_cast<uint8_t>(packed[k][b >> 2] >> (8 * (b & 3)));
+    }
     const int64_t soff = s.cache.interleaved
-                             ? scale_offset_interleaved(h, pos, g0 + k, p.T, p.H, D)
-                             : scale_offset_linear(row, g0 + k, p.H, p.T, D);
+                             ? scale_offset_interleaved(h, pos, j + k * U, p.T, p.H, D)
+                             : scale_offset_linear(row, j + k * U, p.H, p.T, D);
     base[soff] = static_cast<uint8_t>(sfb[k]);
   }
 }
 
 // kVec: input rows and cache sides are aligned (checked by the launcher), so groups load as
-// 16-byte vectors and code words store as 8-byte (kG == 1) or 16-byte (kG >= 2) words.
-// kG: consecutive groups per work item (1, 2 or 4): more groups per item pay the index and
-// address arithmetic once for more elements.
+// 16-byte vectors and code words store as 8-byte words.
+// kG: groups per work item (1, 2 or 4), strided by the row's item count U so that a warp's
+// loads and stores stay contiguous for each k; more groups per item pay the index and address
+// arithmetic once for more elements.
 // Two items are in flight per thread: the loop alternates buffers a and b, loading one while
 // quantizing the other (no register copies), and the first load overlaps the read of the global
 // scales and the out-scale table.
@@ -267,8 +265,7 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   const uint32_t gk = p.k.cache.D / kGroupSize, gv = p.v.cache.D / kGroupSize;
   // Two or four groups per item when both sides' group counts allow it and the 16-byte code
   // stores stay aligned (D/2 is then a multiple of 16).
-  const bool wide = vec && aligned(p.k.cache.base, p.k.cache.page_stride, 0, 16) &&
-                    aligned(p.v.cache.base, p.v.cache.page_stride, 0, 16);
+  const bool wide = vec;
   // Four only where the registers still allow two resident blocks: 16-bit inputs and one
   // candidate per group (fp32 inputs and 4over6 stay at two).
   const bool four_ok = p.dtype != DType::kFloat32 && p.recipe == Recipe::kNvfp4;
