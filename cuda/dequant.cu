@@ -118,18 +118,15 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const __grid_constant
 
 struct GatherLaunch {
   GatherParams p;
-  FastDiv per_token;  // items per token: H * (Gk + Gv) / kG
-  FastDiv gk, gv;     // items per row of each side: G / kG
+  FastDiv per_token;  // items per token: H * (Gk + Gv)
+  FastDiv gk, gv;
   FastDiv block_size;
   uint32_t k_items;
   int64_t b0;         // first sequence of this launch (gridDim.y is capped)
 };
 
-// blockIdx.y: sequence; x: a grid-stride share of its tokens' items. An item is kG groups of one
-// (token, side, head) row, j + k*U for item j of the row's U: the index arithmetic and the
-// dependent block-table load are paid once per 64 outputs instead of per 16, while for each k the
-// warp's reads and writes stay contiguous (whole sectors).
-template <DType kDType, bool kVec, int kG>
+// blockIdx.y: sequence; x: a grid-stride share of its tokens' items, one group per item.
+template <DType kDType, bool kVec>
 __global__ void __launch_bounds__(kThreads) gather_kernel(const __grid_constant__ GatherLaunch L) {
   const GatherParams& p = L.p;
   const int64_t b = L.b0 + blockIdx.y;
@@ -152,30 +149,22 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const __grid_constant_
                         : static_cast<const int32_t*>(p.block_table)[b * p.bt_stride[0] + blk * p.bt_stride[1]];
     const int side = r >= L.k_items;
     if (side) r -= L.k_items;
-    const FastDiv& units = side ? L.gv : L.gk;  // items per row of this side
-    const uint32_t h = units.div(r);
-    const uint32_t jr = r - h * units.d, U = units.d;  // groups jr + k*U: contiguous per k across a warp
+    const FastDiv& groups = side ? L.gv : L.gk;
+    const uint32_t h = groups.div(r);
+    const uint32_t g = r - h * groups.d;
     const DequantSide& s = side ? p.v : p.k;
-    const bool valid = page >= 0 && page < p.N;  // a bad entry reads as zeros, nothing read
-    uint32_t w[kG][2], sfb[kG];
-    if (valid) {
-      const uint8_t* base = s.cache.base + page * s.cache.page_stride;
+    float y[16];
+    bool ok = true;
+    if (page >= 0 && page < p.N) {
+      uint32_t w[2];
+      const uint32_t sfb = load_group<kVec>(s.cache.base + page * s.cache.page_stride, s.cache,
+                                            p.layout, h, t, g, p.H, p.T, w);
+      ok = dequantize_group(w, sfb, side ? g_v : g_k, y);
+    } else {  // a bad block-table entry reads as zeros, and nothing outside the cache is read
 #pragma unroll
-      for (int k = 0; k < kG; ++k)
-        sfb[k] = load_group<kVec>(base, s.cache, p.layout, h, t, jr + k * U, p.H, p.T, w[k]);
+      for (int i = 0; i < 16; ++i) y[i] = 0.0f;
     }
-#pragma unroll
-    for (int k = 0; k < kG; ++k) {
-      float y[16];
-      bool ok = true;
-      if (valid) {
-        ok = dequantize_group(w[k], sfb[k], side ? g_v : g_k, y);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) y[i] = 0.0f;
-      }
-      store_group<kDType, kVec>(s.out, out_tok * s.out_stride[0] + h * s.out_stride[1] + (jr + k * U) * 16, y, !ok);
-    }
+    store_group<kDType, kVec>(s.out, out_tok * s.out_stride[0] + h * s.out_stride[1] + g * 16, y, !ok);
   }
 }
 
@@ -245,13 +234,11 @@ int cuda_dequantize(const DequantParams& p, int device, void* stream_ptr, const 
 }
 
 template <DType kDType>
-cudaError_t launch_gather(const GatherLaunch& L, bool vec, int g, dim3 grid, cudaStream_t stream) {
-  if (vec && g == 4)
-    gather_kernel<kDType, true, 4><<<grid, kThreads, 0, stream>>>(L);
-  else if (vec)
-    gather_kernel<kDType, true, 1><<<grid, kThreads, 0, stream>>>(L);
+cudaError_t launch_gather(const GatherLaunch& L, bool vec, dim3 grid, cudaStream_t stream) {
+  if (vec)
+    gather_kernel<kDType, true><<<grid, kThreads, 0, stream>>>(L);
   else
-    gather_kernel<kDType, false, 1><<<grid, kThreads, 0, stream>>>(L);
+    gather_kernel<kDType, false><<<grid, kThreads, 0, stream>>>(L);
   return cudaGetLastError();
 }
 
@@ -263,16 +250,15 @@ int cuda_gather(const GatherParams& p, int device, void* stream_ptr, const char*
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const int64_t esize = p.dtype == DType::kFloat32 ? 4 : 2;
   const bool vec = sides_vec(p.k, p.v, esize, 2);
-  const uint32_t gk = p.k.cache.D / kGroupSize, gv = p.v.cache.D / kGroupSize;
-  const int g = vec && gk % 4 == 0 && gv % 4 == 0 ? 4 : 1;
   GatherLaunch L;
   L.p = p;
-  const uint32_t per_token = static_cast<uint32_t>(p.H) * (gk + gv) / g;
+  const uint32_t gk = p.k.cache.D / kGroupSize, gv = p.v.cache.D / kGroupSize;
+  const uint32_t per_token = static_cast<uint32_t>(p.H) * (gk + gv);
   L.per_token = FastDiv(per_token);
-  L.gk = FastDiv(gk / g);
-  L.gv = FastDiv(gv / g);
+  L.gk = FastDiv(gk);
+  L.gv = FastDiv(gv);
   L.block_size = FastDiv(static_cast<uint32_t>(p.T));
-  L.k_items = static_cast<uint32_t>(p.H) * gk / g;
+  L.k_items = static_cast<uint32_t>(p.H) * gk;
   // Sequence lengths live on the device (no host sync), so the grid is sized from what a
   // sequence can hold at most (its block-table row) and from the output size, and each CTA
   // strides over its sequence's items.
@@ -286,9 +272,9 @@ int cuda_gather(const GatherParams& p, int device, void* stream_ptr, const char*
     const dim3 grid(gx, static_cast<unsigned>(std::min<int64_t>(65535, p.B - b0)));
     cudaError_t err;
     switch (p.dtype) {
-      case DType::kFloat32: err = launch_gather<DType::kFloat32>(L, vec, g, grid, stream); break;
-      case DType::kFloat16: err = launch_gather<DType::kFloat16>(L, vec, g, grid, stream); break;
-      default: err = launch_gather<DType::kBFloat16>(L, vec, g, grid, stream); break;
+      case DType::kFloat32: err = launch_gather<DType::kFloat32>(L, vec, grid, stream); break;
+      case DType::kFloat16: err = launch_gather<DType::kFloat16>(L, vec, grid, stream); break;
+      default: err = launch_gather<DType::kBFloat16>(L, vec, grid, stream); break;
     }
     if (err != cudaSuccess) {
       *message = check_kernel_image(err);

@@ -86,7 +86,7 @@ __device__ __forceinline__ float read_scale(const ScaleArg& s) {
 template <DType kDType, bool kVec, int kG>
 struct Item {
   int64_t slot;
-  uint32_t side, h, j, U;  // item j of its row, U items per row: groups j + k*U
+  uint32_t side, h, g0;
   Raw<kDType, kVec> raw[kG];
 
   __device__ __forceinline__ void load(const StoreLaunch& L, uint32_t u) {
@@ -100,105 +100,90 @@ struct Item {
     if (side) r -= L.k_items;
     const FastDiv& units = side ? L.units_v : L.units_k;
     h = units.div(r);
-    j = r - h * units.d;
-    U = units.d;
+    g0 = (r - h * units.d) * kG;
     const StoreSide& s = side ? p.v : p.k;
-    const int64_t src = token * s.token_stride + h * s.head_stride + j * kGroupSize;
+    const int64_t src = token * s.token_stride + h * s.head_stride + g0 * kGroupSize;
 #pragma unroll
-    for (int k = 0; k < kG; ++k) raw[k].load(s.src, src + k * U * kGroupSize);
+    for (int k = 0; k < kG; ++k) raw[k].load(s.src, src + k * kGroupSize);
   }
 };
 
-// Quantizes and writes one loaded work item.
-template <DType kDType, Recipe kRecipe, bool kVec, int kG>
-__device__ __forceinline__ void store_item(const StoreLaunch& L, const Item<kDType, kVec, kG>& it,
-                                           const GlobalScale& gsk, const GlobalScale& gsv,
-                                           const float (*out_table)[128]) {
-  const StoreParams& p = L.p;
-  const int64_t slot = it.slot;
-  if (slot < 0 || slot >= p.num_slots) return;  // padding or out of range: never written
-  const bool side = it.side;
-  const uint32_t h = it.h, j = it.j, U = it.U;
-  const StoreSide& s = side ? p.v : p.k;
-
-  int64_t page, pos;
-  if (L.fast_slots) {
-    const uint32_t q = L.block_size.div(static_cast<uint32_t>(slot));
-    page = q;
-    pos = static_cast<uint32_t>(slot) - q * L.block_size.d;
-  } else {
-    page = slot / p.T;
-    pos = slot - page * p.T;
-  }
-  GlobalScale gs;
-  gs.enc = side ? gsv.enc : gsk.enc;
-  gs.inv_enc = side ? gsv.inv_enc : gsk.inv_enc;
-  gs.valid = side ? gsv.valid : gsk.valid;
-  const float* table = out_table[side];
-  uint32_t packed[kG][2], sfb[kG];
-#pragma unroll
-  for (int k = 0; k < kG; ++k) {
-    float x[kGroupSize];
-    it.raw[k].to_float(x);
-    sfb[k] = quantize_group<kRecipe>(x, gs, [table](uint32_t b) { return table[b]; }, packed[k]);
-  }
-
-  uint8_t* base = s.cache.base + page * s.cache.page_stride;
-  const int32_t D = s.cache.D;
-  const uint32_t row = static_cast<uint32_t>(row_index(p.layout, h, pos, p.H, p.T));
-  uint8_t* data = base + row * static_cast<uint32_t>(D / 2);
-  // Group j + k*U of the row: the threads of one row's items write adjacent 8-byte code words
-  // for each k, so every store instruction of a warp covers whole sectors.
-#pragma unroll
-  for (int k = 0; k < kG; ++k) {
-    uint8_t* d = data + 8 * (j + k * U);
-    if (kVec) {
-      *reinterpret_cast<uint2*>(d) = make_uint2(packed[k][0], packed[k][1]);
-    } else {
-#pragma unroll
-      for (int b = 0; b < 8; ++b) d[b] = static_cast<uint8_t>(packed[k][b >> 2] >> (8 * (b & 3)));
-    }
-    const int64_t soff = s.cache.interleaved
-                             ? scale_offset_interleaved(h, pos, j + k * U, p.T, p.H, D)
-                             : scale_offset_linear(row, j + k * U, p.H, p.T, D);
-    base[soff] = static_cast<uint8_t>(sfb[k]);
-  }
-}
-
 // kVec: input rows and cache sides are aligned (checked by the launcher), so groups load as
-// 16-byte vectors and code words store as 8-byte words.
-// kG: groups per work item (1, 2 or 4), strided by the row's item count U so that a warp's
-// loads and stores stay contiguous for each k; more groups per item pay the index and address
-// arithmetic once for more elements.
-// Two items are in flight per thread: the loop alternates buffers a and b, loading one while
-// quantizing the other (no register copies), and the first load overlaps the read of the global
-// scales and the out-scale table.
+// 16-byte vectors and code words store as 8-byte (kG == 1) or 16-byte (kG == 2) words.
+// kG: consecutive groups per work item; 2 halves the index arithmetic per element.
+// Each thread loads its next item before quantizing the current one, so input loads stay in
+// flight while it computes (the loop is otherwise a load-then-compute chain per item), and the
+// first item's loads overlap the read of the global scales and the out-scale table.
 template <DType kDType, Recipe kRecipe, bool kVec, int kG>
 __global__ void __launch_bounds__(kThreads) store_kernel(const __grid_constant__ StoreLaunch L) {
   __shared__ float out_table[2][128];
   const StoreParams& p = L.p;
   const uint32_t stride = gridDim.x * kThreads;
   uint32_t u = blockIdx.x * kThreads + threadIdx.x;
-  Item<kDType, kVec, kG> a, b;
-  if (u < L.total) a.load(L, u);
+  Item<kDType, kVec, kG> next;
+  if (u < L.total) next.load(L, u);
 
   const GlobalScale gsk = make_global_scale(read_scale(p.k.scale));
   const GlobalScale gsv = make_global_scale(read_scale(p.v.scale));
   {
-    const int side = threadIdx.x >> 7, e = threadIdx.x & 127;  // kThreads == 256: one entry each
+    const int side = threadIdx.x >> 7, b = threadIdx.x & 127;  // kThreads == 256: one entry each
     const float inv_enc = side ? gsv.inv_enc : gsk.inv_enc;
-    out_table[side][e] = e < static_cast<int>(kScaleNaN) ? out_scale(e, inv_enc) : 0.0f;
+    out_table[side][b] = b < static_cast<int>(kScaleNaN) ? out_scale(b, inv_enc) : 0.0f;
   }
   __syncthreads();
 
-  while (u < L.total) {
-    if (u + stride < L.total) b.load(L, u + stride);
-    store_item<kDType, kRecipe, kVec, kG>(L, a, gsk, gsv, out_table);
-    u += stride;
-    if (u >= L.total) break;
-    if (u + stride < L.total) a.load(L, u + stride);
-    store_item<kDType, kRecipe, kVec, kG>(L, b, gsk, gsv, out_table);
-    u += stride;
+  for (; u < L.total; u += stride) {
+    const Item<kDType, kVec, kG> cur = next;
+    if (u + stride < L.total) next.load(L, u + stride);
+    const int64_t slot = cur.slot;
+    if (slot < 0 || slot >= p.num_slots) continue;  // padding or out of range: never written
+    const bool side = cur.side;
+    const uint32_t h = cur.h, g0 = cur.g0;
+    const StoreSide& s = side ? p.v : p.k;
+
+    int64_t page, pos;
+    if (L.fast_slots) {
+      const uint32_t q = L.block_size.div(static_cast<uint32_t>(slot));
+      page = q;
+      pos = static_cast<uint32_t>(slot) - q * L.block_size.d;
+    } else {
+      page = slot / p.T;
+      pos = slot - page * p.T;
+    }
+    GlobalScale gs;
+    gs.enc = side ? gsv.enc : gsk.enc;
+    gs.inv_enc = side ? gsv.inv_enc : gsk.inv_enc;
+    gs.valid = side ? gsv.valid : gsk.valid;
+    const float* table = out_table[side];
+    uint32_t packed[kG][2], sfb[kG];
+#pragma unroll
+    for (int k = 0; k < kG; ++k) {
+      float x[kGroupSize];
+      cur.raw[k].to_float(x);
+      sfb[k] = quantize_group<kRecipe>(x, gs, [table](uint32_t b) { return table[b]; }, packed[k]);
+    }
+
+    uint8_t* base = s.cache.base + page * s.cache.page_stride;
+    const int32_t D = s.cache.D;
+    const uint32_t row = static_cast<uint32_t>(row_index(p.layout, h, pos, p.H, p.T));
+    uint8_t* data = base + row * static_cast<uint32_t>(D / 2) + 8 * g0;
+    if (kVec && kG == 2) {
+      *reinterpret_cast<uint4*>(data) = make_uint4(packed[0][0], packed[0][1], packed[kG - 1][0], packed[kG - 1][1]);
+    } else if (kVec) {
+      *reinterpret_cast<uint2*>(data) = make_uint2(packed[0][0], packed[0][1]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kG; ++k)
+#pragma unroll
+        for (int b = 0; b < 8; ++b) data[8 * k + b] = static_cast<uint8_t>(packed[k][b >> 2] >> (8 * (b & 3)));
+    }
+#pragma unroll
+    for (int k = 0; k < kG; ++k) {
+      const int64_t soff = s.cache.interleaved
+                               ? scale_offset_interleaved(h, pos, g0 + k, p.T, p.H, D)
+                               : scale_offset_linear(row, g0 + k, p.H, p.T, D);
+      base[soff] = static_cast<uint8_t>(sfb[k]);
+    }
   }
 }
 
@@ -207,42 +192,22 @@ bool aligned(const void* ptr, int64_t stride_bytes_a, int64_t stride_bytes_b, in
          (stride_bytes_b % to == 0);
 }
 
-// A grid of exactly the blocks that are resident at once (each thread then loops over several
-// items, which is what keeps its prefetch busy), read once per kernel and device.
-template <class Kernel>
-int resident_grid(Kernel kernel, int device, int64_t threads_needed) {
-  static int per_sm[64] = {0};
-  int occ = device >= 0 && device < 64 ? per_sm[device] : 0;
-  if (occ == 0) {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kThreads, 0) != cudaSuccess || occ <= 0)
-      occ = 1;
-    if (device >= 0 && device < 64) per_sm[device] = occ;
-  }
-  return grid_blocks(device, threads_needed, occ);
-}
-
-template <DType kDType, Recipe kRecipe, bool kVec, int kG>
-cudaError_t launch_one(const StoreLaunch& L, int device, cudaStream_t stream) {
-  auto kernel = store_kernel<kDType, kRecipe, kVec, kG>;
-  kernel<<<resident_grid(kernel, device, L.total), kThreads, 0, stream>>>(L);
+template <DType kDType, Recipe kRecipe>
+cudaError_t launch(const StoreLaunch& L, bool vec, int g, int blocks, cudaStream_t stream) {
+  if (vec && g == 2)
+    store_kernel<kDType, kRecipe, true, 2><<<blocks, kThreads, 0, stream>>>(L);
+  else if (vec)
+    store_kernel<kDType, kRecipe, true, 1><<<blocks, kThreads, 0, stream>>>(L);
+  else
+    store_kernel<kDType, kRecipe, false, 1><<<blocks, kThreads, 0, stream>>>(L);
   return cudaGetLastError();
 }
 
-template <DType kDType, Recipe kRecipe>
-cudaError_t launch(const StoreLaunch& L, bool vec, int g, int device, cudaStream_t stream) {
-  if constexpr (kDType != DType::kFloat32 && kRecipe == Recipe::kNvfp4) {
-    if (vec && g == 4) return launch_one<kDType, kRecipe, true, 4>(L, device, stream);
-  }
-  if (vec && g == 2) return launch_one<kDType, kRecipe, true, 2>(L, device, stream);
-  if (vec) return launch_one<kDType, kRecipe, true, 1>(L, device, stream);
-  return launch_one<kDType, kRecipe, false, 1>(L, device, stream);
-}
-
 template <DType kDType>
-cudaError_t launch_recipe(const StoreLaunch& L, bool vec, int g, int device, cudaStream_t stream) {
+cudaError_t launch_recipe(const StoreLaunch& L, bool vec, int g, int blocks, cudaStream_t stream) {
   return L.p.recipe == Recipe::kNvfp4
-             ? launch<kDType, Recipe::kNvfp4>(L, vec, g, device, stream)
-             : launch<kDType, Recipe::kNvfp4_4over6>(L, vec, g, device, stream);
+             ? launch<kDType, Recipe::kNvfp4>(L, vec, g, blocks, stream)
+             : launch<kDType, Recipe::kNvfp4_4over6>(L, vec, g, blocks, stream);
 }
 
 }  // namespace
@@ -263,15 +228,13 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
                    aligned(p.v.cache.base, p.v.cache.page_stride, 0, 8);
 
   const uint32_t gk = p.k.cache.D / kGroupSize, gv = p.v.cache.D / kGroupSize;
-  // Two or four groups per item when both sides' group counts allow it and the 16-byte code
+  // Two groups per item when both sides have an even number of groups and the 16-byte code
   // stores stay aligned (D/2 is then a multiple of 16).
-  const bool wide = vec;
-  // Four only where the registers still allow two resident blocks: 16-bit inputs and one
-  // candidate per group (fp32 inputs and 4over6 stay at two).
-  const bool four_ok = p.dtype != DType::kFloat32 && p.recipe == Recipe::kNvfp4;
-  const int g = wide && four_ok && gk % 4 == 0 && gv % 4 == 0 ? 4
-                : wide && gk % 2 == 0 && gv % 2 == 0           ? 2
-                                                                : 1;
+  const int g = vec && gk % 2 == 0 && gv % 2 == 0 &&
+                        aligned(p.k.cache.base, p.k.cache.page_stride, 0, 16) &&
+                        aligned(p.v.cache.base, p.v.cache.page_stride, 0, 16)
+                    ? 2
+                    : 1;
   StoreLaunch L;
   L.p = p;
   const uint32_t per_token = static_cast<uint32_t>(p.H) * (gk + gv) / g;
@@ -287,11 +250,12 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
     const int64_t n = p.num_tokens - t0 < max_tokens ? p.num_tokens - t0 : max_tokens;
     L.token0 = t0;
     L.total = static_cast<uint32_t>(n * per_token);
+    const int blocks = grid_blocks(device, L.total, 8);
     cudaError_t err;
     switch (p.dtype) {
-      case DType::kFloat32: err = launch_recipe<DType::kFloat32>(L, vec, g, device, stream); break;
-      case DType::kFloat16: err = launch_recipe<DType::kFloat16>(L, vec, g, device, stream); break;
-      default: err = launch_recipe<DType::kBFloat16>(L, vec, g, device, stream); break;
+      case DType::kFloat32: err = launch_recipe<DType::kFloat32>(L, vec, g, blocks, stream); break;
+      case DType::kFloat16: err = launch_recipe<DType::kFloat16>(L, vec, g, blocks, stream); break;
+      default: err = launch_recipe<DType::kBFloat16>(L, vec, g, blocks, stream); break;
     }
     if (err != cudaSuccess) {
       *message = check_kernel_image(err);
