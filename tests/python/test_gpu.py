@@ -320,8 +320,8 @@ def test_dequantize_gpu_equals_cpu(dtype, view, layout, scale_layout):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_gpus_two_threads_own_streams():
-    """Tensor parallelism: each GPU holds its own cache; two threads store at once, each on its own
-    stream of its own device, with the current device left at 0 in both threads."""
+    """Tensor parallelism: each GPU holds its own cache; two threads store (then gather) at once,
+    each on its own stream of its own device, with the current device left at 0 in both threads."""
     import threading
 
     N, T, H, D, n = 512, 16, 8, 128, 4096
@@ -340,11 +340,22 @@ def test_two_gpus_two_threads_own_streams():
     torch.cuda.synchronize(1)
     errors = []
 
+    # The read side too: each thread gathers its cache back through a block table.
+    blocks = N // 4
+    block_table = torch.stack([torch.arange(blocks), torch.arange(blocks, 2 * blocks)]).to(torch.int32)
+    seq_lens = torch.tensor([blocks * T, blocks * T - 5], dtype=torch.int32)
+    cu = torch.tensor([0, blocks * T, 2 * blocks * T - 5], dtype=torch.int32)
+
     def work(job):
         try:
             kv = cache_views(job["raw"], N, T, H, D, "5d", "HND")["kv_cache"]
             for _ in range(20):  # repeated, so the two devices' launches overlap in time
                 nvfp4kv.store(job["key"], job["value"], kv, job["slots"], 0.3, 0.4, stream=job["stream"])
+            d = job["raw"].device
+            outs = [torch.full((int(cu[-1]), H, D), 7.0, dtype=torch.bfloat16, device=d) for _ in range(2)]
+            job["gathered"] = nvfp4kv.gather_dequant(
+                kv, block_table.to(d), seq_lens.to(d), 0.3, 0.4, cu_seqlens=cu.to(d),
+                key_out=outs[0], value_out=outs[1], stream=job["stream"])
             assert torch.cuda.current_device() == 0
         except Exception as e:  # reported from the main thread
             errors.append(e)
@@ -358,3 +369,8 @@ def test_two_gpus_two_threads_own_streams():
     for job in jobs:
         job["stream"].synchronize()
         assert torch.equal(job["raw"].cpu(), job["expect"]), f"cuda:{job['dev']} differs from the CPU path"
+        kc, vc, _ = nvfp4kv.gather_dequant(cache_views(job["expect"], N, T, H, D, "5d", "HND")["kv_cache"],
+                                           block_table, seq_lens, 0.3, 0.4, cu_seqlens=cu)
+        kg, vg, _ = job["gathered"]
+        assert torch.equal(kg.cpu().view(torch.int16), kc.view(torch.int16)), f"gather on cuda:{job['dev']}"
+        assert torch.equal(vg.cpu().view(torch.int16), vc.view(torch.int16)), f"gather on cuda:{job['dev']}"
