@@ -353,8 +353,10 @@ def test_two_gpus_two_threads_own_streams():
                 nvfp4kv.store(job["key"], job["value"], kv, job["slots"], 0.3, 0.4, stream=job["stream"])
             d = job["raw"].device
             outs = [torch.full((int(cu[-1]), H, D), 7.0, dtype=torch.bfloat16, device=d) for _ in range(2)]
+            bt_d, sl_d, cu_d = block_table.to(d), seq_lens.to(d), cu.to(d)
+            job["stream"].wait_stream(torch.cuda.current_stream(d))  # the fills and copies above
             job["gathered"] = nvfp4kv.gather_dequant(
-                kv, block_table.to(d), seq_lens.to(d), 0.3, 0.4, cu_seqlens=cu.to(d),
+                kv, bt_d, sl_d, 0.3, 0.4, cu_seqlens=cu_d,
                 key_out=outs[0], value_out=outs[1], stream=job["stream"])
             assert torch.cuda.current_device() == 0
         except Exception as e:  # reported from the main thread
