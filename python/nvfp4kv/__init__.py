@@ -6,6 +6,7 @@ Byte-compatible with vLLM's ``kv_cache_dtype="nvfp4"`` layout; CPU path and CUDA
 
 from ._C import __version__
 from .api import build_info, dequantize, gather_dequant, reshape_and_cache_flash, store
+from .paths import cmake_dir, get_include, get_library_dir
 from .spec import (
     MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP,
     STR_DTYPE_TO_TORCH_DTYPE,
@@ -23,6 +24,9 @@ from .views import nvfp4_kv_cache_split_views, nvfp4_split_data_scale
 __all__ = [
     "__version__",
     "build_info",
+    "cmake_dir",
+    "get_include",
+    "get_library_dir",
     "store",
     "dequantize",
     "gather_dequant",

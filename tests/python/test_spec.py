@@ -16,7 +16,21 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC_PY = ROOT / "python" / "nvfp4kv" / "spec.py"
+
+
+def _spec_source() -> Path:
+    """spec.py of the installed package when there is one (tests run against an installed
+    wheel), else the source tree's."""
+    try:
+        found = importlib.util.find_spec("nvfp4kv.spec")
+    except ImportError:
+        found = None
+    if found is not None and found.origin:
+        return Path(found.origin)
+    return ROOT / "python" / "nvfp4kv" / "spec.py"
+
+
+SPEC_PY = _spec_source()
 
 
 def _load(name):
@@ -29,7 +43,7 @@ def _load(name):
     mod_name = f"_nvfp4kv_src_{name}"
     if mod_name in sys.modules:
         return sys.modules[mod_name]
-    path = ROOT / "python" / "nvfp4kv" / f"{name}.py"
+    path = SPEC_PY.with_name(f"{name}.py")
     spec = importlib.util.spec_from_file_location(mod_name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = mod  # dataclasses look their module up in sys.modules
