@@ -14,6 +14,13 @@
 #include "launch.h"
 #endif
 
+// The CUDA launcher of an operation, or nullptr in a build without CUDA (never called then).
+#if defined(NVFP4KV_WITH_CUDA)
+#define CUDA_OR_NULL(f) f
+#else
+#define CUDA_OR_NULL(f) nullptr
+#endif
+
 #define NVFP4KV_STR2(x) #x
 #define NVFP4KV_STR(x) NVFP4KV_STR2(x)
 
@@ -406,6 +413,33 @@ Where where(DLDevice d, const char* name) {
        device_name(d).c_str());
 }
 
+// Runs an operation's parameters on the path for the cache's device: the CPU loops, or the CUDA
+// launcher (whose failure becomes NOT_SUPPORTED for a GPU without code in this build, else CUDA).
+template <class T>
+struct NonDeduced {
+  using type = T;
+};
+
+template <class Params>
+void run(const Cache& c, const Params& p, void (*cpu)(const Params&),
+         int (*cuda)(const typename NonDeduced<Params>::type&, int, void*, const char**),
+         void* stream) {
+  if (where(c.device, c.k_name) == Where::kCpu) {
+    cpu(p);
+    return;
+  }
+#if defined(NVFP4KV_WITH_CUDA)
+  const char* msg = nullptr;
+  const int err = cuda(p, c.device.device_id, stream, &msg);
+  if (err)
+    fail(msg ? NVFP4KV_ERROR_NOT_SUPPORTED : NVFP4KV_ERROR_CUDA, "%s",
+         msg ? msg : cuda_error_string(err));
+#else
+  (void)cuda;
+  (void)stream;
+#endif
+}
+
 void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_cache,
            const DLTensor* value_cache, const DLTensor* slot_t, const DLTensor* k_scale,
            const DLTensor* v_scale, nvfp4kv_recipe recipe, nvfp4kv_scale_profile profile,
@@ -461,19 +495,7 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
   p.layout = c.layout;
   p.recipe = recipe == NVFP4KV_RECIPE_NVFP4 ? Recipe::kNvfp4 : Recipe::kNvfp4_4over6;
 
-  if (where(c.device, c.k_name) == Where::kCpu) {
-    cpu_store(p);
-    return;
-  }
-#if defined(NVFP4KV_WITH_CUDA)
-  const char* msg = nullptr;
-  const int err = cuda_store(p, c.device.device_id, stream, &msg);
-  if (err)
-    fail(msg ? NVFP4KV_ERROR_NOT_SUPPORTED : NVFP4KV_ERROR_CUDA, "%s",
-         msg ? msg : cuda_error_string(err));
-#else
-  (void)stream;
-#endif
+  run(c, p, cpu_store, CUDA_OR_NULL(cuda_store), stream);
 }
 
 IndexVec index_vec(const DLTensor* t, const char* name, const Tensor& ref, int64_t length) {
@@ -543,19 +565,7 @@ void dequantize(const DLTensor* kv_cache, const DLTensor* value_cache, const DLT
   p.dtype = dtype;
   p.layout = c.layout;
 
-  if (where(c.device, c.k_name) == Where::kCpu) {
-    cpu_dequantize(p);
-    return;
-  }
-#if defined(NVFP4KV_WITH_CUDA)
-  const char* msg = nullptr;
-  const int err = cuda_dequantize(p, c.device.device_id, stream, &msg);
-  if (err)
-    fail(msg ? NVFP4KV_ERROR_NOT_SUPPORTED : NVFP4KV_ERROR_CUDA, "%s",
-         msg ? msg : cuda_error_string(err));
-#else
-  (void)stream;
-#endif
+  run(c, p, cpu_dequantize, CUDA_OR_NULL(cuda_dequantize), stream);
 }
 
 void gather(const DLTensor* kv_cache, const DLTensor* value_cache, const DLTensor* block_table_t,
@@ -607,19 +617,7 @@ void gather(const DLTensor* kv_cache, const DLTensor* value_cache, const DLTenso
   p.dtype = dtype;
   p.layout = c.layout;
 
-  if (where(c.device, c.k_name) == Where::kCpu) {
-    cpu_gather(p);
-    return;
-  }
-#if defined(NVFP4KV_WITH_CUDA)
-  const char* msg = nullptr;
-  const int err = cuda_gather(p, c.device.device_id, stream, &msg);
-  if (err)
-    fail(msg ? NVFP4KV_ERROR_NOT_SUPPORTED : NVFP4KV_ERROR_CUDA, "%s",
-         msg ? msg : cuda_error_string(err));
-#else
-  (void)stream;
-#endif
+  run(c, p, cpu_gather, CUDA_OR_NULL(cuda_gather), stream);
 }
 
 }  // namespace
