@@ -119,17 +119,14 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const __grid_constant
 struct GatherLaunch {
   GatherParams p;
   FastDiv per_token;  // items per token: H * (Gk + Gv)
-  FastDiv gk, gv;      // items per row of each side (groups, or half groups)
+  FastDiv gk, gv;
   FastDiv block_size;
   uint32_t k_items;
   int64_t b0;         // first sequence of this launch (gridDim.y is capped)
 };
 
-// blockIdx.y: sequence; x: a grid-stride share of its tokens' items. An item is one group (16
-// outputs), or with kHalf (16-bit outputs, aligned) half a group: 8 outputs, one 16-byte store, so
-// the consecutive threads of a warp write one contiguous run of whole sectors per instruction
-// (a 32-byte group per thread takes two half-sector instructions).
-template <DType kDType, bool kVec, bool kHalf>
+// blockIdx.y: sequence; x: a grid-stride share of its tokens' items, one group per item.
+template <DType kDType, bool kVec>
 __global__ void __launch_bounds__(kThreads) gather_kernel(const __grid_constant__ GatherLaunch L) {
   const GatherParams& p = L.p;
   const int64_t b = L.b0 + blockIdx.y;
@@ -152,65 +149,22 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const __grid_constant_
                         : static_cast<const int32_t*>(p.block_table)[b * p.bt_stride[0] + blk * p.bt_stride[1]];
     const int side = r >= L.k_items;
     if (side) r -= L.k_items;
-    const FastDiv& units = side ? L.gv : L.gk;  // items per row
-    const uint32_t h = units.div(r);
-    const uint32_t unit = r - h * units.d;
+    const FastDiv& groups = side ? L.gv : L.gk;
+    const uint32_t h = groups.div(r);
+    const uint32_t g = r - h * groups.d;
     const DequantSide& s = side ? p.v : p.k;
-    const bool valid = page >= 0 && page < p.N;  // a bad entry reads as zeros, nothing read
-    const int64_t out_row = out_tok * s.out_stride[0] + h * s.out_stride[1];
-    if constexpr (kHalf) {
-      const uint32_t g = unit >> 1, half = unit & 1;
-      float y[8];
-      bool ok = true;
-      if (valid) {
-        const uint8_t* base = s.cache.base + page * s.cache.page_stride;
-        const int64_t row = row_index(p.layout, h, t, p.H, p.T);
-        const uint32_t w = __ldg(reinterpret_cast<const uint32_t*>(base + data_offset(row, s.cache.D) + 8 * g + 4 * half));
-        const int64_t soff = s.cache.interleaved ? scale_offset_interleaved(h, t, g, p.T, p.H, s.cache.D)
-                                                 : scale_offset_linear(row, g, p.H, p.T, s.cache.D);
-        const uint32_t sfb = base[soff];
-        ok = (sfb & 0x7Fu) != kScaleNaN;
-        const float sfq = e4m3_decode(sfb), gs = side ? g_v : g_k;
+    float y[16];
+    bool ok = true;
+    if (page >= 0 && page < p.N) {
+      uint32_t w[2];
+      const uint32_t sfb = load_group<kVec>(s.cache.base + page * s.cache.page_stride, s.cache,
+                                            p.layout, h, t, g, p.H, p.T, w);
+      ok = dequantize_group(w, sfb, side ? g_v : g_k, y);
+    } else {  // a bad block-table entry reads as zeros, and nothing outside the cache is read
 #pragma unroll
-        for (int i = 0; i < 8; ++i) y[i] = mul_rn(mul_rn(e2m1_decode(w >> (4 * i)), sfq), gs);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) y[i] = 0.0f;
-      }
-      uint32_t o[4];
-      if (!ok) {
-        const uint32_t n = kDType == DType::kFloat16 ? float_to_f16(quiet_nan()) : float_to_bf16(quiet_nan());
-#pragma unroll
-        for (int i = 0; i < 4; ++i) o[i] = n | (n << 16);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if constexpr (kDType == DType::kFloat16) {
-            const __half2 v = __floats2half2_rn(y[2 * i], y[2 * i + 1]);
-            o[i] = *reinterpret_cast<const uint32_t*>(&v);
-          } else {
-            const __nv_bfloat162 v = __floats2bfloat162_rn(y[2 * i], y[2 * i + 1]);
-            o[i] = *reinterpret_cast<const uint32_t*>(&v);
-          }
-        }
-      }
-      *reinterpret_cast<uint4*>(static_cast<uint16_t*>(s.out) + out_row + g * 16 + half * 8) =
-          make_uint4(o[0], o[1], o[2], o[3]);
-    } else {
-      const uint32_t g = unit;
-      float y[16];
-      bool ok = true;
-      if (valid) {
-        uint32_t w[2];
-        const uint32_t sfb = load_group<kVec>(s.cache.base + page * s.cache.page_stride, s.cache,
-                                              p.layout, h, t, g, p.H, p.T, w);
-        ok = dequantize_group(w, sfb, side ? g_v : g_k, y);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) y[i] = 0.0f;
-      }
-      store_group<kDType, kVec>(s.out, out_row + g * 16, y, !ok);
+      for (int i = 0; i < 16; ++i) y[i] = 0.0f;
     }
+    store_group<kDType, kVec>(s.out, out_tok * s.out_stride[0] + h * s.out_stride[1] + g * 16, y, !ok);
   }
 }
 
@@ -280,17 +234,11 @@ int cuda_dequantize(const DequantParams& p, int device, void* stream_ptr, const 
 }
 
 template <DType kDType>
-cudaError_t launch_gather(const GatherLaunch& L, bool vec, bool half, dim3 grid, cudaStream_t stream) {
-  if constexpr (kDType != DType::kFloat32) {
-    if (vec && half) {
-      gather_kernel<kDType, true, true><<<grid, kThreads, 0, stream>>>(L);
-      return cudaGetLastError();
-    }
-  }
+cudaError_t launch_gather(const GatherLaunch& L, bool vec, dim3 grid, cudaStream_t stream) {
   if (vec)
-    gather_kernel<kDType, true, false><<<grid, kThreads, 0, stream>>>(L);
+    gather_kernel<kDType, true><<<grid, kThreads, 0, stream>>>(L);
   else
-    gather_kernel<kDType, false, false><<<grid, kThreads, 0, stream>>>(L);
+    gather_kernel<kDType, false><<<grid, kThreads, 0, stream>>>(L);
   return cudaGetLastError();
 }
 
@@ -302,18 +250,15 @@ int cuda_gather(const GatherParams& p, int device, void* stream_ptr, const char*
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const int64_t esize = p.dtype == DType::kFloat32 ? 4 : 2;
   const bool vec = sides_vec(p.k, p.v, esize, 2);
-  // Half groups for 16-bit outputs on the vector path (one 16-byte store per item).
-  const bool half = vec && p.dtype != DType::kFloat32;
-  const uint32_t per_group = half ? 2 : 1;
   GatherLaunch L;
   L.p = p;
   const uint32_t gk = p.k.cache.D / kGroupSize, gv = p.v.cache.D / kGroupSize;
-  const uint32_t per_token = static_cast<uint32_t>(p.H) * (gk + gv) * per_group;
+  const uint32_t per_token = static_cast<uint32_t>(p.H) * (gk + gv);
   L.per_token = FastDiv(per_token);
-  L.gk = FastDiv(gk * per_group);
-  L.gv = FastDiv(gv * per_group);
+  L.gk = FastDiv(gk);
+  L.gv = FastDiv(gv);
   L.block_size = FastDiv(static_cast<uint32_t>(p.T));
-  L.k_items = static_cast<uint32_t>(p.H) * gk * per_group;
+  L.k_items = static_cast<uint32_t>(p.H) * gk;
   // Sequence lengths live on the device (no host sync), so the grid is sized from what a
   // sequence can hold at most (its block-table row) and from the output size, and each CTA
   // strides over its sequence's items.
@@ -327,9 +272,9 @@ int cuda_gather(const GatherParams& p, int device, void* stream_ptr, const char*
     const dim3 grid(gx, static_cast<unsigned>(std::min<int64_t>(65535, p.B - b0)));
     cudaError_t err;
     switch (p.dtype) {
-      case DType::kFloat32: err = launch_gather<DType::kFloat32>(L, vec, half, grid, stream); break;
-      case DType::kFloat16: err = launch_gather<DType::kFloat16>(L, vec, half, grid, stream); break;
-      default: err = launch_gather<DType::kBFloat16>(L, vec, half, grid, stream); break;
+      case DType::kFloat32: err = launch_gather<DType::kFloat32>(L, vec, grid, stream); break;
+      case DType::kFloat16: err = launch_gather<DType::kFloat16>(L, vec, grid, stream); break;
+      default: err = launch_gather<DType::kBFloat16>(L, vec, grid, stream); break;
     }
     if (err != cudaSuccess) {
       *message = check_kernel_image(err);
