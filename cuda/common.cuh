@@ -25,6 +25,31 @@ struct FastDiv {
   }
 };
 
+// The work items of one row position (a token being stored or read, or a (page, position)):
+// H heads of the K side, then H heads of the V side, each row split into its groups, g groups per
+// item. Shared by every kernel so the decomposition is written once.
+struct RowItems {
+  FastDiv per_row;           // items per row position: H * (Gk + Gv) / g
+  FastDiv k_units, v_units;  // items per head row of each side: G / g
+  uint32_t k_items;          // items of the K side: H * Gk / g
+
+  RowItems() = default;
+  RowItems(int32_t H, int32_t Dk, int32_t Dv, uint32_t g)
+      : per_row(static_cast<uint32_t>(H) * (Dk / kGroupSize + Dv / kGroupSize) / g),
+        k_units(static_cast<uint32_t>(Dk / kGroupSize) / g),
+        v_units(static_cast<uint32_t>(Dv / kGroupSize) / g),
+        k_items(static_cast<uint32_t>(H) * (Dk / kGroupSize) / g) {}
+
+  // Item r (< per_row.d) of a row position -> side (0 K, 1 V), head, item within the head's row.
+  __device__ __forceinline__ void decode(uint32_t r, int& side, uint32_t& h, uint32_t& unit) const {
+    side = r >= k_items;
+    if (side) r -= k_items;
+    const FastDiv& units = side ? v_units : k_units;
+    h = units.div(r);
+    unit = r - h * units.d;
+  }
+};
+
 // Makes `device` current for the launch and restores the caller's device afterwards, so tensors
 // on cuda:1 work whatever the current device is.
 class DeviceGuard {

@@ -14,9 +14,7 @@ namespace {
 
 struct DequantLaunch {
   DequantParams p;
-  FastDiv per_row;  // items per (page, position): H * (Gk + Gv)
-  FastDiv gk, gv;
-  uint32_t k_items;
+  RowItems items;   // per (page, position), one group per item
   uint32_t total;
   int64_t row0;     // first (page-list index, position) of this launch
 };
@@ -95,17 +93,14 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const __grid_constant
   const DequantParams& p = L.p;
   const float g_k = read_scale(p.k.scale), g_v = read_scale(p.v.scale);
   for (uint32_t u = blockIdx.x * kThreads + threadIdx.x; u < L.total; u += gridDim.x * kThreads) {
-    const uint32_t rr = L.per_row.div(u);
-    uint32_t r = u - rr * L.per_row.d;
+    const uint32_t rr = L.items.per_row.div(u);
     const int64_t flat = L.row0 + rr;  // page-list index * T + position
     const int64_t i = flat / p.T, t = flat - i * p.T;
     const int64_t page = p.pages.ptr ? load_index(p.pages, i) : i;
     if (page < 0 || page >= p.N) continue;
-    const int side = r >= L.k_items;
-    if (side) r -= L.k_items;
-    const FastDiv& groups = side ? L.gv : L.gk;
-    const uint32_t h = groups.div(r);
-    const uint32_t g = r - h * groups.d;
+    int side;
+    uint32_t h, g;
+    L.items.decode(u - rr * L.items.per_row.d, side, h, g);
     const DequantSide& s = side ? p.v : p.k;
     uint32_t w[2];
     const uint32_t sfb = load_group<kVec>(s.cache.base + page * s.cache.page_stride, s.cache,
@@ -118,10 +113,8 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const __grid_constant
 
 struct GatherLaunch {
   GatherParams p;
-  FastDiv per_token;  // items per token: H * (Gk + Gv)
-  FastDiv gk, gv;
+  RowItems items;     // per token, one group per item
   FastDiv block_size;
-  uint32_t k_items;
   int64_t b0;         // first sequence of this launch (gridDim.y is capped)
 };
 
@@ -133,12 +126,13 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const __grid_constant_
   const int64_t len = load_index(p.seq_lens, b), start = load_index(p.cu_seqlens, b);
   if (len <= 0) return;
   const float g_k = read_scale(p.k.scale), g_v = read_scale(p.v.scale);
-  const uint64_t items = static_cast<uint64_t>(len) * L.per_token.d;
+  const uint32_t per_token = L.items.per_row.d;
+  const uint64_t items = static_cast<uint64_t>(len) * per_token;
   for (uint64_t u = blockIdx.x * kThreads + threadIdx.x; u < items; u += gridDim.x * kThreads) {
     // Tokens per sequence fit in 2^31 / items-per-token for FastDiv; longer ones use `/`.
-    const uint32_t j = u < (1u << 31) ? L.per_token.div(static_cast<uint32_t>(u))
-                                      : static_cast<uint32_t>(u / L.per_token.d);
-    uint32_t r = static_cast<uint32_t>(u - static_cast<uint64_t>(j) * L.per_token.d);
+    const uint32_t j = u < (1u << 31) ? L.items.per_row.div(static_cast<uint32_t>(u))
+                                      : static_cast<uint32_t>(u / per_token);
+    const uint32_t r = static_cast<uint32_t>(u - static_cast<uint64_t>(j) * per_token);
     const int64_t out_tok = start + j;
     if (out_tok < 0 || out_tok >= p.total_tokens) continue;  // never write outside the output
     const uint32_t blk = L.block_size.div(j);
@@ -147,11 +141,9 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const __grid_constant_
     if (blk < p.max_blocks)
       page = p.bt_int64 ? static_cast<const int64_t*>(p.block_table)[b * p.bt_stride[0] + blk * p.bt_stride[1]]
                         : static_cast<const int32_t*>(p.block_table)[b * p.bt_stride[0] + blk * p.bt_stride[1]];
-    const int side = r >= L.k_items;
-    if (side) r -= L.k_items;
-    const FastDiv& groups = side ? L.gv : L.gk;
-    const uint32_t h = groups.div(r);
-    const uint32_t g = r - h * groups.d;
+    int side;
+    uint32_t h, g;
+    L.items.decode(r, side, h, g);
     const DequantSide& s = side ? p.v : p.k;
     float y[16];
     bool ok = true;
@@ -206,12 +198,8 @@ int cuda_dequantize(const DequantParams& p, int device, void* stream_ptr, const 
   const bool vec = sides_vec(p.k, p.v, esize, 3);
   DequantLaunch L;
   L.p = p;
-  const uint32_t gk = p.k.cache.D / kGroupSize, gv = p.v.cache.D / kGroupSize;
-  const uint32_t per_row = static_cast<uint32_t>(p.H) * (gk + gv);
-  L.per_row = FastDiv(per_row);
-  L.gk = FastDiv(gk);
-  L.gv = FastDiv(gv);
-  L.k_items = static_cast<uint32_t>(p.H) * gk;
+  L.items = RowItems(p.H, p.k.cache.D, p.v.cache.D, 1);
+  const uint32_t per_row = L.items.per_row.d;
   const int64_t rows = p.num_pages * p.T;
   const int64_t max_rows = ((int64_t{1} << 31) - 1) / per_row - kThreads;
   for (int64_t r0 = 0; r0 < rows; r0 += max_rows) {
@@ -252,13 +240,9 @@ int cuda_gather(const GatherParams& p, int device, void* stream_ptr, const char*
   const bool vec = sides_vec(p.k, p.v, esize, 2);
   GatherLaunch L;
   L.p = p;
-  const uint32_t gk = p.k.cache.D / kGroupSize, gv = p.v.cache.D / kGroupSize;
-  const uint32_t per_token = static_cast<uint32_t>(p.H) * (gk + gv);
-  L.per_token = FastDiv(per_token);
-  L.gk = FastDiv(gk);
-  L.gv = FastDiv(gv);
+  L.items = RowItems(p.H, p.k.cache.D, p.v.cache.D, 1);
+  const uint32_t per_token = L.items.per_row.d;
   L.block_size = FastDiv(static_cast<uint32_t>(p.T));
-  L.k_items = static_cast<uint32_t>(p.H) * gk;
   // Sequence lengths live on the device (no host sync), so the grid is sized from what a
   // sequence can hold at most (its block-table row) and from the output size, and each CTA
   // strides over its sequence's items.

@@ -13,11 +13,8 @@ namespace {
 
 struct StoreLaunch {
   StoreParams p;
-  FastDiv per_token;    // work items per token: H * (Gk + Gv) / kG
-  FastDiv units_k;      // work items per row of the K side: Gk / kG
-  FastDiv units_v;      // ... of the V side
+  RowItems items;       // per token, kG groups per item
   FastDiv block_size;   // T, for slot -> (page, position) when slots < 2^31
-  uint32_t k_items;     // H * Gk / kG: items of the K side within a token
   uint32_t total;       // items of this launch (< 2^31)
   int32_t fast_slots;   // num_slots < 2^31: divide slots with block_size
   int64_t token0;       // first token of this launch (large calls are split)
@@ -91,16 +88,15 @@ struct Item {
 
   __device__ __forceinline__ void load(const StoreLaunch& L, uint32_t u) {
     const StoreParams& p = L.p;
-    const uint32_t tok = L.per_token.div(u);
-    uint32_t r = u - tok * L.per_token.d;
+    const uint32_t tok = L.items.per_row.div(u);
     const int64_t token = L.token0 + tok;
     slot = p.slots_int64 ? static_cast<const int64_t*>(p.slots)[token * p.slot_stride]
                          : static_cast<const int32_t*>(p.slots)[token * p.slot_stride];
-    side = r >= L.k_items;
-    if (side) r -= L.k_items;
-    const FastDiv& units = side ? L.units_v : L.units_k;
-    h = units.div(r);
-    g0 = (r - h * units.d) * kG;
+    int sd;
+    uint32_t unit;
+    L.items.decode(u - tok * L.items.per_row.d, sd, h, unit);
+    side = sd;
+    g0 = unit * kG;
     const StoreSide& s = side ? p.v : p.k;
     const int64_t src = token * s.token_stride + h * s.head_stride + g0 * kGroupSize;
 #pragma unroll
@@ -237,13 +233,10 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
                     : 1;
   StoreLaunch L;
   L.p = p;
-  const uint32_t per_token = static_cast<uint32_t>(p.H) * (gk + gv) / g;
-  L.per_token = FastDiv(per_token);
-  L.units_k = FastDiv(gk / g);
-  L.units_v = FastDiv(gv / g);
+  L.items = RowItems(p.H, p.k.cache.D, p.v.cache.D, g);
+  const uint32_t per_token = L.items.per_row.d;
   L.block_size = FastDiv(static_cast<uint32_t>(p.T));
   L.fast_slots = p.num_slots < (int64_t{1} << 31);
-  L.k_items = static_cast<uint32_t>(p.H) * gk / g;
   // Split so that work-item indices stay below 2^31 (FastDiv's range).
   const int64_t max_tokens = ((int64_t{1} << 31) - 1) / per_token - kThreads;
   for (int64_t t0 = 0; t0 < p.num_tokens; t0 += max_tokens) {
