@@ -1,5 +1,5 @@
 """Every rejected call: the right exception type, a message naming the argument, and the cache
-byte-for-byte unchanged afterwards (PYTHON_API_CONTRACT.md, "Errors")."""
+byte-for-byte unchanged afterwards (docs/python-api.md: errors)."""
 import math
 
 import numpy as np
