@@ -420,8 +420,6 @@ NVFP4KV_HD int64_t scale_offset_interleaved(int64_t h, int64_t t, int64_t g, int
          (t % kInterleave);
 }
 
-NVFP4KV_HD int64_t side_bytes(int64_t H, int64_t T, int64_t D) { return H * T * full_dim(D); }
-
 // ---- Dequantization (FORMAT.md §6) --------------------------------------------------------------
 NVFP4KV_HD float dequantize_value(uint32_t code, uint32_t sfb, float g) {
   // One NaN bit pattern on every platform (hardware NaN propagation differs).
