@@ -68,6 +68,9 @@ class DeviceGuard {
   cudaError_t err_ = cudaSuccess;
 };
 
+// Multiprocessors of a device (cached per device).
+int sm_count(int device);
+
 // Blocks for a grid-stride kernel: enough to fill every SM, never more than the work needs.
 int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm);
 

@@ -8,15 +8,20 @@
 
 namespace nvfp4kv {
 
-int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm) {
+int sm_count(int device) {
   // The SM count of each device is read once; the attribute query is cheap but not free.
-  static int sm_count[64] = {0};
-  int sms = device >= 0 && device < 64 ? sm_count[device] : 0;
+  static int counts[64] = {0};
+  int sms = device >= 0 && device < 64 ? counts[device] : 0;
   if (sms == 0) {
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0)
       sms = 1;
-    if (device >= 0 && device < 64) sm_count[device] = sms;
+    if (device >= 0 && device < 64) counts[device] = sms;
   }
+  return sms;
+}
+
+int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm) {
+  const int sms = sm_count(device);
   const int64_t needed = (threads_needed + kThreads - 1) / kThreads;
   const int64_t cap = static_cast<int64_t>(sms) * blocks_per_sm;
   return static_cast<int>(needed < cap ? (needed > 0 ? needed : 1) : cap);

@@ -1,24 +1,46 @@
-// CUDA quantize-and-store: the format core's recipe, one thread per 16-element group.
+// CUDA quantize-and-store: the format core's recipe, one thread per work item of kG consecutive
+// 16-element groups of one (token, side, head) row.
 //
-// Thread mapping: work item u = (token, side, head, group) with the group fastest, so a warp
-// reads consecutive 32-byte (bf16/fp16) or 64-byte (fp32) chunks of the token's heads and
-// writes whole 8-byte code words of consecutive groups of a row. A grid-stride loop over a grid
-// sized to fill the GPU amortises the per-block table of out scales (out depends only on the
-// scale byte for a given global scale, so 127 divisions per block replace one per group).
+// Thread mapping: a block covers `tokens_per_block` tokens side by side, each with one thread per
+// work item of the token's row (K heads, then V heads), and steps through the tokens with a
+// grid-wide stride. So a thread keeps the same (side, head, groups) for the whole launch: the
+// decode of its work item, its input and cache offsets inside a token and a page, and its side's
+// global scale are computed once, and each token costs the thread one slot load, one division by
+// the block size and two multiply-adds of addresses. A per-block table of out scales (out depends
+// only on the scale byte for a given global scale) replaces one IEEE division per group.
+// Rows of more than kMaxRow items are split over gridDim.y.
 #include "common.cuh"
 #include "launch.h"
 
 namespace nvfp4kv {
 namespace {
 
+constexpr int kMaxRow = 512;  // most threads of one block (one token row, or a slice of a long one)
+
 struct StoreLaunch {
   StoreParams p;
-  RowItems items;       // per token, kG groups per item
-  FastDiv block_size;   // T, for slot -> (page, position) when slots < 2^31
-  uint32_t total;       // items of this launch (< 2^31)
-  int32_t fast_slots;   // num_slots < 2^31: divide slots with block_size
-  int64_t token0;       // first token of this launch (large calls are split)
+  RowItems items;             // decode of a work item within a token row
+  uint32_t row_slice;         // items of a token row each block covers (the row, or a slice)
+  uint32_t tokens_per_block;  // tokens one block covers per step
+  uint32_t num_tokens;        // tokens of this launch (< 2^31)
+  FastDiv block_size;         // T, for slot -> (page, position) when slots < 2^31
+  int32_t fast_slots;         // num_slots < 2^31: divide slots with block_size
+  int64_t token0;             // first token of this launch (large calls are split)
 };
+
+// Input is read once: streaming loads (evict-first in L2) keep it from evicting the cache lines
+// the stores are still filling. With the evict-last scale stores below: 145 µs instead of 155 µs
+// at 65536 tokens (RESULTS.md run 15).
+__device__ __forceinline__ uint4 load_input(const uint4* p) { return __ldcs(p); }
+
+// Scale bytes fill their 32-byte sectors a few bytes at a time from tokens that arrive in any
+// order; kept in L2 (evict-last) until the sector is whole, they reach DRAM as one full write
+// instead of several partial ones.
+__device__ __forceinline__ void store_scale(uint8_t* p, uint32_t byte) {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  asm volatile("st.global.L2::cache_hint.u8 [%0], %1, %2;" ::"l"(p), "r"(byte), "l"(policy) : "memory");
+}
 
 // Raw input words of one group, loaded ahead of use: 16-byte vectors when aligned (two for 16-bit
 // types, four for fp32), else 16 scalars widened to fp32 at load time.
@@ -33,7 +55,7 @@ struct Raw {
       const uint4* p = reinterpret_cast<const uint4*>(static_cast<const char*>(src) +
                                                       idx * (kDType == DType::kFloat32 ? 4 : 2));
 #pragma unroll
-      for (int i = 0; i < kWords; ++i) v[i] = __ldg(p + i);
+      for (int i = 0; i < kWords; ++i) v[i] = load_input(p + i);
     } else if constexpr (kDType == DType::kFloat32) {
 #pragma unroll
       for (int i = 0; i < kGroupSize; ++i) f[i] = static_cast<const float*>(src)[idx + i];
@@ -78,108 +100,149 @@ __device__ __forceinline__ float read_scale(const ScaleArg& s) {
   return s.device_ptr ? *s.device_ptr : s.value;
 }
 
-// One work item: kG consecutive groups of one (token, side, head) row, with its slot and input
-// words already loaded.
-template <DType kDType, bool kVec, int kG>
-struct Item {
-  int64_t slot;
-  uint32_t side, h, g0;
-  Raw<kDType, kVec> raw[kG];
+// What one thread keeps for the whole launch: where its groups sit in a token's input row and in
+// a page, and its side's scales.
+struct Lane {
+  const char* src;          // input of its groups in token 0 of this launch
+  int64_t token_stride;     // bytes
+  uint8_t* cache;           // its side of page 0
+  int64_t page_stride;      // bytes
+  uint32_t data0, data_pos; // code bytes: data0 + pos * data_pos inside a page
+  uint32_t scale0, scale_pos, scale_step;  // scale byte of group k: see scale_offset()
+  int32_t interleaved;
+  GlobalScale gs;
 
-  __device__ __forceinline__ void load(const StoreLaunch& L, uint32_t u) {
-    const StoreParams& p = L.p;
-    const uint32_t tok = L.items.per_row.div(u);
-    const int64_t token = L.token0 + tok;
-    slot = p.slots_int64 ? static_cast<const int64_t*>(p.slots)[token * p.slot_stride]
-                         : static_cast<const int32_t*>(p.slots)[token * p.slot_stride];
-    int sd;
-    uint32_t unit;
-    L.items.decode(u - tok * L.items.per_row.d, sd, h, unit);
-    side = sd;
-    g0 = unit * kG;
-    const StoreSide& s = side ? p.v : p.k;
-    const int64_t src = token * s.token_stride + h * s.head_stride + g0 * kGroupSize;
-#pragma unroll
-    for (int k = 0; k < kG; ++k) raw[k].load(s.src, src + k * kGroupSize);
+  // Offsets come from the format core's functions at positions 0, 1 and 4, so the layout is
+  // defined in one place; they are affine in pos (interleaved: in pos / 4 and pos % 4).
+  __device__ __forceinline__ void init(const StoreParams& p, const StoreSide& s, uint32_t h,
+                                       uint32_t g0, int64_t esize) {
+    src = static_cast<const char*>(s.src) + (h * s.head_stride + g0 * kGroupSize) * esize;
+    token_stride = s.token_stride * esize;
+    cache = s.cache.base;
+    page_stride = s.cache.page_stride;
+    const int32_t D = s.cache.D;
+    interleaved = s.cache.interleaved;
+    const auto data = [&](int64_t pos) {
+      return data_offset(row_index(p.layout, h, pos, p.H, p.T), D) + 8 * g0;
+    };
+    const auto scale = [&](int64_t pos, int64_t g) {
+      return interleaved ? scale_offset_interleaved(h, pos, g, p.T, p.H, D)
+                         : scale_offset_linear(row_index(p.layout, h, pos, p.H, p.T), g, p.H, p.T, D);
+    };
+    data0 = static_cast<uint32_t>(data(0));
+    data_pos = static_cast<uint32_t>(data(1) - data(0));
+    scale0 = static_cast<uint32_t>(scale(0, g0));
+    scale_pos = static_cast<uint32_t>(interleaved ? scale(kInterleave, g0) - scale(0, g0)
+                                                  : scale(1, g0) - scale(0, g0));
+    scale_step = static_cast<uint32_t>(scale(0, g0 + 1) - scale(0, g0));
+  }
+
+  __device__ __forceinline__ uint32_t scale_offset(uint32_t pos, int k) const {
+    const uint32_t p = interleaved ? (pos / kInterleave) * scale_pos + pos % kInterleave
+                                   : pos * scale_pos;
+    return scale0 + p + k * scale_step;
   }
 };
 
+// One token's work for a thread: its slot and its input words, loaded ahead of use.
+template <DType kDType, bool kVec, int kG>
+struct Item {
+  int64_t slot;
+  Raw<kDType, kVec> raw[kG];
+
+  __device__ __forceinline__ void load(const StoreParams& p, const Lane& lane, int64_t token) {
+    slot = p.slots_int64 ? static_cast<const int64_t*>(p.slots)[token * p.slot_stride]
+                         : static_cast<const int32_t*>(p.slots)[token * p.slot_stride];
+    const char* src = lane.src + token * lane.token_stride;
+#pragma unroll
+    for (int k = 0; k < kG; ++k) raw[k].load(src, k * kGroupSize);
+  }
+};
+
+template <DType kDType, Recipe kRecipe, bool kVec, int kG>
+__device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lane,
+                                           const float* table, const Item<kDType, kVec, kG>& it) {
+  const StoreParams& p = L.p;
+  const int64_t slot = it.slot;
+  if (slot < 0 || slot >= p.num_slots) return;  // padding or out of range: never written
+  int64_t page;
+  uint32_t pos;
+  if (L.fast_slots) {
+    const uint32_t q = L.block_size.div(static_cast<uint32_t>(slot));
+    page = q;
+    pos = static_cast<uint32_t>(slot) - q * L.block_size.d;
+  } else {
+    page = slot / p.T;
+    pos = static_cast<uint32_t>(slot - page * p.T);
+  }
+  uint32_t packed[kG][2], sfb[kG];
+#pragma unroll
+  for (int k = 0; k < kG; ++k) {
+    float x[kGroupSize];
+    it.raw[k].to_float(x);
+    sfb[k] = quantize_group<kRecipe>(x, lane.gs, [table](uint32_t b) { return table[b]; }, packed[k]);
+  }
+  uint8_t* base = lane.cache + page * lane.page_stride;
+  uint8_t* data = base + lane.data0 + pos * lane.data_pos;
+  if (kVec && kG == 2) {
+    *reinterpret_cast<uint4*>(data) = make_uint4(packed[0][0], packed[0][1], packed[kG - 1][0], packed[kG - 1][1]);
+  } else if (kVec) {
+    *reinterpret_cast<uint2*>(data) = make_uint2(packed[0][0], packed[0][1]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kG; ++k)
+#pragma unroll
+      for (int b = 0; b < 8; ++b) data[8 * k + b] = static_cast<uint8_t>(packed[k][b >> 2] >> (8 * (b & 3)));
+  }
+#pragma unroll
+  for (int k = 0; k < kG; ++k) store_scale(base + lane.scale_offset(pos, k), sfb[k]);
+}
+
 // kVec: input rows and cache sides are aligned (checked by the launcher), so groups load as
 // 16-byte vectors and code words store as 8-byte (kG == 1) or 16-byte (kG == 2) words.
-// kG: consecutive groups per work item; 2 halves the index arithmetic per element.
-// Each thread loads its next item before quantizing the current one, so input loads stay in
-// flight while it computes (the loop is otherwise a load-then-compute chain per item), and the
-// first item's loads overlap the read of the global scales and the out-scale table.
+// kG: consecutive groups per work item; 2 halves the per-item work per element.
+// The store is bound by load latency (benchmarks/RESULTS.md, run 16: half the issue slots idle,
+// warps waiting on global loads), so each thread loads its next token's item before quantizing
+// the current one: two item buffers, the loop unrolled by two so they swap roles without copies.
+// The first item's loads overlap the global scales and the out-scale table.
 template <DType kDType, Recipe kRecipe, bool kVec, int kG>
-__global__ void __launch_bounds__(kThreads) store_kernel(const __grid_constant__ StoreLaunch L) {
+__global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ StoreLaunch L) {
   __shared__ float out_table[2][128];
   const StoreParams& p = L.p;
-  const uint32_t stride = gridDim.x * kThreads;
-  uint32_t u = blockIdx.x * kThreads + threadIdx.x;
-  Item<kDType, kVec, kG> next;
-  if (u < L.total) next.load(L, u);
+  constexpr int64_t esize = kDType == DType::kFloat32 ? 4 : 2;
+  const uint32_t r = blockIdx.y * L.row_slice + threadIdx.x % L.row_slice;
+  const uint32_t step = gridDim.x * L.tokens_per_block;
+  uint32_t t = blockIdx.x * L.tokens_per_block + threadIdx.x / L.row_slice;
+  const bool active = r < L.items.per_row.d;  // false only in the last slice of a split row
+  int side = 0;
+  uint32_t h = 0, unit = 0;
+  if (active) L.items.decode(r, side, h, unit);
+  Lane lane;
+  lane.init(p, side ? p.v : p.k, h, unit * kG, esize);
+  lane.src += L.token0 * lane.token_stride;
+  const uint32_t n = active ? L.num_tokens : 0;
+
+  Item<kDType, kVec, kG> a, b;
+  if (t < n) a.load(p, lane, L.token0 + t);
 
   const GlobalScale gsk = make_global_scale(read_scale(p.k.scale));
   const GlobalScale gsv = make_global_scale(read_scale(p.v.scale));
-  {
-    const int side = threadIdx.x >> 7, b = threadIdx.x & 127;  // kThreads == 256: one entry each
-    const float inv_enc = side ? gsv.inv_enc : gsk.inv_enc;
-    out_table[side][b] = b < static_cast<int>(kScaleNaN) ? out_scale(b, inv_enc) : 0.0f;
+  lane.gs = side ? gsv : gsk;
+  for (uint32_t i = threadIdx.x; i < 2 * 128; i += blockDim.x) {
+    const uint32_t sd = i >> 7, byte = i & 127;
+    out_table[sd][byte] = byte < kScaleNaN ? out_scale(byte, sd ? gsv.inv_enc : gsk.inv_enc) : 0.0f;
   }
   __syncthreads();
+  const float* table = out_table[side];
 
-  for (; u < L.total; u += stride) {
-    const Item<kDType, kVec, kG> cur = next;
-    if (u + stride < L.total) next.load(L, u + stride);
-    const int64_t slot = cur.slot;
-    if (slot < 0 || slot >= p.num_slots) continue;  // padding or out of range: never written
-    const bool side = cur.side;
-    const uint32_t h = cur.h, g0 = cur.g0;
-    const StoreSide& s = side ? p.v : p.k;
-
-    int64_t page, pos;
-    if (L.fast_slots) {
-      const uint32_t q = L.block_size.div(static_cast<uint32_t>(slot));
-      page = q;
-      pos = static_cast<uint32_t>(slot) - q * L.block_size.d;
-    } else {
-      page = slot / p.T;
-      pos = slot - page * p.T;
-    }
-    GlobalScale gs;
-    gs.enc = side ? gsv.enc : gsk.enc;
-    gs.inv_enc = side ? gsv.inv_enc : gsk.inv_enc;
-    gs.valid = side ? gsv.valid : gsk.valid;
-    const float* table = out_table[side];
-    uint32_t packed[kG][2], sfb[kG];
-#pragma unroll
-    for (int k = 0; k < kG; ++k) {
-      float x[kGroupSize];
-      cur.raw[k].to_float(x);
-      sfb[k] = quantize_group<kRecipe>(x, gs, [table](uint32_t b) { return table[b]; }, packed[k]);
-    }
-
-    uint8_t* base = s.cache.base + page * s.cache.page_stride;
-    const int32_t D = s.cache.D;
-    const uint32_t row = static_cast<uint32_t>(row_index(p.layout, h, pos, p.H, p.T));
-    uint8_t* data = base + row * static_cast<uint32_t>(D / 2) + 8 * g0;
-    if (kVec && kG == 2) {
-      *reinterpret_cast<uint4*>(data) = make_uint4(packed[0][0], packed[0][1], packed[kG - 1][0], packed[kG - 1][1]);
-    } else if (kVec) {
-      *reinterpret_cast<uint2*>(data) = make_uint2(packed[0][0], packed[0][1]);
-    } else {
-#pragma unroll
-      for (int k = 0; k < kG; ++k)
-#pragma unroll
-        for (int b = 0; b < 8; ++b) data[8 * k + b] = static_cast<uint8_t>(packed[k][b >> 2] >> (8 * (b & 3)));
-    }
-#pragma unroll
-    for (int k = 0; k < kG; ++k) {
-      const int64_t soff = s.cache.interleaved
-                               ? scale_offset_interleaved(h, pos, g0 + k, p.T, p.H, D)
-                               : scale_offset_linear(row, g0 + k, p.H, p.T, D);
-      base[soff] = static_cast<uint8_t>(sfb[k]);
-    }
+  while (t < n) {
+    if (t + step < n) b.load(p, lane, L.token0 + t + step);
+    store_item<kDType, kRecipe, kVec, kG>(L, lane, table, a);
+    t += step;
+    if (t >= n) break;
+    if (t + step < n) a.load(p, lane, L.token0 + t + step);
+    store_item<kDType, kRecipe, kVec, kG>(L, lane, table, b);
+    t += step;
   }
 }
 
@@ -188,22 +251,49 @@ bool aligned(const void* ptr, int64_t stride_bytes_a, int64_t stride_bytes_b, in
          (stride_bytes_b % to == 0);
 }
 
+// Launches one kernel instantiation: reads its occupancy once per device, then sizes the grid to
+// one wave of the blocks that are resident at once, each stepping through an equal share of the
+// tokens. (A grid of several waves measured 15-20 % slower: RESULTS.md run 16.)
+template <auto kernel>
+cudaError_t launch_kernel(StoreLaunch L, int threads, int device, cudaStream_t stream) {
+  const int64_t total = L.p.num_tokens;
+  static int resident_per_sm[64] = {0};  // per instantiation (a static of each template instance)
+  int* per_sm = device >= 0 && device < 64 ? &resident_per_sm[device] : nullptr;
+  int blocks_per_sm = per_sm ? *per_sm : 0;
+  if (blocks_per_sm == 0) {
+    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, 0);
+    if (err != cudaSuccess) return err;
+    if (blocks_per_sm < 1) blocks_per_sm = 1;
+    if (per_sm) *per_sm = blocks_per_sm;
+  }
+  const uint32_t slices = L.items.per_row.d / L.row_slice + (L.items.per_row.d % L.row_slice != 0);
+  const int64_t resident = static_cast<int64_t>(sm_count(device)) * blocks_per_sm / slices;
+  const int64_t max_tokens = int64_t{1} << 30;  // token indices of a launch stay below 2^31
+  for (int64_t t0 = 0; t0 < total; t0 += max_tokens) {
+    L.token0 = t0;
+    L.num_tokens = static_cast<uint32_t>(total - t0 < max_tokens ? total - t0 : max_tokens);
+    const int64_t needed = (L.num_tokens + L.tokens_per_block - 1) / L.tokens_per_block;
+    const int64_t steps = (needed + resident - 1) / (resident > 0 ? resident : 1);
+    const dim3 grid(static_cast<uint32_t>((needed + steps - 1) / steps), slices);
+    kernel<<<grid, threads, 0, stream>>>(L);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
 template <DType kDType, Recipe kRecipe>
-cudaError_t launch(const StoreLaunch& L, bool vec, int g, int blocks, cudaStream_t stream) {
-  if (vec && g == 2)
-    store_kernel<kDType, kRecipe, true, 2><<<blocks, kThreads, 0, stream>>>(L);
-  else if (vec)
-    store_kernel<kDType, kRecipe, true, 1><<<blocks, kThreads, 0, stream>>>(L);
-  else
-    store_kernel<kDType, kRecipe, false, 1><<<blocks, kThreads, 0, stream>>>(L);
-  return cudaGetLastError();
+cudaError_t launch(const StoreLaunch& L, bool vec, int g, int threads, int device, cudaStream_t stream) {
+  if (vec && g == 2) return launch_kernel<store_kernel<kDType, kRecipe, true, 2>>(L, threads, device, stream);
+  if (vec) return launch_kernel<store_kernel<kDType, kRecipe, true, 1>>(L, threads, device, stream);
+  return launch_kernel<store_kernel<kDType, kRecipe, false, 1>>(L, threads, device, stream);
 }
 
 template <DType kDType>
-cudaError_t launch_recipe(const StoreLaunch& L, bool vec, int g, int blocks, cudaStream_t stream) {
+cudaError_t launch_recipe(const StoreLaunch& L, bool vec, int g, int threads, int device, cudaStream_t stream) {
   return L.p.recipe == Recipe::kNvfp4
-             ? launch<kDType, Recipe::kNvfp4>(L, vec, g, blocks, stream)
-             : launch<kDType, Recipe::kNvfp4_4over6>(L, vec, g, blocks, stream);
+             ? launch<kDType, Recipe::kNvfp4>(L, vec, g, threads, device, stream)
+             : launch<kDType, Recipe::kNvfp4_4over6>(L, vec, g, threads, device, stream);
 }
 
 }  // namespace
@@ -234,26 +324,23 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   StoreLaunch L;
   L.p = p;
   L.items = RowItems(p.H, p.k.cache.D, p.v.cache.D, g);
-  const uint32_t per_token = L.items.per_row.d;
   L.block_size = FastDiv(static_cast<uint32_t>(p.T));
   L.fast_slots = p.num_slots < (int64_t{1} << 31);
-  // Split so that work-item indices stay below 2^31 (FastDiv's range).
-  const int64_t max_tokens = ((int64_t{1} << 31) - 1) / per_token - kThreads;
-  for (int64_t t0 = 0; t0 < p.num_tokens; t0 += max_tokens) {
-    const int64_t n = p.num_tokens - t0 < max_tokens ? p.num_tokens - t0 : max_tokens;
-    L.token0 = t0;
-    L.total = static_cast<uint32_t>(n * per_token);
-    const int blocks = grid_blocks(device, L.total, 8);
-    cudaError_t err;
-    switch (p.dtype) {
-      case DType::kFloat32: err = launch_recipe<DType::kFloat32>(L, vec, g, blocks, stream); break;
-      case DType::kFloat16: err = launch_recipe<DType::kFloat16>(L, vec, g, blocks, stream); break;
-      default: err = launch_recipe<DType::kBFloat16>(L, vec, g, blocks, stream); break;
-    }
-    if (err != cudaSuccess) {
-      *message = check_kernel_image(err);
-      return err;
-    }
+  // Block shape: whole token rows side by side (about 256 threads), or a long row in slices.
+  const uint32_t row = L.items.per_row.d;
+  const uint32_t slices = (row + kMaxRow - 1) / kMaxRow;
+  L.row_slice = (row + slices - 1) / slices;
+  L.tokens_per_block = L.row_slice < 256 ? 256 / L.row_slice : 1;
+  const int threads = static_cast<int>(L.row_slice * L.tokens_per_block);
+  cudaError_t err;
+  switch (p.dtype) {
+    case DType::kFloat32: err = launch_recipe<DType::kFloat32>(L, vec, g, threads, device, stream); break;
+    case DType::kFloat16: err = launch_recipe<DType::kFloat16>(L, vec, g, threads, device, stream); break;
+    default: err = launch_recipe<DType::kBFloat16>(L, vec, g, threads, device, stream); break;
+  }
+  if (err != cudaSuccess) {
+    *message = check_kernel_image(err);
+    return err;
   }
   return 0;
 }

@@ -82,7 +82,8 @@ def _case_bytes(n: int, H: int, D: int, elem: int, slot_bytes: int = 8) -> int:
 
 def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 16,
                      dtype: str = "bfloat16", layout: str = "HND", recipe: str = "nvfp4",
-                     scale_layout: str = "vllm", quick: bool = False, graph: bool = False) -> Dict:
+                     scale_layout: str = "vllm", quick: bool = False, graph: bool = False,
+                     slots: str = "random") -> Dict:
     tdtype = getattr(torch, dtype)
     pages = (n + T - 1) // T
     spec = nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D, cache_dtype="nvfp4")
@@ -93,16 +94,21 @@ def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 
         kv = nvfp4kv.allocate_kv_cache(spec, pages, layout=layout, device="cuda", backend="torch")
         key = torch.randn(n, H, D, dtype=tdtype, device="cuda")
         value = torch.randn(n, H, D, dtype=tdtype, device="cuda")
-        slots = torch.randperm(pages * T, device="cuda")[:n]  # random unique slots
-        inputs.append((key, value, kv, slots))
+        if slots == "random":  # random unique slots (the case)
+            slot_mapping = torch.randperm(pages * T, device="cuda")[:n]
+        elif slots == "sequential":  # a prefill into fresh pages: whole rows, in order
+            slot_mapping = torch.arange(n, device="cuda")
+        else:  # "skip": every token padded (-1): reads the input, writes nothing
+            slot_mapping = torch.full((n,), -1, device="cuda")
+        inputs.append((key, value, kv, slot_mapping))
     k_scale = torch.tensor([0.02], device="cuda")
     v_scale = torch.tensor([0.02], device="cuda")
     state = {"i": 0}
 
     def call():
-        key, value, kv, slots = inputs[state["i"] % sets]
+        key, value, kv, slot_mapping = inputs[state["i"] % sets]
         state["i"] += 1
-        nvfp4kv.store(key, value, kv, slots, k_scale, v_scale, recipe=recipe, scale_layout=scale_layout)
+        nvfp4kv.store(key, value, kv, slot_mapping, k_scale, v_scale, recipe=recipe, scale_layout=scale_layout)
 
     for _ in range(3):
         call()
@@ -111,7 +117,7 @@ def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 
     calls = max(1, min(200, int(2e8 // max(total, 1))))
     us = _median_per_call(torch, call, calls, 5 if quick else 15)
     row = {"tokens": n, "H": H, "D": D, "T": T, "dtype": dtype, "layout": layout, "recipe": recipe,
-           "scale_layout": scale_layout, "us": us, "bytes": total, "GBps": total / (us * 1e-6) / 1e9}
+           "scale_layout": scale_layout, "slots": slots, "us": us, "bytes": total, "GBps": total / (us * 1e-6) / 1e9}
     if graph:
         row["graph_us"] = _graph_per_call(torch, call, 20, 5 if quick else 10)
     return row

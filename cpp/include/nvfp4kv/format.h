@@ -197,37 +197,45 @@ NVFP4KV_HD float sat01(float x) {
 
 constexpr float kMagic = 8388608.0f;
 
-// (x & 0x80000000) | c in one logic instruction on the GPU (the compiler otherwise spends two).
-NVFP4KV_HD uint32_t sign_or(uint32_t x, uint32_t c) {
+// Bit 4i+3 = the sign bit of x[i] for i < 8: the sign bits of one packed code word, placed where
+// E2M1 keeps its sign. On the GPU: six byte permutes that replicate each sign through a byte, and
+// a select that the caller's OR absorbs, instead of two instructions per element.
+NVFP4KV_HD uint32_t sign_word(const float* x) {
 #if defined(__CUDA_ARCH__)
-  uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "r"(0x80000000u), "r"(c));
-  return r;
+  uint32_t q[4], ev, od;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)  // bytes 0, 1: 0xFF/0x00 from the signs of x[j] and x[j + 2]
+    asm("prmt.b32 %0, %1, %2, 0xFFFB;" : "=r"(q[j])
+        : "r"(__float_as_uint(x[(j & 1) + 4 * (j >> 1)])), "r"(__float_as_uint(x[(j & 1) + 4 * (j >> 1) + 2])));
+  asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(ev) : "r"(q[0]), "r"(q[2]));  // x0 x2 x4 x6
+  asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(od) : "r"(q[1]), "r"(q[3]));  // x1 x3 x5 x7
+  // Byte j of the word takes x[2j] at bit 3 and x[2j+1] at bit 7.
+  return ((od & 0x80808080u) | (ev & 0x7F7F7F7Fu)) & 0x88888888u;
 #else
-  return (x & 0x80000000u) | c;
+  uint32_t r = 0;
+  for (int i = 0; i < 8; ++i) r |= (float_bits(x[i]) >> 31) << (4 * i + 3);
+  return r;
 #endif
-}  // 2^23: floats in [2^23, 2^24) hold integers in their low bits
-
-// 1 if m > t, else 0, exactly: m*2^26 - t*2^26 is one rounding of 2^26*(m - t), which keeps the
-// sign and, for t >= 0.25, is at least 2^26 * ulp(t) = 16 when m > t; .sat turns it into 0 or 1.
-NVFP4KV_HD float step_above(float m, float t) { return sat01(fma_exact(m, 67108864.0f, -t * 67108864.0f)); }
+}
 
 // base + (E2M1 magnitude code of m), for m >= 0, as a float: round-to-nearest-even onto
-// 0, 0.5, 1, 1.5, 2, 3, 4, 6 with saturation (the ladder of FORMAT.md §2), built from float
-// multiply-adds only. On Hopper the float pipe runs twice the rate of the integer/compare pipe,
-// which is what the store kernel is bound by (shared/notes/h200-store-budget.md).
-//   code = min(rint(2m), 4) + clamp(rint(m) - 2, 0, 2) + [m > 5]
-// rint(2m) gives codes 0..4 (values 0..2, spaced 0.5); on [2, 4] the spacing is 1 and rint(m) + 2
-// gives codes 4..6 with the right ties (2.5 -> 2, 3.5 -> 4); the last step gives 7 above 5 (a tie
-// at 5 goes to 4). rint(y) for y < 2^22 is (y + 2^23) - 2^23 in one rounding (the 2^23 trick).
-// A NaN m (only 0 * Inf, never in the recipe's normal flow) gives code 0.
+// 0, 0.5, 1, 1.5, 2, 3, 4, 6 with saturation (the ladder of FORMAT.md §2), in six float
+// operations and no comparison. On Hopper the float pipe runs twice the rate of the integer and
+// compare pipe, and the store kernel is bound by instruction issue
+// (shared/notes/h200-store-budget.md), so this is the per-element cost that matters.
+// With base an even integer in [2^23, 2^24), where a float's ulp is 1:
+//   acc = base + rint(4 * min(m/2, 1))      = base + min(rint(2m), 4)   codes 0..4, spacing 0.5
+//   acc = acc + 2 * clamp(m/2 - 1, 0, 1)    adds rint(m - 2) once m > 2 codes 4..6, spacing 1
+//   acc = acc + clamp(m/2 - 2, 0, 1)        adds 1 once m > 5           code 7
+// Each step rounds once (FMA), and every sum it rounds has an even integer part (base; base+4
+// when the second step is active; base+6 when the third is), so ties go where E2M1's RNE sends
+// them (in values): 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4. The operands are
+// exact: m/2 is a power-of-two scaling and m/2 - 1, m/2 - 2 are exact (Sterbenz) wherever they
+// are not clamped. A NaN m (only 0 * Inf, never in the recipe's normal flow) gives code 0.
 NVFP4KV_HD float e2m1_code_plus(float m, float base) {
-  const float r2 = fma_exact(m, 2.0f, kMagic);                        // 2^23 + rint(2m)
-  const float r1 = add_rn(m, kMagic);                                 // 2^23 + rint(m)
-  const float low = sat01(fma_exact(r2, 0.25f, -0.25f * kMagic));     // min(rint(2m), 4) / 4
-  const float mid = sat01(fma_exact(r1, 0.5f, -0.5f * (kMagic + 2.0f)));  // clamp(rint(m)-2, 0, 2) / 2
-  const float acc = fma_exact(mid, 2.0f, fma_exact(low, 4.0f, base));
-  return add_rn(acc, step_above(m, 5.0f));
+  const float acc = fma_exact(sat01(mul_rn(m, 0.5f)), 4.0f, base);
+  const float acc2 = fma_exact(sat01(fma_exact(m, 0.5f, -1.0f)), 2.0f, acc);
+  return add_rn(acc2, sat01(fma_exact(m, 0.5f, -2.0f)));
 }
 
 // Magnitude code 0..7 of m >= 0.
@@ -311,26 +319,21 @@ NVFP4KV_HD uint32_t scale_byte(float amax, float enc, float divisor) {
 // The sign comes from x (equal to the sign of x*out, since out >= 0, whenever that is not NaN),
 // which keeps the bytes identical across platforms whose default NaN differs.
 NVFP4KV_HD void encode_group(const float (&x)[kGroupSize], float out, uint32_t (&packed)[2]) {
-  // Each element's code is the low nibble of a float 2^23 + 4 + code -/+ 4 (the sign adds 8);
-  // adding the 8 float bit patterns shifted by 4i packs the nibbles and adds a constant, the
-  // bias of 0x4B000000 at every nibble position, subtracted once per word.
+  // Each element's code is the low bits of the float 2^23 + code; adding the 8 float bit patterns
+  // shifted by 4i packs the nibbles (codes are < 8: no carry) plus the bias of 0x4B000000 at every
+  // nibble position, which the start value cancels. The sign bits go in last.
   constexpr uint32_t kBias = 0x4B000000u * 0x11111111u;  // sum of 0x4B000000 << 4i (mod 2^32)
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int w = 0; w < 2; ++w) {
-    uint32_t word = 0;
+    uint32_t word = 0u - kBias;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-    for (int i = 0; i < 8; ++i) {
-      const float xi = x[8 * w + i];
-      const float code = e2m1_code_plus(mul_rn(abs_f(xi), out), kMagic + 4.0f);
-      // +-8 with the sign of x, times -0.5: -4 for a positive x, +4 (code + 8) for a negative one.
-      const float sign8 = bits_float(sign_or(float_bits(xi), 0x41000000u));
-      word += float_bits(fma_exact(sign8, -0.5f, code)) << (4 * i);
-    }
-    packed[w] = word - kBias;
+    for (int i = 0; i < 8; ++i)
+      word += float_bits(e2m1_code_plus(mul_rn(abs_f(x[8 * w + i]), out), kMagic)) << (4 * i);
+    packed[w] = word | sign_word(x + 8 * w);
   }
 }
 

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds the store kernel with compile-time variants (CMAKE_CUDA_FLAGS) and times each on the
+# same cases, for A/B decisions on the lent GPU. Usage: bash benchmarks/store_variants.sh "FLAGS1" "FLAGS2" ...
+set -uo pipefail
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+i=0
+for flags in "$@"; do
+  i=$((i + 1))
+  echo "== variant $i: $flags"
+  python3 -m pip install --no-build-isolation --no-deps -q -C cmake.define.NVFP4KV_CUDA_ARCHS=90-real \
+    -C "cmake.define.CMAKE_CUDA_FLAGS=$flags" -C build-dir=/tmp/variant$i . > "$OUT/variant$i.log" 2>&1 || { tail -20 "$OUT/variant$i.log"; continue; }
+  (cd /tmp && python3 - "$flags" <<'PY' | tee -a "$OUT/variants.txt"
+import sys, torch, nvfp4kv
+from nvfp4kv import bench as B
+c = B.measure_ceilings(torch, quick=True)
+print(f"variant {sys.argv[1]!r}: copy {c['copy_GBps']:.0f} GB/s, empty {c['empty_launch_us']:.2f} us, node {c['empty_graph_node_us']:.2f} us")
+cases = [dict(n=65536), dict(n=65536, slots="sequential"), dict(n=65536, slots="skip"), dict(n=16384), dict(n=65536, layout="NHD", scale_layout="linear"), dict(n=65536, D=256),
+         dict(n=65536, dtype="float16"), dict(n=65536, recipe="nvfp4_4over6"), dict(n=4096), dict(n=1, graph=True), dict(n=64, graph=True)]
+for cs in cases:
+    r = B.bench_store_case(torch, nvfp4kv, quick=True, **cs)
+    g = f" graph {r['graph_us']:.2f}" if "graph_us" in r else ""
+    print(f"  {cs}: {r['us']:.2f} us {r['GBps']:.0f} GB/s {100 * r['GBps'] / c['copy_GBps']:.1f}%{g}")
+PY
+  )
+done
