@@ -116,18 +116,9 @@ def store(
     TypeError, ValueError, RuntimeError
         Bad dtype; bad shape/value/device; CUDA failure. The cache is untouched on error.
     """
-    _C.store(
-        key,
-        value,
-        kv_cache,
-        value_cache,
-        slot_mapping,
-        _scale(k_scale),
-        _scale(v_scale),
-        _choice(recipe, _RECIPES, "recipe"),
-        _choice(scale_layout, _SCALE_LAYOUTS, "scale_layout"),
-        _stream_handle(stream, kv_cache),
-    )
+    # Strings, scales and the stream are resolved in C++ (the common cases) or through the helpers
+    # above: a decode step's store is bound by this host work.
+    _C.store(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cache, recipe, scale_layout, stream)
 
 
 def reshape_and_cache_flash(

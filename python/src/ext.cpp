@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include <cstring>
 #include <string>
 
 #include "nvfp4kv/format.h"
@@ -58,6 +59,8 @@ struct TorchInfo {
                       {kDLUInt, 8, 1},   {kDLInt, 32, 1},   {kDLInt, 64, 1}};
   // Interned attribute names: no string is built per call.
   PyObject *dtype, *get_device, *is_cpu, *is_cuda, *is_neg, *shape, *stride, *data_ptr;
+  // torch._C._cuda_getCurrentRawStream(device) -> int, or nullptr (CPU-only torch, older torch)
+  PyObject* raw_stream = nullptr;
 };
 
 const TorchInfo* torch_info() {
@@ -74,6 +77,12 @@ const TorchInfo* torch_info() {
   } catch (const nb::python_error&) {
     return nullptr;
   }
+  PyObject* c_mod = PyObject_GetAttrString(torch, "_C");
+  if (c_mod) {
+    info.raw_stream = PyObject_GetAttrString(c_mod, "_cuda_getCurrentRawStream");  // new ref, kept
+    Py_DECREF(c_mod);
+  }
+  PyErr_Clear();
   info.dtype = PyUnicode_InternFromString("dtype");
   info.get_device = PyUnicode_InternFromString("get_device");
   info.is_cpu = PyUnicode_InternFromString("is_cpu");
@@ -204,24 +213,73 @@ void import_scale(Arg& a, nb::handle obj, const char* name) {
   import_array(a, obj, name, false);
 }
 
-void store(nb::handle key, nb::handle value, nb::handle kv_cache, nb::handle value_cache,
-           nb::handle slot_mapping, nb::handle k_scale, nb::handle v_scale, int recipe,
-           int profile, uintptr_t stream) {
+// The Python helpers of nvfp4kv.api, for what the fast paths below do not cover (they also
+// produce the error messages): _choice, _scale, _stream_handle.
+nb::object api_helper(const char* name) {
+  return nb::module_::import_("nvfp4kv.api").attr(name);
+}
+
+// recipe / scale_layout strings -> enum values; anything else goes to api._choice, which raises.
+int choice(nb::handle value, const char* const* names, int count, const char* table, const char* arg) {
+  if (PyUnicode_Check(value.ptr())) {
+    const char* v = PyUnicode_AsUTF8AndSize(value.ptr(), nullptr);  // in the limited API
+    if (!v) throw nb::python_error();
+    for (int i = 0; i < count; ++i)
+      if (std::strcmp(v, names[i]) == 0) return i;
+  }
+  return nb::cast<int>(api_helper("_choice")(value, nb::module_::import_("nvfp4kv.api").attr(table), arg));
+}
+
+// The stream to run on: an int as given; None: none for a cache on the CPU, torch's current
+// stream of the cache's device when the cache is a CUDA torch tensor (read in C++: this is the
+// per-call path of a decode step); every other case through api._stream_handle.
+uintptr_t stream_handle(nb::handle stream, nb::handle like, const Arg& cache) {
+  if (PyLong_Check(stream.ptr())) return nb::cast<uintptr_t>(stream);
+  if (stream.is_none() && cache.t.device.device_type == kDLCPU) return 0;  // no stream on the CPU
+  if (stream.is_none() && cache.keep_alive.is_valid() && cache.t.device.device_type == kDLCUDA) {
+    const TorchInfo* info = torch_info();
+    if (info && info->raw_stream) {
+      nb::object s = nb::steal(PyObject_CallFunction(info->raw_stream, "i", cache.t.device.device_id));
+      if (!s.is_valid()) throw nb::python_error();
+      return nb::cast<uintptr_t>(s);
+    }
+  }
+  return nb::cast<uintptr_t>(api_helper("_stream_handle")(stream, like));
+}
+
+// k_scale / v_scale: a Python number or an array as they are; numpy scalars and the like
+// through api._scale (which turns them into floats).
+nb::object scale_arg(nb::handle x) {
+  if (PyFloat_Check(x.ptr()) || PyLong_Check(x.ptr())) return nb::borrow(x);
+  const TorchInfo* info = torch_info();
+  if (info && reinterpret_cast<PyObject*>(Py_TYPE(x.ptr())) == info->tensor_type) return nb::borrow(x);
+  return api_helper("_scale")(x);
+}
+
+const char* const kRecipeNames[] = {"nvfp4", "nvfp4_4over6"};          // enum order
+const char* const kScaleLayoutNames[] = {"vllm", "linear"};           // enum order
+
+void store(nb::handle key, nb::handle value, nb::handle kv_cache, nb::handle slot_mapping,
+           nb::handle k_scale, nb::handle v_scale, nb::handle value_cache, nb::handle recipe,
+           nb::handle scale_layout, nb::handle stream) {
+  const int r = choice(recipe, kRecipeNames, 2, "_RECIPES", "recipe");
+  const int profile = choice(scale_layout, kScaleLayoutNames, 2, "_SCALE_LAYOUTS", "scale_layout");
+  const nb::object ksc = scale_arg(k_scale), vsc = scale_arg(v_scale);
   Arg k, v, c, vc, s, ks, vs;
   import_array(k, key, "key", false);
   import_array(v, value, "value", false);
   import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", true);
   import_optional(vc, value_cache, "value_cache", true);
   import_array(s, slot_mapping, "slot_mapping", false);
-  import_scale(ks, k_scale, "k_scale");
-  import_scale(vs, v_scale, "v_scale");
+  import_scale(ks, ksc, "k_scale");
+  import_scale(vs, vsc, "v_scale");
+  const uintptr_t st_handle = stream_handle(stream, kv_cache, c);
   nvfp4kv_status st;
   {
     nb::gil_scoped_release release;
     st = nvfp4kv_store(k.get(), v.get(), c.get(), vc.get(), s.get(), ks.get(), vs.get(),
-                       static_cast<nvfp4kv_recipe>(recipe),
-                       static_cast<nvfp4kv_scale_profile>(profile),
-                       reinterpret_cast<void*>(stream));
+                       static_cast<nvfp4kv_recipe>(r), static_cast<nvfp4kv_scale_profile>(profile),
+                       reinterpret_cast<void*>(st_handle));
   }
   raise_for(st);
 }
@@ -302,11 +360,12 @@ NB_MODULE(_C, m) {
   m.attr("E2M1_MAX") = nvfp4kv::kE2M1Max;
   m.attr("E4M3_MAX") = nvfp4kv::kE4M3Max;
   m.attr("SCALE_NAN") = nvfp4kv::kScaleNaN;
-  m.attr("RECIPES") = nb::make_tuple("nvfp4", "nvfp4_4over6");          // enum order
-  m.attr("SCALE_LAYOUTS") = nb::make_tuple("vllm", "linear");           // enum order
+  m.attr("RECIPES") = nb::make_tuple(kRecipeNames[0], kRecipeNames[1]);
+  m.attr("SCALE_LAYOUTS") = nb::make_tuple(kScaleLayoutNames[0], kScaleLayoutNames[1]);
   m.def("store", &store, nb::arg("key"), nb::arg("value"), nb::arg("kv_cache"),
-        nb::arg("value_cache").none(), nb::arg("slot_mapping"), nb::arg("k_scale"),
-        nb::arg("v_scale"), nb::arg("recipe"), nb::arg("profile"), nb::arg("stream"));
+        nb::arg("slot_mapping"), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
+        nb::arg("value_cache").none(), nb::arg("recipe").none(), nb::arg("scale_layout").none(),
+        nb::arg("stream").none());
   m.def("dequantize", &dequantize, nb::arg("kv_cache"), nb::arg("value_cache").none(),
         nb::arg("pages").none(), nb::arg("k_scale"), nb::arg("v_scale"), nb::arg("profile"),
         nb::arg("key_out"), nb::arg("value_out"), nb::arg("stream"));
