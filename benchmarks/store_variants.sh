@@ -17,10 +17,16 @@ c = B.measure_ceilings(torch, quick=True)
 print(f"variant {sys.argv[1]!r}: copy {c['copy_GBps']:.0f} GB/s, empty {c['empty_launch_us']:.2f} us, node {c['empty_graph_node_us']:.2f} us")
 cases = [dict(n=65536), dict(n=65536, slots="sequential"), dict(n=65536, slots="skip"), dict(n=16384), dict(n=65536, layout="NHD", scale_layout="linear"), dict(n=65536, D=256),
          dict(n=65536, dtype="float16"), dict(n=65536, recipe="nvfp4_4over6"), dict(n=4096), dict(n=1, graph=True), dict(n=64, graph=True)]
+import os
+if os.environ.get("CASES") == "large":
+    cases = [dict(n=65536), dict(n=65536, layout="NHD", scale_layout="linear"), dict(n=65536, D=256), dict(n=16384), dict(n=4096)]
 for cs in cases:
     r = B.bench_store_case(torch, nvfp4kv, quick=True, **cs)
     g = f" graph {r['graph_us']:.2f}" if "graph_us" in r else ""
     print(f"  {cs}: {r['us']:.2f} us {r['GBps']:.0f} GB/s {100 * r['GBps'] / c['copy_GBps']:.1f}%{g}")
+for n in (65536, 262144, 1 << 20):
+    r = B.bench_gather_case(torch, nvfp4kv, n, quick=True)
+    print(f"  gather {n}: {r['us']:.2f} us {r['GBps']:.0f} GB/s {100 * r['GBps'] / c['copy_GBps']:.1f}%")
 PY
   )
 done
