@@ -23,7 +23,7 @@ struct DequantLaunch {
 // (two values per instruction); a NaN group writes the one NaN pattern the format core gives on
 // the host too, since hardware NaN conversion uses another payload. Vector stores are streaming
 // (evict-first): the output is written once and read by another kernel, and keeping it out of
-// L2's way took the 1M-token gather from 69.7 % to 74.0 % of copy (RESULTS.md run 25).
+// L2's way took the 1M-token gather from 69.7 % to 74.0 % of copy (RESULTS.md run 24).
 template <DType kDType, bool kVec>
 __device__ __forceinline__ void store_group(void* out, int64_t idx, const float (&y)[16], bool nan_group) {
   if constexpr (kDType == DType::kFloat32) {

@@ -253,7 +253,7 @@ bool aligned(const void* ptr, int64_t stride_bytes_a, int64_t stride_bytes_b, in
 
 // Launches one kernel instantiation: reads its occupancy once per device, then sizes the grid to
 // one wave of the blocks that are resident at once, each stepping through an equal share of the
-// tokens. (A grid of several waves measured 15-20 % slower: RESULTS.md run 16.)
+// tokens. (Several waves of blocks measured 15-20 % slower: RESULTS.md run 18.)
 template <auto kernel>
 cudaError_t launch_kernel(StoreLaunch L, int threads, int device, cudaStream_t stream) {
   const int64_t total = L.p.num_tokens;

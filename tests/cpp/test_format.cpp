@@ -57,10 +57,12 @@ static void test_e2m1() {
     const double want = (c & 8 ? -1 : 1) * vals[c & 7];
     CHECK(d == want && (signbit(d) != 0) == ((c & 8) != 0), "decode(%u)=%g", c, d);
   }
-  // Every tie and its two neighbours, and a sweep over [0, 8) in steps of 2^-12.
+  // Every tie and the 4096 floats on each side of it (the float encoder rounds in three steps,
+  // each exact only by an argument about its operands), and a sweep over [0, 8) in steps of 2^-12.
+  // (All 2^31 non-negative floats were checked once against the ladder: 0 mismatches.)
   std::vector<float> probes;
-  for (double t : {0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0})
-    for (int k = -3; k <= 3; ++k) probes.push_back(bits(ubits(static_cast<float>(t)) + k));
+  for (double t : {0.25, 0.75, 1.25, 1.75, 2.0, 2.5, 3.5, 4.0, 5.0, 6.0})
+    for (int k = -4096; k <= 4096; ++k) probes.push_back(bits(ubits(static_cast<float>(t)) + k));
   for (int i = 0; i < 8 * 4096; ++i) probes.push_back(i / 4096.0f);
   for (float big : {7.0f, 100.0f, 3.4e38f, INFINITY, 1e-30f, 1.4e-45f}) probes.push_back(big);
   for (float m : probes) {
@@ -72,6 +74,14 @@ static void test_e2m1() {
   }
   CHECK(e2m1_encode(-0.0f) == 8u, "-0 must keep its sign");
   CHECK(e2m1_magnitude(NAN) == 0u, "NaN magnitude (only 0*Inf, never reached by the recipe) is 0");
+}
+
+static void test_sign_word() {
+  const float x[8] = {1.0f, -1.0f, -0.0f, 0.0f, -INFINITY, bits(0xFFC00000u), 3.0f, -1e-40f};
+  uint32_t want = 0;
+  for (int i = 0; i < 8; ++i)
+    if (ubits(x[i]) >> 31) want |= 8u << (4 * i);
+  CHECK(sign_word(x) == want, "sign_word=%08x want %08x", sign_word(x), want);
 }
 
 static void test_e4m3() {
@@ -155,6 +165,7 @@ static void test_recipe() {
 
 int main() {
   test_e2m1();
+  test_sign_word();
   test_e4m3();
   test_half_conversions();
   test_recipe();

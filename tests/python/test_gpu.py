@@ -171,6 +171,13 @@ def test_device_scales(recipe):
              device_scales=True)
 
 
+@pytest.mark.parametrize("H,D,layout,scale_layout", [(64, 128, "HND", "vllm"), (40, 144, "NHD", "linear")])
+def test_long_rows_split_over_blocks(H, D, layout, scale_layout):
+    """Token rows of more than 512 work items (H*D > 8192, or odd group counts with H*D > 4096)
+    are split over gridDim.y; every slice must write its part and nothing else."""
+    run_both(3, 16, H, D, "5d", layout, "bfloat16", "nvfp4", scale_layout, torch.int64, 40, seed=13)
+
+
 def test_large_batch():
     run_both(4096, 16, 8, 128, "5d", "HND", "bfloat16", "nvfp4", "vllm", torch.int64, 65536, seed=5)
 
