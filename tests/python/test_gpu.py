@@ -171,7 +171,7 @@ def test_device_scales(recipe):
              device_scales=True)
 
 
-@pytest.mark.parametrize("H,D,layout,scale_layout", [(64, 128, "HND", "vllm"), (40, 144, "NHD", "linear")])
+@pytest.mark.parametrize("H,D,layout,scale_layout", [(128, 128, "HND", "vllm"), (40, 144, "NHD", "linear")])
 def test_long_rows_split_over_blocks(H, D, layout, scale_layout):
     """Token rows of more than 512 work items (H*D > 8192, or odd group counts with H*D > 4096)
     are split over gridDim.y; every slice must write its part and nothing else."""
