@@ -103,7 +103,7 @@ __device__ __forceinline__ float read_scale(const ScaleArg& s) {
 // What one thread keeps for the whole launch: where its groups sit in a token's input row and in
 // a page, and its side's scales.
 struct Lane {
-  const char* src;          // input of its groups in token 0 of this launch
+  const char* src;          // input of its groups in token 0 (Item::load adds the token)
   int64_t token_stride;     // bytes
   uint8_t* cache;           // its side of page 0
   int64_t page_stride;      // bytes
@@ -219,7 +219,6 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
   if (active) L.items.decode(r, side, h, unit);
   Lane lane;
   lane.init(p, side ? p.v : p.k, h, unit * kG, esize);
-  lane.src += L.token0 * lane.token_stride;
   const uint32_t n = active ? L.num_tokens : 0;
 
   Item<kDType, kVec, kG> a, b;
