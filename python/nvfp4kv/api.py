@@ -1,7 +1,9 @@
 """Quantize-and-store and dequantize: thin wrappers over the C ABI (``nvfp4kv._C``).
 
-Validation lives in the C ABI; this module only turns Python conveniences (strings, Python
-floats, stream objects) into what the ABI takes, and allocates outputs for ``dequantize``.
+Validation lives in the C ABI. The binding resolves the common arguments itself (option strings,
+Python floats, torch tensors, torch's current stream: a decode step's store is bound by this host
+work) and calls the helpers below for everything else (numpy scalars, stream objects, unknown
+options, whose error messages they produce). This module also allocates outputs.
 """
 
 from __future__ import annotations
@@ -116,8 +118,6 @@ def store(
     TypeError, ValueError, RuntimeError
         Bad dtype; bad shape/value/device; CUDA failure. The cache is untouched on error.
     """
-    # Strings, scales and the stream are resolved in C++ (the common cases) or through the helpers
-    # above: a decode step's store is bound by this host work.
     _C.store(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cache, recipe, scale_layout, stream)
 
 
@@ -250,17 +250,7 @@ def dequantize(
         name = _dtype_name(dtype)
         key_out = _empty(kv_cache, (n, t, h, d), name) if key_out is None else key_out
         value_out = _empty(kv_cache, (n, t, h, dv), name) if value_out is None else value_out
-    _C.dequantize(
-        kv_cache,
-        value_cache,
-        pages,
-        _scale(k_scale),
-        _scale(v_scale),
-        _choice(scale_layout, _SCALE_LAYOUTS, "scale_layout"),
-        key_out,
-        value_out,
-        _stream_handle(stream, kv_cache),
-    )
+    _C.dequantize(kv_cache, value_cache, pages, k_scale, v_scale, scale_layout, key_out, value_out, stream)
     return key_out, value_out
 
 
@@ -331,19 +321,8 @@ def gather_dequant(
         name = _dtype_name(dtype)
         key_out = _empty(kv_cache, (total, h, d), name) if key_out is None else key_out
         value_out = _empty(kv_cache, (total, h, dv), name) if value_out is None else value_out
-    _C.gather_dequant(
-        kv_cache,
-        value_cache,
-        block_table,
-        seq_lens,
-        cu_seqlens,
-        _scale(k_scale),
-        _scale(v_scale),
-        _choice(scale_layout, _SCALE_LAYOUTS, "scale_layout"),
-        key_out,
-        value_out,
-        _stream_handle(stream, kv_cache),
-    )
+    _C.gather_dequant(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, k_scale, v_scale,
+                      scale_layout, key_out, value_out, stream)
     return key_out, value_out, cu_seqlens
 
 

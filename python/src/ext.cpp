@@ -227,7 +227,7 @@ int choice(nb::handle value, const char* const* names, int count, const char* ta
     for (int i = 0; i < count; ++i)
       if (std::strcmp(v, names[i]) == 0) return i;
   }
-  return nb::cast<int>(api_helper("_choice")(value, nb::module_::import_("nvfp4kv.api").attr(table), arg));
+  return nb::cast<int>(api_helper("_choice")(value, api_helper(table), arg));
 }
 
 // The stream to run on: an int as given; None: none for a cache on the CPU, torch's current
@@ -285,46 +285,52 @@ void store(nb::handle key, nb::handle value, nb::handle kv_cache, nb::handle slo
 }
 
 void dequantize(nb::handle kv_cache, nb::handle value_cache, nb::handle pages, nb::handle k_scale,
-                nb::handle v_scale, int profile, nb::handle key_out, nb::handle value_out,
-                uintptr_t stream) {
+                nb::handle v_scale, nb::handle scale_layout, nb::handle key_out,
+                nb::handle value_out, nb::handle stream) {
+  const int profile = choice(scale_layout, kScaleLayoutNames, 2, "_SCALE_LAYOUTS", "scale_layout");
+  const nb::object ksc = scale_arg(k_scale), vsc = scale_arg(v_scale);
   Arg c, vc, pg, ks, vs, ko, vo;
   import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
   import_optional(vc, value_cache, "value_cache", false);
   import_optional(pg, pages, "pages", false);
-  import_scale(ks, k_scale, "k_scale");
-  import_scale(vs, v_scale, "v_scale");
+  import_scale(ks, ksc, "k_scale");
+  import_scale(vs, vsc, "v_scale");
   import_array(ko, key_out, "key_out", true);
   import_array(vo, value_out, "value_out", true);
+  const uintptr_t st_handle = stream_handle(stream, kv_cache, c);
   nvfp4kv_status st;
   {
     nb::gil_scoped_release release;
     st = nvfp4kv_dequantize_pages(c.get(), vc.get(), pg.get(), ks.get(), vs.get(),
                                   static_cast<nvfp4kv_scale_profile>(profile), ko.get_mut(),
-                                  vo.get_mut(), reinterpret_cast<void*>(stream));
+                                  vo.get_mut(), reinterpret_cast<void*>(st_handle));
   }
   raise_for(st);
 }
 
 void gather_dequant(nb::handle kv_cache, nb::handle value_cache, nb::handle block_table,
                     nb::handle seq_lens, nb::handle cu_seqlens, nb::handle k_scale,
-                    nb::handle v_scale, int profile, nb::handle key_out, nb::handle value_out,
-                    uintptr_t stream) {
+                    nb::handle v_scale, nb::handle scale_layout, nb::handle key_out,
+                    nb::handle value_out, nb::handle stream) {
+  const int profile = choice(scale_layout, kScaleLayoutNames, 2, "_SCALE_LAYOUTS", "scale_layout");
+  const nb::object ksc = scale_arg(k_scale), vsc = scale_arg(v_scale);
   Arg c, vc, bt, sl, cu, ks, vs, ko, vo;
   import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
   import_optional(vc, value_cache, "value_cache", false);
   import_array(bt, block_table, "block_table", false);
   import_array(sl, seq_lens, "seq_lens", false);
   import_array(cu, cu_seqlens, "cu_seqlens", false);
-  import_scale(ks, k_scale, "k_scale");
-  import_scale(vs, v_scale, "v_scale");
+  import_scale(ks, ksc, "k_scale");
+  import_scale(vs, vsc, "v_scale");
   import_array(ko, key_out, "key_out", true);
   import_array(vo, value_out, "value_out", true);
+  const uintptr_t st_handle = stream_handle(stream, kv_cache, c);
   nvfp4kv_status st;
   {
     nb::gil_scoped_release release;
     st = nvfp4kv_gather_dequant(c.get(), vc.get(), bt.get(), sl.get(), cu.get(), ks.get(),
                                 vs.get(), static_cast<nvfp4kv_scale_profile>(profile),
-                                ko.get_mut(), vo.get_mut(), reinterpret_cast<void*>(stream));
+                                ko.get_mut(), vo.get_mut(), reinterpret_cast<void*>(st_handle));
   }
   raise_for(st);
 }
@@ -367,11 +373,12 @@ NB_MODULE(_C, m) {
         nb::arg("value_cache").none(), nb::arg("recipe").none(), nb::arg("scale_layout").none(),
         nb::arg("stream").none());
   m.def("dequantize", &dequantize, nb::arg("kv_cache"), nb::arg("value_cache").none(),
-        nb::arg("pages").none(), nb::arg("k_scale"), nb::arg("v_scale"), nb::arg("profile"),
-        nb::arg("key_out"), nb::arg("value_out"), nb::arg("stream"));
+        nb::arg("pages").none(), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
+        nb::arg("scale_layout").none(), nb::arg("key_out"), nb::arg("value_out"),
+        nb::arg("stream").none());
   m.def("gather_dequant", &gather_dequant, nb::arg("kv_cache"), nb::arg("value_cache").none(),
-        nb::arg("block_table"), nb::arg("seq_lens"), nb::arg("cu_seqlens"), nb::arg("k_scale"),
-        nb::arg("v_scale"), nb::arg("profile"), nb::arg("key_out"), nb::arg("value_out"),
-        nb::arg("stream"));
+        nb::arg("block_table"), nb::arg("seq_lens"), nb::arg("cu_seqlens"),
+        nb::arg("k_scale").none(), nb::arg("v_scale").none(), nb::arg("scale_layout").none(),
+        nb::arg("key_out"), nb::arg("value_out"), nb::arg("stream").none());
   m.def("cuda_info", &cuda_info);
 }
