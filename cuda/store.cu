@@ -254,7 +254,7 @@ bool aligned(const void* ptr, int64_t stride_bytes_a, int64_t stride_bytes_b, in
 // one wave of the blocks that are resident at once, each stepping through an equal share of the
 // tokens. (Several waves of blocks measured 15-20 % slower: RESULTS.md run 18.)
 template <auto kernel>
-cudaError_t launch_kernel(StoreLaunch L, int threads, int device, cudaStream_t stream) {
+cudaError_t launch_kernel(StoreLaunch L, int threads, uint32_t slices, int device, cudaStream_t stream) {
   const int64_t total = L.p.num_tokens;
   static int resident_per_sm[64] = {0};  // per instantiation (a static of each template instance)
   int* per_sm = device >= 0 && device < 64 ? &resident_per_sm[device] : nullptr;
@@ -265,7 +265,6 @@ cudaError_t launch_kernel(StoreLaunch L, int threads, int device, cudaStream_t s
     if (blocks_per_sm < 1) blocks_per_sm = 1;
     if (per_sm) *per_sm = blocks_per_sm;
   }
-  const uint32_t slices = L.items.per_row.d / L.row_slice + (L.items.per_row.d % L.row_slice != 0);
   const int64_t resident = static_cast<int64_t>(sm_count(device)) * blocks_per_sm / slices;
   const int64_t max_tokens = int64_t{1} << 30;  // token indices of a launch stay below 2^31
   for (int64_t t0 = 0; t0 < total; t0 += max_tokens) {
@@ -282,17 +281,19 @@ cudaError_t launch_kernel(StoreLaunch L, int threads, int device, cudaStream_t s
 }
 
 template <DType kDType, Recipe kRecipe>
-cudaError_t launch(const StoreLaunch& L, bool vec, int g, int threads, int device, cudaStream_t stream) {
-  if (vec && g == 2) return launch_kernel<store_kernel<kDType, kRecipe, true, 2>>(L, threads, device, stream);
-  if (vec) return launch_kernel<store_kernel<kDType, kRecipe, true, 1>>(L, threads, device, stream);
-  return launch_kernel<store_kernel<kDType, kRecipe, false, 1>>(L, threads, device, stream);
+cudaError_t launch(const StoreLaunch& L, bool vec, int g, int threads, uint32_t slices, int device,
+                   cudaStream_t stream) {
+  if (vec && g == 2) return launch_kernel<store_kernel<kDType, kRecipe, true, 2>>(L, threads, slices, device, stream);
+  if (vec) return launch_kernel<store_kernel<kDType, kRecipe, true, 1>>(L, threads, slices, device, stream);
+  return launch_kernel<store_kernel<kDType, kRecipe, false, 1>>(L, threads, slices, device, stream);
 }
 
 template <DType kDType>
-cudaError_t launch_recipe(const StoreLaunch& L, bool vec, int g, int threads, int device, cudaStream_t stream) {
+cudaError_t launch_recipe(const StoreLaunch& L, bool vec, int g, int threads, uint32_t slices, int device,
+                          cudaStream_t stream) {
   return L.p.recipe == Recipe::kNvfp4
-             ? launch<kDType, Recipe::kNvfp4>(L, vec, g, threads, device, stream)
-             : launch<kDType, Recipe::kNvfp4_4over6>(L, vec, g, threads, device, stream);
+             ? launch<kDType, Recipe::kNvfp4>(L, vec, g, threads, slices, device, stream)
+             : launch<kDType, Recipe::kNvfp4_4over6>(L, vec, g, threads, slices, device, stream);
 }
 
 }  // namespace
@@ -333,9 +334,9 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   const int threads = static_cast<int>(L.row_slice * L.tokens_per_block);
   cudaError_t err;
   switch (p.dtype) {
-    case DType::kFloat32: err = launch_recipe<DType::kFloat32>(L, vec, g, threads, device, stream); break;
-    case DType::kFloat16: err = launch_recipe<DType::kFloat16>(L, vec, g, threads, device, stream); break;
-    default: err = launch_recipe<DType::kBFloat16>(L, vec, g, threads, device, stream); break;
+    case DType::kFloat32: err = launch_recipe<DType::kFloat32>(L, vec, g, threads, slices, device, stream); break;
+    case DType::kFloat16: err = launch_recipe<DType::kFloat16>(L, vec, g, threads, slices, device, stream); break;
+    default: err = launch_recipe<DType::kBFloat16>(L, vec, g, threads, slices, device, stream); break;
   }
   if (err != cudaSuccess) {
     *message = check_kernel_image(err);

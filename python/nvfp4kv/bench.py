@@ -102,7 +102,7 @@ def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 
             slot_mapping = torch.randperm(pages * T, device="cuda")[:n]
         elif slots == "sequential":  # a prefill into fresh pages: whole rows, in order
             slot_mapping = torch.arange(n, device="cuda")
-        else:  # "skip": every token padded (-1): reads the input, writes nothing
+        else:  # "skip": every token padded (-1): nothing is written (a diagnostic of the fixed costs)
             slot_mapping = torch.full((n,), -1, device="cuda")
         inputs.append((key, value, kv, slot_mapping))
     k_scale = torch.tensor([0.02], device="cuda")

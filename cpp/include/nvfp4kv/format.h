@@ -195,7 +195,7 @@ NVFP4KV_HD float sat01(float x) {
 #endif
 }
 
-constexpr float kMagic = 8388608.0f;
+constexpr float kMagic = 8388608.0f;  // 2^23: floats in [2^23, 2^24) hold integers in their low bits
 
 // Bit 4i+3 = the sign bit of x[i] for i < 8: the sign bits of one packed code word, placed where
 // E2M1 keeps its sign. On the GPU: six byte permutes that replicate each sign through a byte, and
