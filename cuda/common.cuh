@@ -50,6 +50,62 @@ struct RowItems {
   }
 };
 
+// Where the codes and scale bytes of a thread's groups sit inside one side of a page, for a
+// thread that keeps one (head h, first group g0) for a whole launch. Every offset of FORMAT.md §4
+// is affine in h and g0 at position 0, and in the position (interleaved scales: in pos / 4 and
+// pos % 4), so the launcher evaluates the format core's offset functions at a few points once
+// per call (SideOffsets, host) and each thread needs two multiply-adds per offset (PageOffsets):
+// the layout stays defined in one place, and a small launch does not spend its latency on
+// 64-bit index arithmetic.
+struct SideOffsets {
+  uint32_t data0, data_h, data_g, data_pos;  // code bytes of (h, g0, pos)
+  uint32_t scale0, scale_h, scale_g, scale_pos;  // scale byte; scale_pos per 4 positions if interleaved
+  int32_t interleaved;
+
+  static SideOffsets make(const CacheSide& c, Layout layout, int32_t H, int32_t T) {
+    const int32_t D = c.D;
+    const auto data = [&](int64_t h, int64_t pos, int64_t g) {
+      return data_offset(row_index(layout, h, pos, H, T), D) + 8 * g;
+    };
+    const auto scale = [&](int64_t h, int64_t pos, int64_t g) {
+      return c.interleaved ? scale_offset_interleaved(h, pos, g, T, H, D)
+                           : scale_offset_linear(row_index(layout, h, pos, H, T), g, H, T, D);
+    };
+    SideOffsets o;
+    o.interleaved = c.interleaved;
+    o.data0 = static_cast<uint32_t>(data(0, 0, 0));
+    o.data_h = static_cast<uint32_t>(data(1, 0, 0) - data(0, 0, 0));
+    o.data_g = static_cast<uint32_t>(data(0, 0, 1) - data(0, 0, 0));
+    o.data_pos = static_cast<uint32_t>(data(0, 1, 0) - data(0, 0, 0));
+    o.scale0 = static_cast<uint32_t>(scale(0, 0, 0));
+    o.scale_h = static_cast<uint32_t>(scale(1, 0, 0) - scale(0, 0, 0));
+    o.scale_g = static_cast<uint32_t>(scale(0, 0, 1) - scale(0, 0, 0));
+    o.scale_pos = static_cast<uint32_t>(scale(0, c.interleaved ? kInterleave : 1, 0) - scale(0, 0, 0));
+    return o;
+  }
+};
+
+struct PageOffsets {
+  uint32_t data0, data_pos;                // code bytes of group g0: data0 + pos * data_pos
+  uint32_t scale0, scale_pos, scale_step;  // scale byte of group g0 + k: see scale()
+  int32_t interleaved;
+
+  __device__ __forceinline__ void init(const SideOffsets& o, uint32_t h, uint32_t g0) {
+    data0 = o.data0 + h * o.data_h + g0 * o.data_g;
+    data_pos = o.data_pos;
+    scale0 = o.scale0 + h * o.scale_h + g0 * o.scale_g;
+    scale_pos = o.scale_pos;
+    scale_step = o.scale_g;
+    interleaved = o.interleaved;
+  }
+
+  __device__ __forceinline__ uint32_t data(uint32_t pos) const { return data0 + pos * data_pos; }
+  __device__ __forceinline__ uint32_t scale(uint32_t pos, int k) const {
+    const uint32_t q = interleaved ? (pos / kInterleave) * scale_pos + pos % kInterleave : pos * scale_pos;
+    return scale0 + q + k * scale_step;
+  }
+};
+
 // Makes `device` current for the launch and restores the caller's device afterwards, so tensors
 // on cuda:1 work whatever the current device is.
 class DeviceGuard {

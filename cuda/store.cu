@@ -23,6 +23,7 @@ struct StoreLaunch {
   uint32_t row_slice;         // items of a token row each block covers (the row, or a slice)
   uint32_t tokens_per_block;  // tokens one block covers per step
   uint32_t num_tokens;        // tokens of this launch (< 2^31)
+  SideOffsets off[2];         // K, V
   FastDiv block_size;         // T, for slot -> (page, position) when slots < 2^31
   int32_t fast_slots;         // num_slots < 2^31: divide slots with block_size
   int64_t token0;             // first token of this launch (large calls are split)
@@ -107,40 +108,16 @@ struct Lane {
   int64_t token_stride;     // bytes
   uint8_t* cache;           // its side of page 0
   int64_t page_stride;      // bytes
-  uint32_t data0, data_pos; // code bytes: data0 + pos * data_pos inside a page
-  uint32_t scale0, scale_pos, scale_step;  // scale byte of group k: see scale_offset()
-  int32_t interleaved;
+  PageOffsets at;
   GlobalScale gs;
 
-  // Offsets come from the format core's functions at positions 0, 1 and 4, so the layout is
-  // defined in one place; they are affine in pos (interleaved: in pos / 4 and pos % 4).
-  __device__ __forceinline__ void init(const StoreParams& p, const StoreSide& s, uint32_t h,
+  __device__ __forceinline__ void init(const StoreSide& s, const SideOffsets& o, uint32_t h,
                                        uint32_t g0, int64_t esize) {
     src = static_cast<const char*>(s.src) + (h * s.head_stride + g0 * kGroupSize) * esize;
     token_stride = s.token_stride * esize;
     cache = s.cache.base;
     page_stride = s.cache.page_stride;
-    const int32_t D = s.cache.D;
-    interleaved = s.cache.interleaved;
-    const auto data = [&](int64_t pos) {
-      return data_offset(row_index(p.layout, h, pos, p.H, p.T), D) + 8 * g0;
-    };
-    const auto scale = [&](int64_t pos, int64_t g) {
-      return interleaved ? scale_offset_interleaved(h, pos, g, p.T, p.H, D)
-                         : scale_offset_linear(row_index(p.layout, h, pos, p.H, p.T), g, p.H, p.T, D);
-    };
-    data0 = static_cast<uint32_t>(data(0));
-    data_pos = static_cast<uint32_t>(data(1) - data(0));
-    scale0 = static_cast<uint32_t>(scale(0, g0));
-    scale_pos = static_cast<uint32_t>(interleaved ? scale(kInterleave, g0) - scale(0, g0)
-                                                  : scale(1, g0) - scale(0, g0));
-    scale_step = static_cast<uint32_t>(scale(0, g0 + 1) - scale(0, g0));
-  }
-
-  __device__ __forceinline__ uint32_t scale_offset(uint32_t pos, int k) const {
-    const uint32_t p = interleaved ? (pos / kInterleave) * scale_pos + pos % kInterleave
-                                   : pos * scale_pos;
-    return scale0 + p + k * scale_step;
+    at.init(o, h, g0);
   }
 };
 
@@ -183,11 +160,16 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lan
     sfb[k] = quantize_group<kRecipe>(x, lane.gs, [table](uint32_t b) { return table[b]; }, packed[k]);
   }
   uint8_t* base = lane.cache + page * lane.page_stride;
-  uint8_t* data = base + lane.data0 + pos * lane.data_pos;
+  uint8_t* data = base + lane.at.data(pos);
+  // Code words are written once and whole (16 or 8 bytes, whole sectors per warp): streaming
+  // (evict-first) stores leave L2 to the scale bytes that are still being filled. In a copy of
+  // the store's access pattern without the arithmetic (benchmarks/patterns.cu) this took 65536
+  // random-slot tokens from 115.9 to 102.0 µs; in this kernel the difference was within the
+  // run-to-run noise (RESULTS.md runs 28-30).
   if (kVec && kG == 2) {
-    *reinterpret_cast<uint4*>(data) = make_uint4(packed[0][0], packed[0][1], packed[kG - 1][0], packed[kG - 1][1]);
+    __stcs(reinterpret_cast<uint4*>(data), make_uint4(packed[0][0], packed[0][1], packed[kG - 1][0], packed[kG - 1][1]));
   } else if (kVec) {
-    *reinterpret_cast<uint2*>(data) = make_uint2(packed[0][0], packed[0][1]);
+    __stcs(reinterpret_cast<uint2*>(data), make_uint2(packed[0][0], packed[0][1]));
   } else {
 #pragma unroll
     for (int k = 0; k < kG; ++k)
@@ -195,7 +177,7 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lan
       for (int b = 0; b < 8; ++b) data[8 * k + b] = static_cast<uint8_t>(packed[k][b >> 2] >> (8 * (b & 3)));
   }
 #pragma unroll
-  for (int k = 0; k < kG; ++k) store_scale(base + lane.scale_offset(pos, k), sfb[k]);
+  for (int k = 0; k < kG; ++k) store_scale(base + lane.at.scale(pos, k), sfb[k]);
 }
 
 // kVec: input rows and cache sides are aligned (checked by the launcher), so groups load as
@@ -210,6 +192,9 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
   __shared__ float out_table[2][128];
   const StoreParams& p = L.p;
   constexpr int64_t esize = kDType == DType::kFloat32 ? 4 : 2;
+  // Global scales first: on a small call the kernel is one dependent chain (scale -> table ->
+  // quantize; slot, input -> quantize -> store), so its loads start before any index arithmetic.
+  const float g_k = read_scale(p.k.scale), g_v = read_scale(p.v.scale);
   const uint32_t r = blockIdx.y * L.row_slice + threadIdx.x % L.row_slice;
   const uint32_t step = gridDim.x * L.tokens_per_block;
   uint32_t t = blockIdx.x * L.tokens_per_block + threadIdx.x / L.row_slice;
@@ -218,14 +203,14 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
   uint32_t h = 0, unit = 0;
   if (active) L.items.decode(r, side, h, unit);
   Lane lane;
-  lane.init(p, side ? p.v : p.k, h, unit * kG, esize);
+  lane.init(side ? p.v : p.k, L.off[side], h, unit * kG, esize);
   const uint32_t n = active ? L.num_tokens : 0;
 
   Item<kDType, kVec, kG> a, b;
   if (t < n) a.load(p, lane, L.token0 + t);
 
-  const GlobalScale gsk = make_global_scale(read_scale(p.k.scale));
-  const GlobalScale gsv = make_global_scale(read_scale(p.v.scale));
+  const GlobalScale gsk = make_global_scale(g_k);
+  const GlobalScale gsv = make_global_scale(g_v);
   lane.gs = side ? gsv : gsk;
   for (uint32_t i = threadIdx.x; i < 2 * 128; i += blockDim.x) {
     const uint32_t sd = i >> 7, byte = i & 127;
@@ -325,6 +310,8 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   L.p = p;
   L.items = RowItems(p.H, p.k.cache.D, p.v.cache.D, g);
   L.block_size = FastDiv(static_cast<uint32_t>(p.T));
+  L.off[0] = SideOffsets::make(p.k.cache, p.layout, p.H, p.T);
+  L.off[1] = SideOffsets::make(p.v.cache, p.layout, p.H, p.T);
   L.fast_slots = p.num_slots < (int64_t{1} << 31);
   // Block shape: whole token rows side by side (about 256 threads), or a long row in slices.
   const uint32_t row = L.items.per_row.d;

@@ -69,14 +69,11 @@ def measure_ceilings(torch, copy_bytes: int = 1 << 30, quick: bool = False) -> D
     dst.copy_(src)
     t_us = _median_per_call(torch, lambda: dst.copy_(src), 5 if quick else 10, 5 if quick else 10)
     copy_gbs = 2 * copy_bytes / (t_us * 1e-6) / 1e9
-    # Writes alone (the gather writes 3.6x what it reads): another ceiling, for context.
-    w_us = _median_per_call(torch, lambda: dst.fill_(7), 5 if quick else 10, 5 if quick else 10)
-    write_gbs = copy_bytes / (w_us * 1e-6) / 1e9
     del src, dst
     empty = lambda: torch.cuda._sleep(0)  # a kernel that does nothing
     launch_us = _median_per_call(torch, empty, 200, 10)
     graph_us = _graph_per_call(torch, empty, 100, 10)
-    return {"copy_GBps": copy_gbs, "write_GBps": write_gbs, "empty_launch_us": launch_us,
+    return {"copy_GBps": copy_gbs, "empty_launch_us": launch_us,
             "empty_graph_node_us": graph_us}
 
 
@@ -87,7 +84,7 @@ def _case_bytes(n: int, H: int, D: int, elem: int, slot_bytes: int = 8) -> int:
 def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 16,
                      dtype: str = "bfloat16", layout: str = "HND", recipe: str = "nvfp4",
                      scale_layout: str = "vllm", quick: bool = False, graph: bool = False,
-                     slots: str = "random") -> Dict:
+                     slots: str = "random", scales: str = "device") -> Dict:
     tdtype = getattr(torch, dtype)
     pages = (n + T - 1) // T
     spec = nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D, cache_dtype="nvfp4")
@@ -105,8 +102,10 @@ def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 
         else:  # "skip": every token padded (-1): nothing is written (a diagnostic of the fixed costs)
             slot_mapping = torch.full((n,), -1, device="cuda")
         inputs.append((key, value, kv, slot_mapping))
-    k_scale = torch.tensor([0.02], device="cuda")
-    v_scale = torch.tensor([0.02], device="cuda")
+    # "device": 1-element GPU tensors, read by the kernel (vLLM's layer scales; graph-safe);
+    # "host": Python floats, passed by value.
+    k_scale = torch.tensor([0.02], device="cuda") if scales == "device" else 0.02
+    v_scale = torch.tensor([0.02], device="cuda") if scales == "device" else 0.02
     state = {"i": 0}
 
     def call():
@@ -121,7 +120,7 @@ def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 
     calls = max(1, min(200, int(2e8 // max(total, 1))))
     us = _median_per_call(torch, call, calls, 5 if quick else 15)
     row = {"tokens": n, "H": H, "D": D, "T": T, "dtype": dtype, "layout": layout, "recipe": recipe,
-           "scale_layout": scale_layout, "slots": slots, "us": us, "bytes": total, "GBps": total / (us * 1e-6) / 1e9}
+           "scale_layout": scale_layout, "slots": slots, "scales": scales, "us": us, "bytes": total, "GBps": total / (us * 1e-6) / 1e9}
     if graph:
         row["graph_us"] = _graph_per_call(torch, call, 20, 5 if quick else 10)
     return row
@@ -209,8 +208,7 @@ def format_table(result: Dict) -> str:
     c = result["ceilings"]
     lines = [
         f"GPU: {result['gpu']}   nvfp4kv {result['nvfp4kv']}   torch {result['torch']}",
-        f"ceilings: copy {c['copy_GBps']:.0f} GB/s (read+write), write-only {c.get('write_GBps', 0):.0f} GB/s "
-        f"(fill_); empty kernel "
+        f"ceilings: copy {c['copy_GBps']:.0f} GB/s (read+write); empty kernel "
         f"{c['empty_launch_us']:.2f} us back to back, {c['empty_graph_node_us']:.2f} us per graph node",
         "",
         f"{'tokens':>7} {'H':>3} {'D':>4} {'dtype':>9} {'layout':>6} {'recipe':>13} {'us':>9} "
@@ -225,11 +223,10 @@ def format_table(result: Dict) -> str:
         )
     if result.get("gather"):
         lines += ["", "gather_dequant (bf16 out; bytes: read 2*H*F + write 2*H*D*2 per token)",
-                  f"{'tokens':>8} {'seqs':>5} {'H':>3} {'D':>4} {'us':>9} {'GB/s':>7} {'%copy':>6} {'%write':>6}"]
+                  f"{'tokens':>8} {'seqs':>5} {'H':>3} {'D':>4} {'us':>9} {'GB/s':>7} {'%copy':>6}"]
         for r in result["gather"]:
-            wr = r["GBps"] / c["write_GBps"] if c.get("write_GBps") else 0.0
             lines.append(f"{r['tokens']:>8} {r['seqs']:>5} {r['H']:>3} {r['D']:>4} {r['us']:>9.2f} "
-                         f"{r['GBps']:>7.0f} {100 * r['frac_copy']:>5.1f}% {100 * wr:>5.1f}%")
+                         f"{r['GBps']:>7.0f} {100 * r['frac_copy']:>5.1f}%")
     return "\n".join(lines)
 
 

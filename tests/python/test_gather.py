@@ -515,6 +515,24 @@ def test_cuda_gather_gaps_short_output_and_bad_entries(nv, dtype):
 
 
 @needs_cuda
+@pytest.mark.parametrize("g", (1e-38, 3e-30, 0.75, 2.0**100, 2.0**101, 1e31, 1e38))
+@pytest.mark.parametrize("device_scale", (False, True))
+def test_cuda_gather_extreme_global_scales(nv, g, device_scale):
+    """The kernel folds 2^126 of the E2M1 decode into g * 2^26 when that is exact (|g| < 2^101)
+    and falls back otherwise: both sides of the boundary equal the CPU path, bit for bit."""
+    N, T, H, D = 6, 16, 2, 128
+    caches = _cpu_and_cuda_caches(N, T, H, D, "5d", "HND", 0, 31)
+    bt = np.array([[0, 1, 2], [5, 4, 3]], np.int32)
+    sl = np.array([40, 33], np.int32)
+    cu = prefix(sl)
+    seed = 1 if device_scale else 2  # _gather_pair passes device tensors for odd seeds
+    (kc, vc), (kg, vg) = _gather_pair(nv, caches, bt, sl, cu, int(cu[-1]), g, g / 3, "vllm",
+                                      "bfloat16", False, seed)
+    _assert_same_bits(kg, kc, "key")
+    _assert_same_bits(vg, vc, "value")
+
+
+@needs_cuda
 def test_cuda_gather_large(nv):
     N, T, H, D = 4096, 16, 8, 128
     rng = np.random.default_rng(22)

@@ -450,4 +450,30 @@ NVFP4KV_HD bool dequantize_group(const uint32_t (&w)[2], uint32_t sfb, float g,
   return true;
 }
 
+#if defined(__CUDACC__)
+// dequantize_group with one multiply per element fewer, for kernels. The device e2m1_decode
+// builds x = e * 2^-126 (e = the E2M1 value) and multiplies by 2^126; here that factor goes
+// into the group's scale instead: x * (sfq * 2^100) is e * sfq * 2^-26 exactly (e * sfq has at
+// most 5 significant bits and lies in [2^-10, 2688], so the product is a normal float), and
+// times g * 2^26 it rounds once, to the recipe's (e * sfq) * g. `g26` is g * 2^26, exact and
+// finite for |g| < 2^101 (use dequantize_group otherwise); infinite or NaN g give the same
+// Inf / NaN as the recipe. Returns false for a NaN group, like dequantize_group.
+__device__ __forceinline__ bool dequantize_group_g26(const uint32_t (&w)[2], uint32_t sfb, float g26,
+                                                     float (&y)[kGroupSize]) {
+  if ((sfb & 0x7Fu) == kScaleNaN) {
+#pragma unroll
+    for (int i = 0; i < kGroupSize; ++i) y[i] = quiet_nan();
+    return false;
+  }
+  const float s100 = mul_rn(e4m3_decode(sfb), 0x1p100f);  // exact: sfq <= 448
+#pragma unroll
+  for (int i = 0; i < kGroupSize; ++i) {
+    const uint32_t code = w[i >> 3] >> (4 * (i & 7));
+    const float x = bits_float(((code & 7u) << 22) | ((code & 8u) << 28));  // e * 2^-126
+    y[i] = mul_rn(mul_rn(x, s100), g26);
+  }
+  return true;
+}
+#endif
+
 }  // namespace nvfp4kv
