@@ -49,6 +49,14 @@ try:
 except Exception as e:
     print(type(e).__name__ + ':', e)
 print('cache untouched:', int(kv.sum()) == 0)
+out = torch.zeros(3, 8, 128, dtype=torch.bfloat16, device='cuda')
+try:  # the gather's fast kernel (bf16, D 128) goes through the same check
+    nvfp4kv.gather_dequant(kv, torch.zeros(1, 2, dtype=torch.int32, device='cuda'), torch.tensor([3], dtype=torch.int32, device='cuda'),
+                           cu_seqlens=torch.tensor([0, 3], dtype=torch.int32, device='cuda'), k_scale=1.0, v_scale=1.0,
+                           scale_layout='linear', key_out=out, value_out=out.clone())
+    print('gather: NO ERROR (unexpected)')
+except Exception as e:
+    print('gather:', type(e).__name__ + ':', e)
 ")
       python3 -m pip install --no-build-isolation --no-deps -q . > /dev/null 2>&1 ;;
     bench)
