@@ -248,12 +248,20 @@ NVFP4KV_HD uint32_t e2m1_encode(float v) {
   return ((float_bits(v) >> 28) & 8u) | e2m1_magnitude(abs_f(v));
 }
 
+#if defined(__CUDACC__)
+// The E2M1 value of a code times 2^-126: its bits placed at bit 22 read as an fp32 subnormal or
+// normal (E2M1 is fp32's bottom end with one mantissa bit). Device only (subnormal arithmetic).
+__device__ __forceinline__ float e2m1_times_2m126(uint32_t code) {
+  return bits_float(((code & 7u) << 22) | ((code & 8u) << 28));
+}
+#endif
+
 NVFP4KV_HD float e2m1_decode(uint32_t code) {
 #if defined(__CUDA_ARCH__)
   // The code's bits placed at bit 22 read as an fp32 subnormal/normal equal to e2m1 * 2^-126
   // (E2M1 is fp32's bottom end with one mantissa bit); one exact multiply restores the scale.
   // Two integer ops and one multiply instead of a select chain on the read path.
-  return bits_float(((code & 7u) << 22) | ((code & 8u) << 28)) * bits_float(0x7E800000u);  // 2^126
+  return e2m1_times_2m126(code) * bits_float(0x7E800000u);  // 2^126
 #else
   // On the host, without relying on subnormal arithmetic (a process may have set FTZ/DAZ).
   const uint32_t mag = code & 7u;
@@ -469,7 +477,7 @@ __device__ __forceinline__ bool dequantize_group_g26(const uint32_t (&w)[2], uin
 #pragma unroll
   for (int i = 0; i < kGroupSize; ++i) {
     const uint32_t code = w[i >> 3] >> (4 * (i & 7));
-    const float x = bits_float(((code & 7u) << 22) | ((code & 8u) << 28));  // e * 2^-126
+    const float x = e2m1_times_2m126(code);  // e * 2^-126
     y[i] = mul_rn(mul_rn(x, s100), g26);
   }
   return true;
