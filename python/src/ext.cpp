@@ -4,6 +4,7 @@
 // exceptions in one place (raise_for). The GIL is released around every call into the library.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
 
 #include <stdint.h>
 
@@ -47,11 +48,27 @@ struct Arg {
   DLTensor* get_mut() { return present ? &t : nullptr; }
 };
 
-// torch.Tensor fast path. torch's __dlpack__ costs ~3 µs per tensor, a store takes seven, and
-// small decode-time stores are bound by this host work; reading the tensor's own attributes costs
-// a fraction of that and describes the same memory. Used only when torch is already imported
-// (never imports it) and only for exact torch.Tensor objects of the dtypes and devices the
-// library takes; anything else goes through DLPack, which also produces the error messages.
+// torch.Tensor fast paths. torch's __dlpack__ costs ~3 µs per tensor, a store takes seven, and
+// small decode-time stores are bound by this host work. Two cheaper ways describe the same memory:
+// - DLPack 1.3's C exchange table (torch >= 2.10: `torch.Tensor.__dlpack_c_exchange_api__`), whose
+//   dltensor_from_py_object_no_sync fills a DLTensor from the tensor object in C, and whose
+//   current_work_stream gives torch's current stream;
+// - on older torch, reading the tensor's own attributes (a fraction of __dlpack__'s cost).
+// Used only when torch is already imported (never imports it) and only for exact torch.Tensor
+// objects of the dtypes and devices the library takes; anything else goes through DLPack, which
+// also produces the error messages.
+
+// The leading members of DLPack 1.3's DLPackExchangeAPI (dlpack.h), as far as they are used.
+struct ExchangeAPI {
+  uint32_t major, minor;  // DLPackVersion
+  void* prev_api;
+  void* managed_tensor_allocator;
+  void* managed_tensor_from_py_object_no_sync;
+  void* managed_tensor_to_py_object_no_sync;
+  int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensor* out);  // may be NULL
+  int (*current_work_stream)(DLDeviceType device_type, int32_t device_id, void** out);
+};
+
 struct TorchInfo {
   PyObject* tensor_type = nullptr;
   PyObject* dtypes[6] = {};
@@ -61,6 +78,7 @@ struct TorchInfo {
   PyObject *dtype, *get_device, *is_cpu, *is_cuda, *is_neg, *shape, *stride, *data_ptr;
   // torch._C._cuda_getCurrentRawStream(device) -> int, or nullptr (CPU-only torch, older torch)
   PyObject* raw_stream = nullptr;
+  const ExchangeAPI* exchange = nullptr;  // torch's C exchange table, or nullptr (torch < 2.10)
 };
 
 const TorchInfo* torch_info() {
@@ -83,6 +101,16 @@ const TorchInfo* torch_info() {
     Py_DECREF(c_mod);
   }
   PyErr_Clear();
+  // The table is a capsule on the type, alive for the whole process (DLPack's contract).
+  PyObject* cap = PyObject_GetAttrString(info.tensor_type, "__dlpack_c_exchange_api__");
+  if (cap && PyCapsule_IsValid(cap, "dlpack_exchange_api")) {
+    const auto* api = static_cast<const ExchangeAPI*>(PyCapsule_GetPointer(cap, "dlpack_exchange_api"));
+    if (api && api->major == 1 && api->minor >= 3 && api->dltensor_from_py_object_no_sync &&
+        api->current_work_stream)
+      info.exchange = api;
+  }
+  Py_XDECREF(cap);
+  PyErr_Clear();
   info.dtype = PyUnicode_InternFromString("dtype");
   info.get_device = PyUnicode_InternFromString("get_device");
   info.is_cpu = PyUnicode_InternFromString("is_cpu");
@@ -102,9 +130,57 @@ nb::object call(nb::handle obj, PyObject* name) {
   return nb::steal(PyObject_CallMethodObjArgs(obj.ptr(), name, nullptr));
 }
 
-bool import_torch(Arg& a, nb::handle obj) {
+// torch's lazy negation bit (torch.conj(z).imag, torch._neg_view) marks a view whose memory holds
+// the negated values. torch's own exports (__dlpack__, the C exchange table, data_ptr) all hand
+// out that memory as it is, so the binding refuses such a view rather than store the wrong signs.
+// Only floating-point tensors can carry the bit through public torch calls.
+void reject_negated(nb::handle obj, const TorchInfo* info, const char* name) {
+  nb::object neg = call(obj, info->is_neg);
+  if (!neg.is_valid()) throw nb::python_error();
+  if (neg.ptr() != Py_False)
+    throw nb::value_error((std::string(name) + ": a lazily negated torch view (is_neg() is True) "
+                           "exports its un-negated memory; pass x.resolve_neg()").c_str());
+}
+
+// Through torch's C exchange table.
+bool import_torch_exchange(Arg& a, nb::handle obj, const TorchInfo* info, const char* name) {
+  DLTensor t;
+  if (info->exchange->dltensor_from_py_object_no_sync(obj.ptr(), &t) != 0) {
+    PyErr_Clear();  // meta, sparse, ...: the attribute path and DLPack decide and explain
+    return false;
+  }
+  int which = -1;
+  for (int i = 0; i < 6; ++i)
+    if (t.dtype.code == info->dl[i].code && t.dtype.bits == info->dl[i].bits && t.dtype.lanes == 1) which = i;
+  if (which < 0 || t.ndim < 0 || t.ndim > 8 || t.byte_offset != 0 ||
+      (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDA))
+    return false;
+  if (t.dtype.code == kDLFloat || t.dtype.code == kDLBfloat) reject_negated(obj, info, name);
+  // The exported shape and strides live in the tensor; copied so they outlive this frame.
+  int64_t stride = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    a.shape[i] = t.shape[i];
+    a.strides[i] = t.strides ? t.strides[i] : stride;  // NULL strides: compact row-major
+    stride *= t.shape[i];
+  }
+  a.t = t;
+  a.t.dtype = info->dl[which];
+  a.t.shape = a.shape;
+  a.t.strides = a.strides;
+  a.keep_alive = nb::borrow(obj);
+  a.present = true;
+  return true;
+}
+
+// Which torch fast paths may run: 2 both, 1 the attribute path only, 0 none (DLPack for every
+// tensor). Only the tests change it (_C._set_torch_paths), to cover each path with any torch.
+int g_torch_paths = 2;
+
+bool import_torch(Arg& a, nb::handle obj, const char* name) {
+  if (g_torch_paths == 0) return false;
   const TorchInfo* info = torch_info();
   if (!info || reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())) != info->tensor_type) return false;
+  if (g_torch_paths == 2 && info->exchange && import_torch_exchange(a, obj, info, name)) return true;
   nb::object dtype = get(obj, info->dtype);
   int which = -1;
   for (int i = 0; i < 6; ++i)
@@ -122,7 +198,7 @@ bool import_torch(Arg& a, nb::handle obj) {
     if (get(obj, info->is_cuda).ptr() != Py_True) return false;
     dev = DLDevice{kDLCUDA, ordinal};
   }
-  if (call(obj, info->is_neg).ptr() != Py_False) return false;  // lazily negated view: DLPack refuses
+  if (which < 3) reject_negated(obj, info, name);  // float32, float16, bfloat16
   nb::object shape = get(obj, info->shape), strides = call(obj, info->stride);
   if (!shape.is_valid() || !strides.is_valid()) throw nb::python_error();
   const Py_ssize_t nd = PyTuple_Size(shape.ptr());  // torch.Size is a tuple
@@ -152,7 +228,9 @@ bool import_torch(Arg& a, nb::handle obj) {
 // (nanobind refuses them for a writable ndarray, so try that first, then a read-only import
 // to tell "read-only" apart from "not an array").
 void import_array(Arg& a, nb::handle obj, const char* name, bool writable) {
-  if (import_torch(a, obj)) return;
+  if (import_torch(a, obj, name)) return;
+  const TorchInfo* info = torch_info();  // a torch subclass, or the fast paths are off
+  if (info && PyObject_IsInstance(obj.ptr(), info->tensor_type) == 1) reject_negated(obj, info, name);
   bool ok = false;
   if (writable) {
     nb::ndarray<> w;
@@ -238,6 +316,12 @@ uintptr_t stream_handle(nb::handle stream, nb::handle like, const Arg& cache) {
   if (stream.is_none() && cache.t.device.device_type == kDLCPU) return 0;  // no stream on the CPU
   if (stream.is_none() && cache.keep_alive.is_valid() && cache.t.device.device_type == kDLCUDA) {
     const TorchInfo* info = torch_info();
+    if (info && info->exchange && g_torch_paths == 2) {
+      void* s = nullptr;
+      if (info->exchange->current_work_stream(kDLCUDA, cache.t.device.device_id, &s) != 0)
+        throw nb::python_error();
+      return reinterpret_cast<uintptr_t>(s);
+    }
     if (info && info->raw_stream) {
       nb::object s = nb::steal(PyObject_CallFunction(info->raw_stream, "i", cache.t.device.device_id));
       if (!s.is_valid()) throw nb::python_error();
@@ -381,4 +465,16 @@ NB_MODULE(_C, m) {
         nb::arg("k_scale").none(), nb::arg("v_scale").none(), nb::arg("scale_layout").none(),
         nb::arg("key_out"), nb::arg("value_out"), nb::arg("stream").none());
   m.def("cuda_info", &cuda_info);
+  // Tests only: "exchange" (default: the C exchange table where torch has one, else attributes),
+  // "attributes" or "dlpack". Returns the previous setting.
+  m.def("_set_torch_paths", [](const std::string& which) {
+    const char* names[] = {"dlpack", "attributes", "exchange"};
+    const std::string prev = names[g_torch_paths];
+    for (int i = 0; i < 3; ++i)
+      if (which == names[i]) {
+        g_torch_paths = i;
+        return prev;
+      }
+    throw nb::value_error("expected 'exchange', 'attributes' or 'dlpack'");
+  });
 }
