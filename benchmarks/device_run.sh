@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: build, GPU + CPU tests, optional sanitizer, SASS and the benchmark.
-# Usage (on the lent GPU machine): bash benchmarks/device_run.sh [tests|sanitize|bench|sass]...
+# Usage (on the lent GPU machine): bash benchmarks/device_run.sh [tests|gputests|sanitize|host|bench|sass|noimage]...
 # Writes logs and results under $OUT (or ./device-out).
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
@@ -59,6 +59,9 @@ except Exception as e:
     print('gather:', type(e).__name__ + ':', e)
 ")
       python3 -m pip install --no-build-isolation --no-deps -q . > /dev/null 2>&1 ;;
+    host)
+      log "small calls through each torch import path"
+      (cd /tmp && python3 "$OLDPWD/benchmarks/host_overhead.py") 2>&1 | tee "$OUT/host.txt" ;;
     bench)
       log bench
       python3 benchmarks/bench_store.py ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | tail -40 ;;

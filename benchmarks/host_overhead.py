@@ -1,0 +1,24 @@
+"""Per-call time of small stores and gathers through each of the binding's torch import paths.
+
+Run on a GPU machine: python3 benchmarks/host_overhead.py. Small calls back to back are bound by
+the host's work per call (reading the tensors, the launch), which is what the paths differ in.
+"""
+import torch
+
+import nvfp4kv
+from nvfp4kv import _C, bench
+
+print(f"torch {torch.__version__}, C exchange table: {hasattr(torch.Tensor, '__dlpack_c_exchange_api__')}")
+ceil = bench.measure_ceilings(torch, quick=True)
+print(f"empty kernel launch {ceil['empty_launch_us']:.2f} us, graph node {ceil['empty_graph_node_us']:.2f} us")
+for path in ("exchange", "attributes", "dlpack"):
+    prev = _C._set_torch_paths(path)
+    try:
+        rows = [bench.bench_store_case(torch, nvfp4kv, n) for n in (1, 64)]
+        rows += [bench.bench_store_case(torch, nvfp4kv, 1, scales="host")]
+        g = bench.bench_gather_case(torch, nvfp4kv, 4096)
+    finally:
+        _C._set_torch_paths(prev)
+    cells = [f"store {r['tokens']} ({r['scales']} scales) {r['us']:.2f} us "
+             f"({r['us'] / ceil['empty_launch_us']:.2f}x launch)" for r in rows]
+    print(f"{path:>10}: " + "; ".join(cells) + f"; gather 4096 {g['us']:.2f} us")
