@@ -133,7 +133,17 @@ nb::object call(nb::handle obj, PyObject* name) {
 // torch's lazy negation bit (torch.conj(z).imag, torch._neg_view) marks a view whose memory holds
 // the negated values. torch's own exports (__dlpack__, the C exchange table, data_ptr) all hand
 // out that memory as it is, so the binding refuses such a view rather than store the wrong signs.
-// Only floating-point tensors can carry the bit through public torch calls.
+// Public torch calls give the bit only to views of a complex tensor's imaginary parts, whose
+// elements lie 2 floats apart: of the tensors the library takes, only a one-element global scale
+// can be such a view (key, value and outputs need 16 or more elements at stride 1). So only
+// floating-point tensors of at most one element are asked (is_neg() costs ~0.1 µs a call).
+bool may_be_negated(const DLTensor& t) {
+  if (t.dtype.code != kDLFloat && t.dtype.code != kDLBfloat) return false;
+  for (int i = 0; i < t.ndim; ++i)
+    if (t.shape[i] > 1) return false;
+  return true;
+}
+
 void reject_negated(nb::handle obj, const TorchInfo* info, const char* name) {
   nb::object neg = call(obj, info->is_neg);
   if (!neg.is_valid()) throw nb::python_error();
@@ -155,7 +165,7 @@ bool import_torch_exchange(Arg& a, nb::handle obj, const TorchInfo* info, const 
   if (which < 0 || t.ndim < 0 || t.ndim > 8 || t.byte_offset != 0 ||
       (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDA))
     return false;
-  if (t.dtype.code == kDLFloat || t.dtype.code == kDLBfloat) reject_negated(obj, info, name);
+  if (may_be_negated(t)) reject_negated(obj, info, name);
   // The exported shape and strides live in the tensor; copied so they outlive this frame.
   int64_t stride = 1;
   for (int i = t.ndim - 1; i >= 0; --i) {
@@ -198,7 +208,6 @@ bool import_torch(Arg& a, nb::handle obj, const char* name) {
     if (get(obj, info->is_cuda).ptr() != Py_True) return false;
     dev = DLDevice{kDLCUDA, ordinal};
   }
-  if (which < 3) reject_negated(obj, info, name);  // float32, float16, bfloat16
   nb::object shape = get(obj, info->shape), strides = call(obj, info->stride);
   if (!shape.is_valid() || !strides.is_valid()) throw nb::python_error();
   const Py_ssize_t nd = PyTuple_Size(shape.ptr());  // torch.Size is a tuple
@@ -210,13 +219,14 @@ bool import_torch(Arg& a, nb::handle obj, const char* name) {
     a.shape[i] = PyLong_AsLongLong(PyTuple_GetItem(shape.ptr(), i));
     a.strides[i] = PyLong_AsLongLong(PyTuple_GetItem(strides.ptr(), i));
   }
+  a.t.ndim = static_cast<int32_t>(nd);
+  a.t.dtype = info->dl[which];
+  a.t.shape = a.shape;
+  if (may_be_negated(a.t)) reject_negated(obj, info, name);
   nb::object ptr = call(obj, info->data_ptr);
   if (!ptr.is_valid()) throw nb::python_error();
   a.t.data = PyLong_AsVoidPtr(ptr.ptr());
   a.t.device = dev;
-  a.t.ndim = static_cast<int32_t>(nd);
-  a.t.dtype = info->dl[which];
-  a.t.shape = a.shape;
   a.t.strides = a.strides;
   a.t.byte_offset = 0;
   a.keep_alive = nb::borrow(obj);

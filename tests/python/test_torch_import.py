@@ -57,28 +57,45 @@ def test_requires_grad_input(nv, path):
     run_store(nv, cache, key, value, k32, v32, make_slots(scatter_slots(rng, n, N, T), backend="torch"))
 
 
-@pytest.mark.parametrize("which", ["key", "k_scale"])
-def test_negated_view_is_refused(nv, path, which):
-    # torch's lazy negation bit: a view whose memory holds -values. The public way to get one is
-    # torch.conj(z).imag (last stride 2, so only a scale can be one); torch._neg_view makes any.
-    # torch's __dlpack__, data_ptr and C exchange table all export the memory as it is (torch
-    # 2.13), which would store the wrong signs or an invalid (negative) scale: refused instead.
+def _negated(values):
+    """A view with torch's lazy negation bit holding `values`: the public way to get one is the
+    imaginary part of a conjugated complex tensor (its memory holds -values, 2 floats apart)."""
+    v = torch.as_tensor(values, dtype=torch.float32)
+    out = torch.conj(torch.complex(torch.zeros_like(v), -v)).imag
+    assert out.is_neg() and torch.equal(out, v)
+    return out
+
+
+@pytest.mark.parametrize("shape", [(), (1,)])
+def test_negated_scale_is_refused(nv, path, shape):
+    # torch's __dlpack__, data_ptr and C exchange table all export such a view's memory as it is
+    # (torch 2.13): read that way, the scale would be -0.05. Refused instead, cache untouched.
     rng = np.random.default_rng(9)
     N, T, H, D, n = 2, 16, 2, 64, 5
     vals = torch.from_numpy(rng.standard_normal((n, H, D)).astype(np.float32))
-    key, ks = vals.clone(), torch.tensor(0.05)
-    if which == "key":
-        key = torch._neg_view(-vals)
-    else:
-        ks = torch.conj(torch.complex(torch.tensor(0.0), torch.tensor(-0.05))).imag
-    assert (key if which == "key" else ks).is_neg()
+    ks = _negated(np.full(shape, 0.05))
     slots = make_slots(scatter_slots(rng, n, N, T), backend="torch")
     cache = make_cache(N, T, H, D, "5d", "HND", "torch", seed=5)
     snap = cache.snapshot()
-    with pytest.raises(ValueError, match=f"{which}: a lazily negated torch view.*resolve_neg"):
-        nv.store(key, vals, cache.kv_cache, slots, ks, 1.0)
+    with pytest.raises(ValueError, match="k_scale: a lazily negated torch view.*resolve_neg"):
+        nv.store(vals, vals, cache.kv_cache, slots, ks, 1.0)
     assert_bytes_equal(cache.snapshot(), snap, cache)
-    nv.store(key.resolve_neg(), vals, cache.kv_cache, slots, ks.resolve_neg(), 1.0)  # the remedy
+    nv.store(vals, vals, cache.kv_cache, slots, ks.resolve_neg(), 1.0)  # the remedy
+
+
+def test_negated_input_cannot_pass(nv, path):
+    # Inputs need D >= 16 elements at stride 1; a public negated view has them 2 apart, so it is
+    # refused (for its stride) before any byte is written.
+    rng = np.random.default_rng(10)
+    N, T, H, D, n = 2, 16, 2, 64, 5
+    vals = rng.standard_normal((n, H, D)).astype(np.float32)
+    key = _negated(vals)
+    slots = make_slots(scatter_slots(rng, n, N, T), backend="torch")
+    cache = make_cache(N, T, H, D, "5d", "HND", "torch", seed=5)
+    snap = cache.snapshot()
+    with pytest.raises(ValueError, match="key"):
+        nv.store(key, torch.from_numpy(vals), cache.kv_cache, slots)
+    assert_bytes_equal(cache.snapshot(), snap, cache)
 
 
 def test_meta_tensor_is_a_clear_error(nv, path):
