@@ -22,3 +22,16 @@ for path in ("exchange", "attributes", "dlpack"):
     cells = [f"store {r['tokens']} ({r['scales']} scales) {r['us']:.2f} us "
              f"({r['us'] / ceil['empty_launch_us']:.2f}x launch)" for r in rows]
     print(f"{path:>10}: " + "; ".join(cells) + f"; gather 4096 {g['us']:.2f} us")
+
+# Inside a CUDA graph the host is out of the picture: what is left is the kernel's own latency.
+# Variants tell its parts apart: host scales skip the scale loads, "skip" slots (all -1) skip
+# the quantization and the stores; a 4 KB torch copy is a reference small kernel that reads and
+# writes memory.
+src = torch.empty(4096, dtype=torch.uint8, device="cuda")
+dst = torch.empty_like(src)
+copy_us = bench._graph_per_call(torch, lambda: dst.copy_(src), 20, 10)
+print(f"graph: torch 4 KB copy {copy_us:.2f} us per node")
+for n, scales, slots in ((1, "device", "random"), (1, "host", "random"), (1, "device", "skip"),
+                         (64, "device", "random"), (64, "host", "random")):
+    r = bench.bench_store_case(torch, nvfp4kv, n, scales=scales, slots=slots, graph=True)
+    print(f"graph: store {n} tokens, {scales} scales, {slots} slots: {r['graph_us']:.2f} us per node")
