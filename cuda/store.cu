@@ -137,8 +137,8 @@ struct Item {
 };
 
 template <DType kDType, Recipe kRecipe, bool kVec, int kG>
-__device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lane,
-                                           const float* table, const Item<kDType, kVec, kG>& it) {
+__device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lane, const float* table,
+                                           const float* rcp_table, const Item<kDType, kVec, kG>& it) {
   const StoreParams& p = L.p;
   const int64_t slot = it.slot;
   if (slot < 0 || slot >= p.num_slots) return;  // padding or out of range: never written
@@ -157,7 +157,11 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lan
   for (int k = 0; k < kG; ++k) {
     float x[kGroupSize];
     it.raw[k].to_float(x);
-    sfb[k] = quantize_group<kRecipe>(x, lane.gs, [table](uint32_t b) { return table[b]; }, packed[k]);
+    sfb[k] = quantize_group<kRecipe>(
+        x, lane.gs, [table](uint32_t b) { return table[b]; }, packed[k],
+        [rcp_table](const float(&xs)[kGroupSize], uint32_t b, float out, uint32_t(&codes)[2]) {
+          return encode_group_scored(xs, out, rcp_table[b], codes);
+        });
   }
   uint8_t* base = lane.cache + page * lane.page_stride;
   uint8_t* data = base + lane.at.data(pos);
@@ -189,7 +193,10 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lan
 // The first item's loads overlap the global scales and the out-scale table.
 template <DType kDType, Recipe kRecipe, bool kVec, int kG>
 __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ StoreLaunch L) {
+  // Per side, per scale byte: out, and for nvfp4_4over6 candidate_error's 1/out.
+  constexpr bool kScored = kRecipe == Recipe::kNvfp4_4over6;
   __shared__ float out_table[2][128];
+  __shared__ float rcp_tables[kScored ? 2 : 1][kScored ? 128 : 1];
   const StoreParams& p = L.p;
   constexpr int64_t esize = kDType == DType::kFloat32 ? 4 : 2;
   // Global scales first: on a small call the kernel is one dependent chain (scale -> table ->
@@ -214,18 +221,21 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
   lane.gs = side ? gsv : gsk;
   for (uint32_t i = threadIdx.x; i < 2 * 128; i += blockDim.x) {
     const uint32_t sd = i >> 7, byte = i & 127;
-    out_table[sd][byte] = byte < kScaleNaN ? out_scale(byte, sd ? gsv.inv_enc : gsk.inv_enc) : 0.0f;
+    const float out = byte < kScaleNaN ? out_scale(byte, sd ? gsv.inv_enc : gsk.inv_enc) : 0.0f;
+    out_table[sd][byte] = out;
+    if constexpr (kScored) rcp_tables[sd][byte] = out == 0.0f ? 0.0f : recip_rn(out);
   }
   __syncthreads();
   const float* table = out_table[side];
+  const float* rcp_table = rcp_tables[kScored ? side : 0];
 
   while (t < n) {
     if (t + step < n) b.load(p, lane, L.token0 + t + step);
-    store_item<kDType, kRecipe, kVec, kG>(L, lane, table, a);
+    store_item<kDType, kRecipe, kVec, kG>(L, lane, table, rcp_table, a);
     t += step;
     if (t >= n) break;
     if (t + step < n) a.load(p, lane, L.token0 + t + step);
-    store_item<kDType, kRecipe, kVec, kG>(L, lane, table, b);
+    store_item<kDType, kRecipe, kVec, kG>(L, lane, table, rcp_table, b);
     t += step;
   }
 }

@@ -382,27 +382,69 @@ NVFP4KV_HD float group_amax(const float (&x)[kGroupSize]) {
   return max_nan(max_nan(m[0], m[2]), max_nan(m[1], m[3]));
 }
 
+// One candidate of nvfp4_4over6 as FORMAT.md §2 states it: the codes at `out`, then their error.
+struct ScoreCandidate {
+  NVFP4KV_HD float operator()(const float (&x)[kGroupSize], uint32_t /*sfb*/, float out,
+                              uint32_t (&packed)[2]) const {
+    encode_group(x, out, packed);
+    return candidate_error(x, packed, out);
+  }
+};
+
+#if defined(__CUDACC__)
+// encode_group and candidate_error in one pass, given r = candidate_error's 1/out (a kernel
+// tabulates it per scale byte, as it does out). Equal bit for bit to ScoreCandidate:
+// - each element's error is taken on magnitudes, |q|·r − |x|: q carries the sign of x and
+//   rounding is symmetric, so this is ±(q·r − x) exactly and its square is the same;
+// - |q| comes from the encoder's float 2^23 + code (e2m1_code_plus) still in a register: its bits
+//   shifted left by 22 are the code's bits at 22, i.e. e2m1_times_2m126 of the magnitude code,
+//   and one exact multiply by 2^126 gives |q|. That replaces unpacking each nibble again and the
+//   per-group IEEE reciprocal: about a quarter of nvfp4_4over6's instructions.
+__device__ __forceinline__ float encode_group_scored(const float (&x)[kGroupSize], float out,
+                                                     float r, uint32_t (&packed)[2]) {
+  constexpr uint32_t kBias = 0x4B000000u * 0x11111111u;  // as in encode_group
+  float sum[2];
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+    uint32_t word = 0u - kBias;
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float ax = abs_f(x[8 * w + i]);
+      const uint32_t code = float_bits(e2m1_code_plus(mul_rn(ax, out), kMagic));
+      word += code << (4 * i);
+      const float q = mul_rn(bits_float(code << 22), bits_float(0x7E800000u));  // |q|, 2^126
+      const float e = sub_rn(mul_rn(q, r), ax);
+      s = add_rn(s, mul_rn(e, e));
+    }
+    packed[w] = word | sign_word(x + 8 * w);
+    sum[w] = s;
+  }
+  return add_rn(sum[0], sum[1]);
+}
+#endif
+
 // Quantizes one group with either recipe. `out_of(sfb)` returns out_scale(sfb, inv_enc); a
-// kernel passes a table lookup, the CPU path the function itself. Returns the scale byte.
-template <Recipe kRecipe, class OutOf>
+// kernel passes a table lookup, the CPU path the function itself. `score` encodes one candidate
+// of nvfp4_4over6 and returns its error (ScoreCandidate, or an exact equivalent). Returns the
+// scale byte.
+template <Recipe kRecipe, class OutOf, class Score = ScoreCandidate>
 NVFP4KV_HD uint32_t quantize_group(const float (&x)[kGroupSize], const GlobalScale& gs,
-                                   OutOf out_of, uint32_t (&packed)[2]) {
+                                   OutOf out_of, uint32_t (&packed)[2], Score score = {}) {
   const float amax = group_amax(x);
   if (is_nan(amax) || !gs.valid) {
     packed[0] = packed[1] = 0u;
     return kScaleNaN;
   }
   const uint32_t sfb6 = scale_byte(amax, gs.enc, kR6);
-  const float out6 = out_of(sfb6);
-  encode_group(x, out6, packed);
-  if (kRecipe == Recipe::kNvfp4) return sfb6;
-
+  if (kRecipe == Recipe::kNvfp4) {
+    encode_group(x, out_of(sfb6), packed);
+    return sfb6;
+  }
   const uint32_t sfb4 = scale_byte(amax, gs.enc, kR4);
-  const float out4 = out_of(sfb4);
   uint32_t packed4[2];
-  encode_group(x, out4, packed4);
-  const float err6 = candidate_error(x, packed, out6);
-  const float err4 = candidate_error(x, packed4, out4);
+  const float err6 = score(x, sfb6, out_of(sfb6), packed);
+  const float err4 = score(x, sfb4, out_of(sfb4), packed4);
   if (err4 < err6) {  // ties keep 6
     packed[0] = packed4[0];
     packed[1] = packed4[1];
