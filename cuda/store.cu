@@ -157,11 +157,15 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lan
   for (int k = 0; k < kG; ++k) {
     float x[kGroupSize];
     it.raw[k].to_float(x);
-    sfb[k] = quantize_group<kRecipe>(
-        x, lane.gs, [table](uint32_t b) { return table[b]; }, packed[k],
-        [rcp_table](const float(&xs)[kGroupSize], uint32_t b, float out, uint32_t(&codes)[2]) {
-          return encode_group_scored(xs, out, rcp_table[b], codes);
-        });
+    const auto out_of = [table](uint32_t b) { return table[b]; };
+    if constexpr (kRecipe == Recipe::kNvfp4_4over6)  // rcp_table exists for this recipe only
+      sfb[k] = quantize_group<kRecipe>(
+          x, lane.gs, out_of, packed[k],
+          [rcp_table](const float(&xs)[kGroupSize], uint32_t b, float out, uint32_t(&codes)[2]) {
+            return encode_group_scored(xs, out, rcp_table[b], codes);
+          });
+    else
+      sfb[k] = quantize_group<kRecipe>(x, lane.gs, out_of, packed[k]);
   }
   uint8_t* base = lane.cache + page * lane.page_stride;
   uint8_t* data = base + lane.at.data(pos);

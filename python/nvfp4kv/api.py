@@ -1,8 +1,4 @@
-"""Quantize-and-store and dequantize over the C ABI (``nvfp4kv._C``).
-
-``store`` and ``reshape_and_cache_flash`` are the binding's own functions (no Python frame in a
-decode step's per-layer call); ``dequantize`` and ``gather_dequant`` are wrappers here, which
-allocate outputs.
+"""Quantize-and-store and dequantize: thin wrappers over the C ABI (``nvfp4kv._C``).
 
 Validation lives in the C ABI. The binding resolves the common arguments itself (option strings,
 Python floats, torch tensors, torch's current stream: a decode step's store is bound by this host
@@ -80,10 +76,78 @@ def _scale(x: Any) -> Any:
     return x
 
 
-# The store entry points are the binding's functions themselves (docstrings there): a decode step
-# calls one per layer, and a Python wrapper in between cost ~0.2 µs of a ~6 µs call.
-store = _C.store
-reshape_and_cache_flash = _C.reshape_and_cache_flash
+def store(
+    key: Any,
+    value: Any,
+    kv_cache: Any,
+    slot_mapping: Any,
+    k_scale: Any = 1.0,
+    v_scale: Any = 1.0,
+    *,
+    value_cache: Any = None,
+    recipe: str = "nvfp4",
+    scale_layout: str = "vllm",
+    stream: Any = None,
+) -> None:
+    """Quantize ``key``/``value`` to NVFP4 and write them into the paged cache, in place.
+
+    Parameters
+    ----------
+    key, value : array ``[num_tokens, H, D]`` (and ``[num_tokens, H, Dv]``)
+        bfloat16, float16 or float32 (the same for both); last stride 1, other strides free
+        (views of a fused QKV tensor work). torch (CPU or CUDA), numpy, cupy.
+    kv_cache : uint8 array
+        ``(N, 2, T, H, F)`` with HND or NHD strides, packed ``(N, 2H, T, F)`` (HND), or the K side
+        ``(N, T, H, F)`` when ``value_cache`` is given. ``F = D/2 + D/16``.
+    slot_mapping : int64 or int32 array ``[num_tokens]``
+        Token ``i`` goes to page ``slot // T``, position ``slot % T``; slots < 0 or >= N*T skip
+        the token. Slots must be distinct.
+    k_scale, v_scale : float or 1-element float32 tensor
+        Decode global scales (usually ``amax / 448``). A GPU tensor is read by the kernel.
+    value_cache : uint8 array ``(N, T, H, F)``, optional
+        The V side when the cache is given as two sides (vLLM's ``kv_cache.unbind(1)``).
+    recipe : {"nvfp4", "nvfp4_4over6"}
+    scale_layout : {"vllm", "linear"}
+        "vllm": K scales linear, V scales token-4 interleaved (HND, T % 4 == 0, D % 64 == 0);
+        "linear": both linear.
+    stream : optional
+        CUDA stream; default: the current stream of the tensors' framework. Never synchronized.
+
+    Raises
+    ------
+    TypeError, ValueError, RuntimeError
+        Bad dtype; bad shape/value/device; CUDA failure. The cache is untouched on error.
+    """
+    _C.store(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cache, recipe, scale_layout, stream)
+
+
+def reshape_and_cache_flash(
+    key: Any,
+    value: Any,
+    key_cache: Any,
+    value_cache: Any,
+    slot_mapping: Any,
+    kv_cache_dtype: str,
+    k_scale: Any,
+    v_scale: Any,
+    *,
+    scale_layout: str = "vllm",
+    stream: Any = None,
+) -> None:
+    """vLLM's ``reshape_and_cache_flash`` for ``kv_cache_dtype`` "nvfp4" / "nvfp4_4over6".
+
+    Same arguments and semantics as vLLM's op (``key_cache``/``value_cache`` are the two sides
+    ``kv_cache[:, 0]``, ``kv_cache[:, 1]``), except that out-of-range slots are skipped instead
+    of written out of bounds. See :func:`store` for shapes and dtypes.
+    """
+    if kv_cache_dtype not in _RECIPES:
+        raise ValueError(
+            f"kv_cache_dtype: {kv_cache_dtype!r} is not supported by nvfp4kv; expected one of "
+            f"{', '.join(map(repr, _RECIPES))} (use vLLM's own op for other cache dtypes)"
+        )
+    # Straight to the binding, as store() does (one Python call less per layer and step).
+    _C.store(key, value, key_cache, slot_mapping, k_scale, v_scale, value_cache, kv_cache_dtype,
+             scale_layout, stream)
 
 
 def _cache_geometry(kv_cache: Any, value_cache: Any) -> Tuple[int, int, int, int, int]:

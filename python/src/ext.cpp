@@ -200,14 +200,12 @@ bool import_torch(Arg& a, nb::handle obj, const char* name) {
   nb::object ord = call(obj, info->get_device);
   if (!ord.is_valid()) throw nb::python_error();
   const int32_t ordinal = static_cast<int32_t>(PyLong_AsLong(ord.ptr()));
+  if (ordinal == -1 && PyErr_Occurred()) throw nb::python_error();
   DLDevice dev;
-  if (ordinal < 0) {
-    if (get(obj, info->is_cpu).ptr() != Py_True) return false;  // meta, mps, ...: DLPack decides
-    dev = DLDevice{kDLCPU, 0};
-  } else {
-    if (get(obj, info->is_cuda).ptr() != Py_True) return false;
-    dev = DLDevice{kDLCUDA, ordinal};
-  }
+  nb::object on = get(obj, ordinal < 0 ? info->is_cpu : info->is_cuda);
+  if (!on.is_valid()) throw nb::python_error();
+  if (on.ptr() != Py_True) return false;  // meta, mps, ...: DLPack decides
+  dev = ordinal < 0 ? DLDevice{kDLCPU, 0} : DLDevice{kDLCUDA, ordinal};
   nb::object shape = get(obj, info->shape), strides = call(obj, info->stride);
   if (!shape.is_valid() || !strides.is_valid()) throw nb::python_error();
   const Py_ssize_t nd = PyTuple_Size(shape.ptr());  // torch.Size is a tuple
@@ -219,6 +217,7 @@ bool import_torch(Arg& a, nb::handle obj, const char* name) {
     a.shape[i] = PyLong_AsLongLong(PyTuple_GetItem(shape.ptr(), i));
     a.strides[i] = PyLong_AsLongLong(PyTuple_GetItem(strides.ptr(), i));
   }
+  if (PyErr_Occurred()) throw nb::python_error();
   a.t.ndim = static_cast<int32_t>(nd);
   a.t.dtype = info->dl[which];
   a.t.shape = a.shape;
@@ -240,7 +239,11 @@ bool import_torch(Arg& a, nb::handle obj, const char* name) {
 void import_array(Arg& a, nb::handle obj, const char* name, bool writable) {
   if (import_torch(a, obj, name)) return;
   const TorchInfo* info = torch_info();  // a torch subclass, or the fast paths are off
-  if (info && PyObject_IsInstance(obj.ptr(), info->tensor_type) == 1) reject_negated(obj, info, name);
+  if (info) {
+    const int is_tensor = PyObject_IsInstance(obj.ptr(), info->tensor_type);
+    if (is_tensor < 0) throw nb::python_error();
+    if (is_tensor) reject_negated(obj, info, name);
+  }
   bool ok = false;
   if (writable) {
     nb::ndarray<> w;
@@ -378,65 +381,6 @@ void store(nb::handle key, nb::handle value, nb::handle kv_cache, nb::handle slo
   raise_for(st);
 }
 
-// vLLM's argument order; an unknown kv_cache_dtype gets its own message (it is vLLM's argument).
-void reshape_and_cache_flash(nb::handle key, nb::handle value, nb::handle key_cache,
-                             nb::handle value_cache, nb::handle slot_mapping,
-                             nb::handle kv_cache_dtype, nb::handle k_scale, nb::handle v_scale,
-                             nb::handle scale_layout, nb::handle stream) {
-  bool known = false;
-  if (PyUnicode_Check(kv_cache_dtype.ptr())) {
-    const char* v = PyUnicode_AsUTF8AndSize(kv_cache_dtype.ptr(), nullptr);
-    if (!v) throw nb::python_error();
-    for (const char* name : kRecipeNames) known = known || std::strcmp(v, name) == 0;
-  }
-  if (!known)
-    throw nb::value_error((std::string("kv_cache_dtype: ") + nb::repr(kv_cache_dtype).c_str() +
-                           " is not supported by nvfp4kv; expected one of 'nvfp4', "
-                           "'nvfp4_4over6' (use vLLM's own op for other cache dtypes)")
-                              .c_str());
-  store(key, value, key_cache, slot_mapping, k_scale, v_scale, value_cache, kv_cache_dtype,
-        scale_layout, stream);
-}
-
-// The docstrings of the two entry points, which are these C++ functions themselves: a decode
-// step calls them once per layer, and a Python wrapper in between cost ~0.2 µs of a ~6 µs call.
-const char* const kStoreDoc = R"(Quantize ``key``/``value`` to NVFP4 and write them into the paged cache, in place.
-
-Parameters
-----------
-key, value : array ``[num_tokens, H, D]`` (and ``[num_tokens, H, Dv]``)
-    bfloat16, float16 or float32 (the same for both); last stride 1, other strides free
-    (views of a fused QKV tensor work). torch (CPU or CUDA), numpy, cupy.
-kv_cache : uint8 array
-    ``(N, 2, T, H, F)`` with HND or NHD strides, packed ``(N, 2H, T, F)`` (HND), or the K side
-    ``(N, T, H, F)`` when ``value_cache`` is given. ``F = D/2 + D/16``.
-slot_mapping : int64 or int32 array ``[num_tokens]``
-    Token ``i`` goes to page ``slot // T``, position ``slot % T``; slots < 0 or >= N*T skip
-    the token. Slots must be distinct.
-k_scale, v_scale : float or 1-element float32 tensor
-    Decode global scales (usually ``amax / 448``). A GPU tensor is read by the kernel.
-value_cache : uint8 array ``(N, T, H, F)``, optional
-    The V side when the cache is given as two sides (vLLM's ``kv_cache.unbind(1)``).
-recipe : {"nvfp4", "nvfp4_4over6"}
-scale_layout : {"vllm", "linear"}
-    "vllm": K scales linear, V scales token-4 interleaved (HND, T % 4 == 0, D % 64 == 0);
-    "linear": both linear.
-stream : optional
-    CUDA stream; default: the current stream of the tensors' framework. Never synchronized.
-
-Raises
-------
-TypeError, ValueError, RuntimeError
-    Bad dtype; bad shape/value/device; CUDA failure. The cache is untouched on error.
-)";
-
-const char* const kReshapeDoc = R"(vLLM's ``reshape_and_cache_flash`` for ``kv_cache_dtype`` "nvfp4" / "nvfp4_4over6".
-
-Same arguments and semantics as vLLM's op (``key_cache``/``value_cache`` are the two sides
-``kv_cache[:, 0]``, ``kv_cache[:, 1]``), except that out-of-range slots are skipped instead
-of written out of bounds. See :func:`store` for shapes and dtypes.
-)";
-
 void dequantize(nb::handle kv_cache, nb::handle value_cache, nb::handle pages, nb::handle k_scale,
                 nb::handle v_scale, nb::handle scale_layout, nb::handle key_out,
                 nb::handle value_out, nb::handle stream) {
@@ -522,19 +466,9 @@ NB_MODULE(_C, m) {
   m.attr("RECIPES") = nb::make_tuple(kRecipeNames[0], kRecipeNames[1]);
   m.attr("SCALE_LAYOUTS") = nb::make_tuple(kScaleLayoutNames[0], kScaleLayoutNames[1]);
   m.def("store", &store, nb::arg("key"), nb::arg("value"), nb::arg("kv_cache"),
-        nb::arg("slot_mapping"), nb::arg("k_scale").none() = 1.0, nb::arg("v_scale").none() = 1.0,
-        nb::kw_only(), nb::arg("value_cache").none() = nb::none(), nb::arg("recipe").none() = "nvfp4",
-        nb::arg("scale_layout").none() = "vllm", nb::arg("stream").none() = nb::none(),
-        nb::sig("def store(key, value, kv_cache, slot_mapping, k_scale=1.0, v_scale=1.0, *, "
-                "value_cache=None, recipe='nvfp4', scale_layout='vllm', stream=None) -> None"),
-        kStoreDoc);
-  m.def("reshape_and_cache_flash", &reshape_and_cache_flash, nb::arg("key"), nb::arg("value"),
-        nb::arg("key_cache"), nb::arg("value_cache").none(), nb::arg("slot_mapping"),
-        nb::arg("kv_cache_dtype").none(), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
-        nb::kw_only(), nb::arg("scale_layout").none() = "vllm", nb::arg("stream").none() = nb::none(),
-        nb::sig("def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, "
-                "kv_cache_dtype, k_scale, v_scale, *, scale_layout='vllm', stream=None) -> None"),
-        kReshapeDoc);
+        nb::arg("slot_mapping"), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
+        nb::arg("value_cache").none(), nb::arg("recipe").none(), nb::arg("scale_layout").none(),
+        nb::arg("stream").none());
   m.def("dequantize", &dequantize, nb::arg("kv_cache"), nb::arg("value_cache").none(),
         nb::arg("pages").none(), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
         nb::arg("scale_layout").none(), nb::arg("key_out"), nb::arg("value_out"),
@@ -544,6 +478,11 @@ NB_MODULE(_C, m) {
         nb::arg("k_scale").none(), nb::arg("v_scale").none(), nb::arg("scale_layout").none(),
         nb::arg("key_out"), nb::arg("value_out"), nb::arg("stream").none());
   m.def("cuda_info", &cuda_info);
+  // Tests only: whether torch's C exchange table was found (torch imported and >= 2.10).
+  m.def("_torch_exchange_found", [] {
+    const TorchInfo* info = torch_info();
+    return info != nullptr && info->exchange != nullptr;
+  });
   // Tests only: "exchange" (default: the C exchange table where torch has one, else attributes),
   // "attributes" or "dlpack". Returns the previous setting.
   m.def("_set_torch_paths", [](const std::string& which) {

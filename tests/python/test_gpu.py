@@ -94,14 +94,14 @@ def make_slots(n, N, T, gen, slot_dtype):
 
 
 def run_both(N, T, H, D, view, layout, dtype, recipe, scale_layout, slot_dtype, n, seed,
-             fused=False, pad=0, device_scales=False):
+             fused=False, pad=0, device_scales=False, scales=None):
     gen = torch.Generator().manual_seed(seed)
     random.seed(seed)
     F = full_dim(D)
     raw = make_raw(N, H * T * F, pad, gen)
     key, value = make_inputs(n, H, D, DTYPES[dtype], gen, fused=fused)
     slots = make_slots(n, N, T, gen, slot_dtype)
-    ks, vs = 0.5 + random.random(), 0.01 + random.random() / 10
+    ks, vs = scales if scales is not None else (0.5 + random.random(), 0.01 + random.random() / 10)
 
     raw_cpu = raw.clone()
     nvfp4kv.store(key, value, slot_mapping=slots, k_scale=ks, v_scale=vs, recipe=recipe,
@@ -180,6 +180,17 @@ def test_long_rows_split_over_blocks(H, D, layout, scale_layout):
 
 def test_large_batch():
     run_both(4096, 16, 8, 128, "5d", "HND", "bfloat16", "nvfp4", "vllm", torch.int64, 65536, seed=5)
+
+
+# Global scales far from 1 drive out = 1/(sfq/g) to 0, subnormals, huge values and Inf, and the
+# 4over6 error's r = 1/out with them: the kernel's one-pass scoring (encode_group_scored) must
+# still pick the candidates the CPU picks.
+@pytest.mark.parametrize("recipe", ("nvfp4", "nvfp4_4over6"))
+@pytest.mark.parametrize("g", (3e-38, 2.0 ** -100, 1e-10, 1e10, 2.0 ** 100, 3e38))
+@pytest.mark.parametrize("device_scales", (False, True))
+def test_extreme_global_scales(recipe, g, device_scales):
+    run_both(3, 16, 2, 128, "5d", "HND", "float32", recipe, "vllm", torch.int64, 40, seed=31,
+             device_scales=device_scales, scales=(g, g * 0.75))
 
 
 @pytest.mark.parametrize("bad", (0.0, float("nan"), float("inf"), -1.0))

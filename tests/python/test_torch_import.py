@@ -22,11 +22,23 @@ def path(request, nv):
     nv._C._set_torch_paths(prev)
 
 
-def test_exchange_table_is_used_where_torch_has_one(nv):
-    # The exchange path is the default only where torch publishes the table; say which one ran.
+def test_exchange_table_is_found_where_torch_has_one(nv):
+    # The "exchange" cases below run the attribute path when the table is not found: the binding
+    # must find it wherever torch publishes one (torch >= 2.10).
     has = hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
-    print(f"torch {torch.__version__}: C exchange table {'present' if has else 'absent'}")
-    assert nv._C._set_torch_paths("exchange") == "exchange"
+    assert nv._C._torch_exchange_found() == has, f"torch {torch.__version__}"
+
+
+def test_failing_isinstance_keeps_its_exception(nv, path):
+    # An object whose __class__ raises: the binding must pass that exception on, not bury it under
+    # "expected an array".
+    class Broken:
+        @property
+        def __class__(self):
+            raise RuntimeError("broken __class__")
+
+    with pytest.raises(RuntimeError, match="broken __class__"):
+        nv.store(Broken(), Broken(), Broken(), Broken())
 
 
 def test_bad_path_name(nv):
@@ -106,3 +118,29 @@ def test_meta_tensor_is_a_clear_error(nv, path):
     with pytest.raises((TypeError, ValueError, BufferError, RuntimeError)):
         nv.store(key, key, cache.kv_cache, torch.zeros(1, dtype=torch.int64))
     assert_bytes_equal(cache.snapshot(), snap, cache)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available()), reason="needs a CUDA device")
+@pytest.mark.parametrize("scale_kind", ["tensor", "float"])
+def test_cuda_store_and_stream_through_each_path(nv, path, scale_kind):
+    # CUDA tensors through each path, on a side stream picked up as torch's current stream:
+    # the bytes equal the CPU store's.
+    if not nv.build_info()["cuda_available"]:
+        pytest.skip("no CUDA build of nvfp4kv")
+    rng = np.random.default_rng(11)
+    N, T, H, D, n = 3, 16, 2, 64, 21
+    k, v = mixed_tokens(rng, n, H, D), mixed_tokens(rng, n, H, D)
+    cpu = make_cache(N, T, H, D, "sides", "HND", "torch", seed=7)
+    gpu = make_cache(N, T, H, D, "sides", "HND", "torch", device="cuda", seed=7)
+    key, value, k32, v32 = make_kv(k, v, "bfloat16", "torch", strided="qkv")
+    slots = make_slots(scatter_slots(rng, n, N, T), backend="torch")
+    nv.store(key, value, cpu.kv_cache, slots, make_scale(0.03, scale_kind), make_scale(0.07, scale_kind),
+             value_cache=cpu.value_cache)
+    torch.cuda.synchronize()  # the poisoned cache is written on the default stream
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        nv.store(key.cuda(), value.cuda(), gpu.kv_cache, slots.cuda(),
+                 make_scale(0.03, scale_kind, device="cuda"), make_scale(0.07, scale_kind, device="cuda"),
+                 value_cache=gpu.value_cache)
+    side.synchronize()
+    assert_bytes_equal(gpu.snapshot(), cpu.snapshot(), cpu)
