@@ -133,4 +133,47 @@ int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm);
 // Message for "this GPU has no code in this build", or nullptr if the kernel can run.
 const char* check_kernel_image(cudaError_t err);
 
+// Programmatic dependent launch (Hopper and later): the store and the gather are launched so that
+// they may start while the kernel before them in the stream finishes, and let the kernel after
+// them start early. A kernel does only parameter arithmetic before wait_for_prior_grids() (which
+// returns once every earlier grid of the stream has completed and its writes are visible, or at
+// once when launched without the attribute), and calls allow_next_grids() once its own blocks
+// are all resident: a grid launched after it with the attribute may then be scheduled, and it
+// waits in turn before touching memory. Kernels launched without the attribute (torch's, most
+// attention kernels) are serialized as usual. Inside a CUDA graph the same holds through
+// programmatic edges.
+__device__ __forceinline__ void wait_for_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_next_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether the device has programmatic dependent launch (compute capability 9.0 and later;
+// cached per device).
+bool pdl_supported(int device);
+
+// kernel<<<grid, block, 0, stream>>>(arg), with programmatic stream serialization allowed where
+// the device has it.
+template <class Arg>
+cudaError_t launch_pdl(void (*kernel)(Arg), dim3 grid, dim3 block, int device, cudaStream_t stream,
+                       const Arg& arg) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = pdl_supported(device) ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, arg);
+}
+
 }  // namespace nvfp4kv

@@ -191,8 +191,7 @@ template <DType kDType>
 __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constant__ GatherPairsLaunch L) {
   const GatherParams& p = L.p;
   const int64_t b = L.b0 + blockIdx.y;
-  const int64_t len = load_index(p.seq_lens, b), start = load_index(p.cu_seqlens, b);
-  if (len <= 0) return;  // the whole block
+  // Parameter arithmetic only, until the grids before this one are done (wait_for_prior_grids).
   const uint32_t row = L.items.per_row.d;
   const uint32_t slot = threadIdx.x / row;  // token of this thread within the block's step
   const bool lane_used = slot < L.tokens_per_block;
@@ -206,6 +205,10 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
   const int64_t page_stride = s.cache.page_stride;
   uint4* out = reinterpret_cast<uint4*>(static_cast<uint16_t*>(s.out) + h * s.out_stride[1] + 32 * unit);
   const int64_t out_stride = s.out_stride[0] * 2 / 16;  // in uint4
+  wait_for_prior_grids();
+  allow_next_grids();
+  const int64_t len = load_index(p.seq_lens, b), start = load_index(p.cu_seqlens, b);
+  if (len <= 0) return;  // the whole block
   const float g = read_scale(s.scale);
   const float g26 = mul_rn(g, 0x1p26f);
   const bool fold = !(fabsf(g) >= 0x1p101f) || isinf(g);  // g * 2^26 exact and finite (or Inf/NaN)
@@ -370,11 +373,10 @@ cudaError_t launch_gather_pairs(const GatherParams& p, int device, cudaStream_t 
   for (int64_t b0 = 0; b0 < p.B; b0 += 65535) {
     L.b0 = b0;
     const dim3 grid(gx, static_cast<unsigned>(std::min<int64_t>(65535, p.B - b0)));
-    if (p.dtype == DType::kFloat16)
-      gather_pairs_kernel<DType::kFloat16><<<grid, threads, 0, stream>>>(L);
-    else
-      gather_pairs_kernel<DType::kBFloat16><<<grid, threads, 0, stream>>>(L);
-    const cudaError_t err = cudaGetLastError();
+    const cudaError_t err =
+        p.dtype == DType::kFloat16
+            ? launch_pdl(gather_pairs_kernel<DType::kFloat16>, grid, dim3(threads), device, stream, L)
+            : launch_pdl(gather_pairs_kernel<DType::kBFloat16>, grid, dim3(threads), device, stream, L);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;

@@ -20,6 +20,16 @@ int sm_count(int device) {
   return sms;
 }
 
+bool pdl_supported(int device) {
+  static int major[64] = {0};  // compute capability major, read once per device
+  int m = device >= 0 && device < 64 ? major[device] : 0;
+  if (m == 0) {
+    if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) m = -1;
+    if (device >= 0 && device < 64) major[device] = m;
+  }
+  return m >= 9;
+}
+
 int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm) {
   const int sms = sm_count(device);
   const int64_t needed = (threads_needed + kThreads - 1) / kThreads;

@@ -203,9 +203,7 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
   __shared__ float rcp_tables[kScored ? 2 : 1][kScored ? 128 : 1];
   const StoreParams& p = L.p;
   constexpr int64_t esize = kDType == DType::kFloat32 ? 4 : 2;
-  // Global scales first: on a small call the kernel is one dependent chain (scale -> table ->
-  // quantize; slot, input -> quantize -> store), so its loads start before any index arithmetic.
-  const float g_k = read_scale(p.k.scale), g_v = read_scale(p.v.scale);
+  // Parameter arithmetic only, until the grids before this one are done (wait_for_prior_grids).
   const uint32_t r = blockIdx.y * L.row_slice + threadIdx.x % L.row_slice;
   const uint32_t step = gridDim.x * L.tokens_per_block;
   uint32_t t = blockIdx.x * L.tokens_per_block + threadIdx.x / L.row_slice;
@@ -216,7 +214,12 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
   Lane lane;
   lane.init(side ? p.v : p.k, L.off[side], h, unit * kG, esize);
   const uint32_t n = active ? L.num_tokens : 0;
+  wait_for_prior_grids();
+  allow_next_grids();
 
+  // Global scales first: on a small call the kernel is one dependent chain (scale -> table ->
+  // quantize; slot, input -> quantize -> store), so its loads start before anything else.
+  const float g_k = read_scale(p.k.scale), g_v = read_scale(p.v.scale);
   Item<kDType, kVec, kG> a, b;
   if (t < n) a.load(p, lane, L.token0 + t);
 
@@ -272,8 +275,7 @@ cudaError_t launch_kernel(StoreLaunch L, int threads, uint32_t slices, int devic
     const int64_t needed = (L.num_tokens + L.tokens_per_block - 1) / L.tokens_per_block;
     const int64_t steps = (needed + resident - 1) / (resident > 0 ? resident : 1);
     const dim3 grid(static_cast<uint32_t>((needed + steps - 1) / steps), slices);
-    kernel<<<grid, threads, 0, stream>>>(L);
-    const cudaError_t err = cudaGetLastError();
+    const cudaError_t err = launch_pdl(kernel, grid, dim3(threads), device, stream, L);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;

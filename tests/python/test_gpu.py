@@ -249,6 +249,70 @@ def test_cuda_graph_capture_and_replay():
         assert torch.equal(raw.cpu(), expect), f"replay {step} differs from the CPU path"
 
 
+def _chain(key, value, kv, slots, ks, vs, key_out, value_out, bt, sl, cu, src_k, src_v):
+    """One step of dependent work on one stream: torch writes the inputs and the scales, the store
+    reads them and writes the cache, the gather reads the cache, torch reads the gather's output.
+    With programmatic dependent launch each of the library's kernels may start before the one
+    before it has finished; none may touch memory before it has."""
+    key.copy_(src_k)
+    value.copy_(src_v)
+    ks.mul_(1.5)
+    nvfp4kv.store(key, value, kv, slots, ks, vs)
+    nvfp4kv.gather_dequant(kv, bt, sl, ks, vs, cu_seqlens=cu, key_out=key_out, value_out=value_out)
+    return key_out.float().abs().sum() + value_out.float().abs().sum()  # torch, right after the gather
+
+
+@pytest.mark.parametrize("graph", (False, True))
+def test_dependent_kernels_back_to_back(graph):
+    N, T, H, D, n = 8, 16, 8, 128, 128
+    gen = torch.Generator().manual_seed(5)
+    raw = make_raw(N, H * T * full_dim(D), 0, gen).cuda()
+    kv = cache_views(raw, N, T, H, D, "5d", "HND")["kv_cache"]
+    key = torch.zeros(n, H, D, device="cuda", dtype=torch.bfloat16)
+    value = torch.zeros_like(key)
+    slots = torch.arange(n, device="cuda")  # pages 0..7 in order: the gather reads them all
+    ks = torch.tensor([0.01], device="cuda")
+    vs = torch.tensor([0.02], device="cuda")
+    key_out = torch.empty(n, H, D, device="cuda", dtype=torch.bfloat16)
+    value_out = torch.empty_like(key_out)
+    bt = torch.arange(N, device="cuda", dtype=torch.int32).view(1, N)
+    sl = torch.tensor([n], device="cuda", dtype=torch.int32)
+    cu = torch.tensor([0, n], device="cuda", dtype=torch.int32)
+    src_k = torch.randn(n, H, D, generator=gen).to(torch.bfloat16).cuda()
+    src_v = torch.randn(n, H, D, generator=gen).to(torch.bfloat16).cuda()
+    args = (key, value, kv, slots, ks, vs, key_out, value_out, bt, sl, cu, src_k, src_v)
+    if graph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            _chain(*args)  # warm-up outside capture
+        torch.cuda.current_stream().wait_stream(stream)
+        ks.fill_(0.01)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            total = _chain(*args)
+    for step in range(4):
+        src_k.copy_(torch.randn(n, H, D, generator=gen).to(torch.bfloat16))
+        src_v.copy_(torch.randn(n, H, D, generator=gen).to(torch.bfloat16))
+        scale_before = ks.item()
+        if graph:
+            g.replay()
+        else:
+            total = _chain(*args)
+        torch.cuda.synchronize()
+        g_k = scale_before * 1.5
+        expect = raw.cpu().clone()
+        exp_kv = cache_views(expect, N, T, H, D, "5d", "HND")["kv_cache"]
+        nvfp4kv.store(src_k.cpu(), src_v.cpu(), exp_kv, slots.cpu(), g_k, vs.item())
+        assert torch.equal(raw.cpu(), expect), f"step {step}: the cache differs from the CPU path"
+        ek, ev, _ = nvfp4kv.gather_dequant(exp_kv, bt.cpu(), sl.cpu(), g_k, vs.item(),
+                                           cu_seqlens=cu.cpu(), dtype="bfloat16")
+        assert torch.equal(key_out.cpu().view(torch.int16), ek.view(torch.int16)), f"step {step}: keys"
+        assert torch.equal(value_out.cpu().view(torch.int16), ev.view(torch.int16)), f"step {step}: values"
+        want = ek.float().abs().sum() + ev.float().abs().sum()
+        assert torch.isclose(total.cpu(), want, rtol=1e-4, equal_nan=True), f"step {step}: sum"
+
+
 def test_runs_on_the_given_stream():
     N, T, H, D, n = 64, 16, 8, 128, 1000
     gen = torch.Generator().manual_seed(1)
