@@ -133,9 +133,9 @@ int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm);
 // Message for "this GPU has no code in this build", or nullptr if the kernel can run.
 const char* check_kernel_image(cudaError_t err);
 
-// Programmatic dependent launch (Hopper and later): the store and the gather are launched so that
-// they may start while the kernel before them in the stream finishes, and let the kernel after
-// them start early. A kernel does only parameter arithmetic before wait_for_prior_grids() (which
+// Programmatic dependent launch (Hopper and later): every kernel of the library is launched so
+// that it may start while the kernel before it in the stream finishes, and lets the kernel after
+// it start early. A kernel does only parameter arithmetic before wait_for_prior_grids() (which
 // returns once every earlier grid of the stream has completed and its writes are visible, or at
 // once when launched without the attribute), and calls allow_next_grids() once its own blocks
 // are all resident: a grid launched after it with the attribute may then be scheduled, and it

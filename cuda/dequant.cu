@@ -101,6 +101,8 @@ __device__ __forceinline__ float read_scale(const ScaleArg& s) {
 template <DType kDType, bool kVec>
 __global__ void __launch_bounds__(kThreads) dequant_kernel(const __grid_constant__ DequantLaunch L) {
   const DequantParams& p = L.p;
+  wait_for_prior_grids();  // no parameter arithmetic worth overlapping: wait first
+  allow_next_grids();
   const float g_k = read_scale(p.k.scale), g_v = read_scale(p.v.scale);
   for (uint32_t u = blockIdx.x * kThreads + threadIdx.x; u < L.total; u += gridDim.x * kThreads) {
     const uint32_t rr = L.items.per_row.div(u);
@@ -134,6 +136,8 @@ template <DType kDType, bool kVec>
 __global__ void __launch_bounds__(kThreads) gather_kernel(const __grid_constant__ GatherLaunch L) {
   const GatherParams& p = L.p;
   const int64_t b = L.b0 + blockIdx.y;
+  wait_for_prior_grids();  // no parameter arithmetic worth overlapping: wait first
+  allow_next_grids();
   const int64_t len = load_index(p.seq_lens, b), start = load_index(p.cu_seqlens, b);
   if (len <= 0) return;
   const float g_k = read_scale(p.k.scale), g_v = read_scale(p.v.scale);
@@ -278,12 +282,9 @@ bool aligned(const void* ptr, int64_t a, int64_t b, int64_t c, int64_t to) {
 }
 
 template <DType kDType>
-cudaError_t launch(const DequantLaunch& L, bool vec, int blocks, cudaStream_t stream) {
-  if (vec)
-    dequant_kernel<kDType, true><<<blocks, kThreads, 0, stream>>>(L);
-  else
-    dequant_kernel<kDType, false><<<blocks, kThreads, 0, stream>>>(L);
-  return cudaGetLastError();
+cudaError_t launch(const DequantLaunch& L, bool vec, int blocks, int device, cudaStream_t stream) {
+  return vec ? launch_pdl(dequant_kernel<kDType, true>, dim3(blocks), dim3(kThreads), device, stream, L)
+             : launch_pdl(dequant_kernel<kDType, false>, dim3(blocks), dim3(kThreads), device, stream, L);
 }
 
 }  // namespace
@@ -322,9 +323,9 @@ int cuda_dequantize(const DequantParams& p, int device, void* stream_ptr, const 
     const int blocks = grid_blocks(device, L.total, 8);
     cudaError_t err;
     switch (p.dtype) {
-      case DType::kFloat32: err = launch<DType::kFloat32>(L, vec, blocks, stream); break;
-      case DType::kFloat16: err = launch<DType::kFloat16>(L, vec, blocks, stream); break;
-      default: err = launch<DType::kBFloat16>(L, vec, blocks, stream); break;
+      case DType::kFloat32: err = launch<DType::kFloat32>(L, vec, blocks, device, stream); break;
+      case DType::kFloat16: err = launch<DType::kFloat16>(L, vec, blocks, device, stream); break;
+      default: err = launch<DType::kBFloat16>(L, vec, blocks, device, stream); break;
     }
     if (err != cudaSuccess) {
       *message = check_kernel_image(err);
@@ -335,12 +336,9 @@ int cuda_dequantize(const DequantParams& p, int device, void* stream_ptr, const 
 }
 
 template <DType kDType>
-cudaError_t launch_gather(const GatherLaunch& L, bool vec, dim3 grid, cudaStream_t stream) {
-  if (vec)
-    gather_kernel<kDType, true><<<grid, kThreads, 0, stream>>>(L);
-  else
-    gather_kernel<kDType, false><<<grid, kThreads, 0, stream>>>(L);
-  return cudaGetLastError();
+cudaError_t launch_gather(const GatherLaunch& L, bool vec, dim3 grid, int device, cudaStream_t stream) {
+  return vec ? launch_pdl(gather_kernel<kDType, true>, grid, dim3(kThreads), device, stream, L)
+             : launch_pdl(gather_kernel<kDType, false>, grid, dim3(kThreads), device, stream, L);
 }
 
 // The pairs kernel's conditions: 16-bit outputs on the vector path, head sizes a multiple of 64
@@ -413,9 +411,9 @@ int cuda_gather(const GatherParams& p, int device, void* stream_ptr, const char*
     const dim3 grid(gx, static_cast<unsigned>(std::min<int64_t>(65535, p.B - b0)));
     cudaError_t err;
     switch (p.dtype) {
-      case DType::kFloat32: err = launch_gather<DType::kFloat32>(L, vec, grid, stream); break;
-      case DType::kFloat16: err = launch_gather<DType::kFloat16>(L, vec, grid, stream); break;
-      default: err = launch_gather<DType::kBFloat16>(L, vec, grid, stream); break;
+      case DType::kFloat32: err = launch_gather<DType::kFloat32>(L, vec, grid, device, stream); break;
+      case DType::kFloat16: err = launch_gather<DType::kFloat16>(L, vec, grid, device, stream); break;
+      default: err = launch_gather<DType::kBFloat16>(L, vec, grid, device, stream); break;
     }
     if (err != cudaSuccess) {
       *message = check_kernel_image(err);
