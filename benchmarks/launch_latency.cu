@@ -1,14 +1,17 @@
-// Time per node of CUDA graphs of small kernels: what a small store's ~2 µs inside a graph is
-// made of. Each variant adds one ingredient of the store kernel's start (a large parameter block
-// read through dependent constant loads, a global load, a shared-memory table and a barrier, a
-// chain of two dependent loads), and the last rows are nvfp4kv_store itself through the C ABI.
+// Small calls without Python. First the host time per call back to back (an empty kernel, one
+// with a store-sized parameter block, nvfp4kv_store of 1 token through the C ABI): what the C ABI
+// and the launcher add to a launch. Then the time per node of CUDA graphs of small kernels: what
+// a small store's ~2 µs inside a graph is made of. Each variant adds one ingredient of the store
+// kernel's start (a large parameter block read through dependent constant loads, a global load, a
+// shared-memory table and a barrier, a chain of two dependent loads, instruction fetch), and the
+// last rows are nvfp4kv_store itself.
 //   inc=$(python3 -c "import nvfp4kv; print(nvfp4kv.get_include())")
 //   lib=$(python3 -c "import nvfp4kv; print(nvfp4kv.get_library_dir())")
 //   nvcc -O2 -arch=sm_90 -I$inc benchmarks/launch_latency.cu -L$lib -lnvfp4kv -Xlinker -rpath=$lib -o /tmp/lat && /tmp/lat
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdio>
-#include <functional>
 
 #include "nvfp4kv/nvfp4kv.h"
 
@@ -66,6 +69,24 @@ __global__ void k_long(const __grid_constant__ Params p) {
   if (sum == 12345.0f) p.out[0] = sum;
 }
 
+__global__ void k_big(const __grid_constant__ Params p) {}
+
+// Host time per call, back to back (the best of 5 runs of 20000 calls).
+template <class F>
+double host_us_per_call(F f, int n = 20000) {
+  for (int i = 0; i < 1000; ++i) f();
+  cudaDeviceSynchronize();
+  double best = 1e9;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) f();
+    cudaDeviceSynchronize();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
+    best = us < best ? us : best;
+  }
+  return best;
+}
+
 template <class F>
 float graph_us_per_node(F launch, cudaStream_t s, int nodes = 100) {
   cudaGraph_t g;
@@ -108,16 +129,6 @@ int main() {
   p.out = out;
   p.idx = idx;
   for (int i = 0; i < 80; ++i) p.table[i] = i;
-  printf("graph us per node:\n");
-  printf("  empty kernel, 1x256                          %.2f\n", graph_us_per_node([&] { k_empty<<<1, 256, 0, s>>>(); }, s));
-  printf("  336-byte parameters, 3 dependent reads       %.2f\n", graph_us_per_node([&] { k_param<<<1, 256, 0, s>>>(p); }, s));
-  printf("  one load, one store                          %.2f\n", graph_us_per_node([&] { k_load_store<<<1, 256, 0, s>>>(p); }, s));
-  printf("  scale load, shared table, barrier, store     %.2f\n", graph_us_per_node([&] { k_table<<<1, 256, 0, s>>>(p); }, s));
-  printf("  slot load, dependent input load, store       %.2f\n", graph_us_per_node([&] { k_chain<<<1, 256, 0, s>>>(p); }, s));
-  printf("  straight-line code, 500 instructions, 1 warp        %.2f\n", graph_us_per_node([&] { k_long<500><<<1, 32, 0, s>>>(p); }, s));
-  printf("  straight-line code, 1000 instructions, 1 warp       %.2f\n", graph_us_per_node([&] { k_long<1000><<<1, 32, 0, s>>>(p); }, s));
-  printf("  straight-line code, 2000 instructions, 1 warp       %.2f\n", graph_us_per_node([&] { k_long<2000><<<1, 32, 0, s>>>(p); }, s));
-
   // nvfp4kv_store of 1 token (H 8, D 128, bf16, HND 5-D cache), device scales; then a padded
   // token (slot -1) that quantizes and stores nothing.
   const int64_t N = 64, T = 16, H = 8, D = 128, F = 72;
@@ -144,6 +155,25 @@ int main() {
   DLTensor gt{gs, dev, 0, {kDLFloat, 32, 1}, nullptr, nullptr, 0};
   float host_g = 0.02f;
   DLTensor ht{&host_g, DLDevice{kDLCPU, 0}, 0, {kDLFloat, 32, 1}, nullptr, nullptr, 0};
+  DLTensor st0{slots, dev, 1, {kDLInt, 64, 1}, ss, sst, 0};
+  const auto store_one = [&] {
+    if (nvfp4kv_store(&kt, &vt, &ct, nullptr, &st0, &gt, &gt, NVFP4KV_RECIPE_NVFP4, NVFP4KV_SCALES_VLLM, s))
+      printf("error: %s\n", nvfp4kv_last_error());
+  };
+  printf("host us per call, back to back:\n");
+  printf("  empty kernel                                 %.2f\n", host_us_per_call([&] { k_empty<<<1, 1, 0, s>>>(); }));
+  printf("  empty kernel, 336-byte parameters            %.2f\n", host_us_per_call([&] { k_big<<<1, 1, 0, s>>>(p); }));
+  printf("  nvfp4kv_store of 1 token, device scales      %.2f\n", host_us_per_call(store_one));
+  printf("graph us per node:\n");
+  printf("  empty kernel, 1x256                          %.2f\n", graph_us_per_node([&] { k_empty<<<1, 256, 0, s>>>(); }, s));
+  printf("  336-byte parameters, 3 dependent reads       %.2f\n", graph_us_per_node([&] { k_param<<<1, 256, 0, s>>>(p); }, s));
+  printf("  one load, one store                          %.2f\n", graph_us_per_node([&] { k_load_store<<<1, 256, 0, s>>>(p); }, s));
+  printf("  scale load, shared table, barrier, store     %.2f\n", graph_us_per_node([&] { k_table<<<1, 256, 0, s>>>(p); }, s));
+  printf("  slot load, dependent input load, store       %.2f\n", graph_us_per_node([&] { k_chain<<<1, 256, 0, s>>>(p); }, s));
+  printf("  straight-line code, 500 instructions, 1 warp        %.2f\n", graph_us_per_node([&] { k_long<500><<<1, 32, 0, s>>>(p); }, s));
+  printf("  straight-line code, 1000 instructions, 1 warp       %.2f\n", graph_us_per_node([&] { k_long<1000><<<1, 32, 0, s>>>(p); }, s));
+  printf("  straight-line code, 2000 instructions, 1 warp       %.2f\n", graph_us_per_node([&] { k_long<2000><<<1, 32, 0, s>>>(p); }, s));
+
   for (int which = 0; which < 2; ++which) {
     DLTensor st{slots + which, dev, 1, {kDLInt, 64, 1}, ss, sst, 0};
     for (int host = 0; host < 2; ++host) {
