@@ -1,6 +1,9 @@
 // Device queries shared by the launchers, and the CUDA-availability report of build_info().
 #include <stdio.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include <mutex>
 
 #include "common.cuh"
@@ -21,6 +24,15 @@ int sm_count(int device) {
 }
 
 bool pdl_supported(int device) {
+  // Once per process: NVFP4KV_PDL=0 turns it off; and the driver must be able to capture such
+  // launches in CUDA graphs (programmatic graph edges came with CUDA 12.3).
+  static const bool allowed = [] {
+    const char* env = std::getenv("NVFP4KV_PDL");
+    if (env && std::strcmp(env, "0") == 0) return false;
+    int driver = 0;
+    return cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12030;
+  }();
+  if (!allowed) return false;
   static int major[64] = {0};  // compute capability major, read once per device
   int m = device >= 0 && device < 64 ? major[device] : 0;
   if (m == 0) {

@@ -6,7 +6,10 @@ compares every byte of the buffer. Skipped when no CUDA device (or no CUDA build
 """
 
 import itertools
+import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -311,6 +314,20 @@ def test_dependent_kernels_back_to_back(graph):
         assert torch.equal(value_out.cpu().view(torch.int16), ev.view(torch.int16)), f"step {step}: values"
         want = ek.float().abs().sum() + ev.float().abs().sum()
         assert torch.isclose(total.cpu(), want, rtol=1e-4, equal_nan=True), f"step {step}: sum"
+
+
+def test_dependent_launch_can_be_turned_off():
+    # NVFP4KV_PDL=0 (read once per process): ordinary launches, the same bytes.
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import test_gpu as t; "
+        "t.test_dependent_kernels_back_to_back(False); t.test_dependent_kernels_back_to_back(True); "
+        "t.run_both(3, 16, 2, 128, '5d', 'HND', 'bfloat16', 'nvfp4_4over6', 'vllm', t.torch.int64, 40, 7); "
+        "print('ok')"
+    )
+    env = dict(os.environ, NVFP4KV_PDL="0")
+    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
 def test_runs_on_the_given_stream():
