@@ -323,26 +323,35 @@ NVFP4KV_HD uint32_t scale_byte(float amax, float enc, float divisor) {
   return e4m3_encode(mul_rn(enc, mul_rn(amax, divisor)));
 }
 
-// Codes of one group for a given out scale: 8 bytes, element 2k in the low nibble of byte k.
-// The sign comes from x (equal to the sign of x*out, since out >= 0, whenever that is not NaN),
-// which keeps the bytes identical across platforms whose default NaN differs.
-NVFP4KV_HD void encode_group(const float (&x)[kGroupSize], float out, uint32_t (&packed)[2]) {
-  // Each element's code is the low bits of the float 2^23 + code; adding the 8 float bit patterns
-  // shifted by 4i packs the nibbles (codes are < 8: no carry) plus the bias of 0x4B000000 at every
-  // nibble position, which the start value cancels. The sign bits go in last.
+// One code word: the codes of x[0..7] for a given out scale, element i in nibble i. Each
+// element's code is the low bits of the float 2^23 + code (e2m1_code_plus); adding the 8 float bit
+// patterns shifted by 4i packs the nibbles (codes are < 8: no carry) plus the bias of 0x4B000000
+// at every nibble position, which the start value cancels. The sign bits go in last. The sign
+// comes from x (equal to the sign of x*out, since out >= 0, whenever that is not NaN), which keeps
+// the bytes identical across platforms whose default NaN differs. `visit(|x_i|, f)` sees each
+// element with f, the bits of its float 2^23 + magnitude code (for callers that also score it).
+template <class Visit>
+NVFP4KV_HD uint32_t encode_word(const float* x, float out, Visit visit) {
   constexpr uint32_t kBias = 0x4B000000u * 0x11111111u;  // sum of 0x4B000000 << 4i (mod 2^32)
+  uint32_t word = 0u - kBias;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-  for (int w = 0; w < 2; ++w) {
-    uint32_t word = 0u - kBias;
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-    for (int i = 0; i < 8; ++i)
-      word += float_bits(e2m1_code_plus(mul_rn(abs_f(x[8 * w + i]), out), kMagic)) << (4 * i);
-    packed[w] = word | sign_word(x + 8 * w);
+  for (int i = 0; i < 8; ++i) {
+    const float ax = abs_f(x[i]);
+    const uint32_t f = float_bits(e2m1_code_plus(mul_rn(ax, out), kMagic));
+    word += f << (4 * i);
+    visit(ax, f);
   }
+  return word | sign_word(x);
+}
+
+// Codes of one group for a given out scale: 8 bytes, element 2k in the low nibble of byte k.
+NVFP4KV_HD void encode_group(const float (&x)[kGroupSize], float out, uint32_t (&packed)[2]) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int w = 0; w < 2; ++w) packed[w] = encode_word(x + 8 * w, out, [](float, uint32_t) {});
 }
 
 // Squared error of a candidate, two partial sums of 8 accumulated left to right (FORMAT.md §2).
@@ -402,22 +411,15 @@ struct ScoreCandidate {
 //   per-group IEEE reciprocal: about a quarter of nvfp4_4over6's instructions.
 __device__ __forceinline__ float encode_group_scored(const float (&x)[kGroupSize], float out,
                                                      float r, uint32_t (&packed)[2]) {
-  constexpr uint32_t kBias = 0x4B000000u * 0x11111111u;  // as in encode_group
   float sum[2];
 #pragma unroll
   for (int w = 0; w < 2; ++w) {
-    uint32_t word = 0u - kBias;
     float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float ax = abs_f(x[8 * w + i]);
-      const uint32_t code = float_bits(e2m1_code_plus(mul_rn(ax, out), kMagic));
-      word += code << (4 * i);
-      const float q = mul_rn(bits_float(code << 22), bits_float(0x7E800000u));  // |q|, 2^126
+    packed[w] = encode_word(x + 8 * w, out, [&s, r](float ax, uint32_t f) {
+      const float q = mul_rn(bits_float(f << 22), bits_float(0x7E800000u));  // |q|, 2^126
       const float e = sub_rn(mul_rn(q, r), ax);
       s = add_rn(s, mul_rn(e, e));
-    }
-    packed[w] = word | sign_word(x + 8 * w);
+    });
     sum[w] = s;
   }
   return add_rn(sum[0], sum[1]);
@@ -480,17 +482,20 @@ NVFP4KV_HD float dequantize_value(uint32_t code, uint32_t sfb, float g) {
   return mul_rn(mul_rn(e2m1_decode(code), e4m3_decode(sfb)), g);
 }
 
+// The 16 outputs of a NaN group (scale byte 0x7F); false, for the callers below to return.
+NVFP4KV_HD bool nan_group(float (&y)[kGroupSize]) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 0; i < kGroupSize; ++i) y[i] = quiet_nan();
+  return false;
+}
+
 // A whole group from its two code words and scale byte: y_i = (e2m1_i * sfq) * g in fp32.
 // Returns false for a NaN group (scale byte 0x7F), whose y are all NaN.
 NVFP4KV_HD bool dequantize_group(const uint32_t (&w)[2], uint32_t sfb, float g,
                                  float (&y)[kGroupSize]) {
-  if ((sfb & 0x7Fu) == kScaleNaN) {
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-    for (int i = 0; i < kGroupSize; ++i) y[i] = quiet_nan();
-    return false;
-  }
+  if ((sfb & 0x7Fu) == kScaleNaN) return nan_group(y);
   const float sfq = e4m3_decode(sfb);
 #if defined(__CUDA_ARCH__)
 #pragma unroll
@@ -510,11 +515,7 @@ NVFP4KV_HD bool dequantize_group(const uint32_t (&w)[2], uint32_t sfb, float g,
 // Inf / NaN as the recipe. Returns false for a NaN group, like dequantize_group.
 __device__ __forceinline__ bool dequantize_group_g26(const uint32_t (&w)[2], uint32_t sfb, float g26,
                                                      float (&y)[kGroupSize]) {
-  if ((sfb & 0x7Fu) == kScaleNaN) {
-#pragma unroll
-    for (int i = 0; i < kGroupSize; ++i) y[i] = quiet_nan();
-    return false;
-  }
+  if ((sfb & 0x7Fu) == kScaleNaN) return nan_group(y);
   const float s100 = mul_rn(e4m3_decode(sfb), 0x1p100f);  // exact: sfq <= 448
 #pragma unroll
   for (int i = 0; i < kGroupSize; ++i) {
