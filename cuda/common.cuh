@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <initializer_list>
+
 #include "params.h"
 
 namespace nvfp4kv {
@@ -123,6 +125,20 @@ class DeviceGuard {
   int prev_ = -1;
   cudaError_t err_ = cudaSuccess;
 };
+
+// A global scale's value: read on the device when it lives there (graph replays see its current
+// value), else the one the host passed.
+__device__ __forceinline__ float read_scale(const ScaleArg& s) {
+  return s.device_ptr ? *s.device_ptr : s.value;
+}
+
+// Whether a pointer and every byte stride are multiples of `to` (vector loads and stores).
+inline bool aligned(int64_t to, const void* ptr, std::initializer_list<int64_t> byte_strides) {
+  if (reinterpret_cast<uintptr_t>(ptr) % to != 0) return false;
+  for (const int64_t s : byte_strides)
+    if (s % to != 0) return false;
+  return true;
+}
 
 // Multiprocessors of a device (cached per device).
 int sm_count(int device);

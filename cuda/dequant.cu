@@ -94,10 +94,6 @@ __device__ __forceinline__ uint32_t load_group(const uint8_t* base, const CacheS
   return base[soff];
 }
 
-__device__ __forceinline__ float read_scale(const ScaleArg& s) {
-  return s.device_ptr ? *s.device_ptr : s.value;
-}
-
 template <DType kDType, bool kVec>
 __global__ void __launch_bounds__(kThreads) dequant_kernel(const __grid_constant__ DequantLaunch L) {
   const DequantParams& p = L.p;
@@ -277,10 +273,6 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
   }
 }
 
-bool aligned(const void* ptr, int64_t a, int64_t b, int64_t c, int64_t to) {
-  return reinterpret_cast<uintptr_t>(ptr) % to == 0 && a % to == 0 && b % to == 0 && c % to == 0;
-}
-
 template <DType kDType>
 cudaError_t launch(const DequantLaunch& L, bool vec, int blocks, int device, cudaStream_t stream) {
   return vec ? launch_pdl(dequant_kernel<kDType, true>, dim3(blocks), dim3(kThreads), device, stream, L)
@@ -296,8 +288,8 @@ bool sides_vec(const Side& k, const Side& v, int64_t esize, int nstrides) {
   for (const Side* s : {&k, &v}) {
     int64_t st[3] = {0, 0, 0};
     for (int i = 0; i < nstrides; ++i) st[i] = s->out_stride[i] * esize;
-    vec = vec && aligned(s->out, st[0], st[1], st[2], 16) &&
-          aligned(s->cache.base, s->cache.page_stride, 0, 0, 8);
+    vec = vec && aligned(16, s->out, {st[0], st[1], st[2]}) &&
+          aligned(8, s->cache.base, {s->cache.page_stride});
   }
   return vec;
 }
@@ -308,8 +300,7 @@ int cuda_dequantize(const DequantParams& p, int device, void* stream_ptr, const 
   DeviceGuard guard(device);
   if (guard.error() != cudaSuccess) return guard.error();
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const int64_t esize = p.dtype == DType::kFloat32 ? 4 : 2;
-  const bool vec = sides_vec(p.k, p.v, esize, 3);
+  const bool vec = sides_vec(p.k, p.v, dtype_bytes(p.dtype), 3);
   DequantLaunch L;
   L.p = p;
   L.items = RowItems(p.H, p.k.cache.D, p.v.cache.D, 1);
@@ -347,7 +338,7 @@ cudaError_t launch_gather(const GatherLaunch& L, bool vec, dim3 grid, int device
 bool gather_pairs_ok(const GatherParams& p, bool vec) {
   if (!vec || p.dtype == DType::kFloat32) return false;
   for (const DequantSide* s : {&p.k, &p.v})
-    if (s->cache.D % 64 != 0 || !aligned(s->cache.base, s->cache.page_stride, 0, 0, 16)) return false;
+    if (s->cache.D % 64 != 0 || !aligned(16, s->cache.base, {s->cache.page_stride})) return false;
   return int64_t{p.H} * (p.k.cache.D + p.v.cache.D) / 32 <= 1024;
 }
 
@@ -386,8 +377,7 @@ int cuda_gather(const GatherParams& p, int device, void* stream_ptr, const char*
   DeviceGuard guard(device);
   if (guard.error() != cudaSuccess) return guard.error();
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const int64_t esize = p.dtype == DType::kFloat32 ? 4 : 2;
-  const bool vec = sides_vec(p.k, p.v, esize, 2);
+  const bool vec = sides_vec(p.k, p.v, dtype_bytes(p.dtype), 2);
   if (gather_pairs_ok(p, vec)) {
     const cudaError_t err = launch_gather_pairs(p, device, stream);
     if (err != cudaSuccess) *message = check_kernel_image(err);

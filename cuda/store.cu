@@ -47,14 +47,14 @@ __device__ __forceinline__ void store_scale(uint8_t* p, uint32_t byte) {
 // types, four for fp32), else 16 scalars widened to fp32 at load time.
 template <DType kDType, bool kVec>
 struct Raw {
-  static constexpr int kWords = kVec ? (kDType == DType::kFloat32 ? 4 : 2) : 0;
+  static constexpr int kWords = kVec ? dtype_bytes(kDType) : 0;  // uint4 words of 16 elements
   uint4 v[kVec ? kWords : 1];
   float f[kVec ? 1 : kGroupSize];
 
   __device__ __forceinline__ void load(const void* src, int64_t idx) {
     if constexpr (kVec) {
       const uint4* p = reinterpret_cast<const uint4*>(static_cast<const char*>(src) +
-                                                      idx * (kDType == DType::kFloat32 ? 4 : 2));
+                                                      idx * dtype_bytes(kDType));
 #pragma unroll
       for (int i = 0; i < kWords; ++i) v[i] = load_input(p + i);
     } else if constexpr (kDType == DType::kFloat32) {
@@ -96,10 +96,6 @@ struct Raw {
     }
   }
 };
-
-__device__ __forceinline__ float read_scale(const ScaleArg& s) {
-  return s.device_ptr ? *s.device_ptr : s.value;
-}
 
 // What one thread keeps for the whole launch: where its groups sit in a token's input row and in
 // a page, and its side's scales.
@@ -202,7 +198,7 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
   __shared__ float out_table[2][128];
   __shared__ float rcp_tables[kScored ? 2 : 1][kScored ? 128 : 1];
   const StoreParams& p = L.p;
-  constexpr int64_t esize = kDType == DType::kFloat32 ? 4 : 2;
+  constexpr int64_t esize = dtype_bytes(kDType);
   // Parameter arithmetic only, until the grids before this one are done (wait_for_prior_grids).
   const uint32_t r = blockIdx.y * L.row_slice + threadIdx.x % L.row_slice;
   const uint32_t step = gridDim.x * L.tokens_per_block;
@@ -245,11 +241,6 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
     store_item<kDType, kRecipe, kVec, kG>(L, lane, table, rcp_table, b);
     t += step;
   }
-}
-
-bool aligned(const void* ptr, int64_t stride_bytes_a, int64_t stride_bytes_b, int64_t to) {
-  return (reinterpret_cast<uintptr_t>(ptr) % to == 0) && (stride_bytes_a % to == 0) &&
-         (stride_bytes_b % to == 0);
 }
 
 // Launches one kernel instantiation: reads its occupancy once per device, then sizes the grid to
@@ -306,20 +297,20 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   if (guard.error() != cudaSuccess) return guard.error();
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
 
-  const int64_t esize = p.dtype == DType::kFloat32 ? 4 : 2;
+  const int64_t esize = dtype_bytes(p.dtype);
   // Vector path: 16-byte loads of every group, 8-byte stores of every code word (D/2 is a
   // multiple of 8, so row starts keep the alignment of the side).
-  const bool vec = aligned(p.k.src, p.k.token_stride * esize, p.k.head_stride * esize, 16) &&
-                   aligned(p.v.src, p.v.token_stride * esize, p.v.head_stride * esize, 16) &&
-                   aligned(p.k.cache.base, p.k.cache.page_stride, 0, 8) &&
-                   aligned(p.v.cache.base, p.v.cache.page_stride, 0, 8);
+  const bool vec = aligned(16, p.k.src, {p.k.token_stride * esize, p.k.head_stride * esize}) &&
+                   aligned(16, p.v.src, {p.v.token_stride * esize, p.v.head_stride * esize}) &&
+                   aligned(8, p.k.cache.base, {p.k.cache.page_stride}) &&
+                   aligned(8, p.v.cache.base, {p.v.cache.page_stride});
 
   const uint32_t gk = p.k.cache.D / kGroupSize, gv = p.v.cache.D / kGroupSize;
   // Two groups per item when both sides have an even number of groups and the 16-byte code
   // stores stay aligned (D/2 is then a multiple of 16).
   const int g = vec && gk % 2 == 0 && gv % 2 == 0 &&
-                        aligned(p.k.cache.base, p.k.cache.page_stride, 0, 16) &&
-                        aligned(p.v.cache.base, p.v.cache.page_stride, 0, 16)
+                        aligned(16, p.k.cache.base, {p.k.cache.page_stride}) &&
+                        aligned(16, p.v.cache.base, {p.v.cache.page_stride})
                     ? 2
                     : 1;
   StoreLaunch L;

@@ -45,6 +45,7 @@ static_assert(sizeof(float) == 4, "fp32 required");
 enum class Layout : int32_t { kHND = 0, kNHD = 1 };
 enum class Recipe : int32_t { kNvfp4 = 0, kNvfp4_4over6 = 1 };
 enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+NVFP4KV_HD constexpr int dtype_bytes(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 
 // ---- Bit casts and never-contracted arithmetic ---------------------------------------------------
 NVFP4KV_HD uint32_t float_bits(float f) {
