@@ -148,10 +148,7 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const __grid_constant_
     if (out_tok < 0 || out_tok >= p.total_tokens) continue;  // never write outside the output
     const uint32_t blk = L.block_size.div(j);
     const uint32_t t = j - blk * L.block_size.d;
-    int64_t page = -1;
-    if (blk < p.max_blocks)
-      page = p.bt_int64 ? static_cast<const int64_t*>(p.block_table)[b * p.bt_stride[0] + blk * p.bt_stride[1]]
-                        : static_cast<const int32_t*>(p.block_table)[b * p.bt_stride[0] + blk * p.bt_stride[1]];
+    const int64_t page = blk < p.max_blocks ? load_index(block_table_row(p, b), blk) : -1;
     int side;
     uint32_t h, g;
     L.items.decode(r, side, h, g);
@@ -213,8 +210,7 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
   const float g26 = mul_rn(g, 0x1p26f);
   const bool fold = !(fabsf(g) >= 0x1p101f) || isinf(g);  // g * 2^26 exact and finite (or Inf/NaN)
   const bool odd = unit & 1;
-  const int32_t* bt32 = static_cast<const int32_t*>(p.block_table) + b * p.bt_stride[0];
-  const int64_t* bt64 = static_cast<const int64_t*>(p.block_table) + b * p.bt_stride[0];
+  const IndexVec bt_row = block_table_row(p, b);
 
   for (int64_t j = blockIdx.x * L.tokens_per_block + slot;; j += gridDim.x * L.tokens_per_block) {
     const bool active = lane_used && j < len;
@@ -228,7 +224,7 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
                                                    : static_cast<uint32_t>(j / p.T);
       const uint32_t pos = static_cast<uint32_t>(j - static_cast<int64_t>(blk) * p.T);
       if (blk < p.max_blocks) {
-        const int64_t page = p.bt_int64 ? bt64[blk * p.bt_stride[1]] : bt32[blk * p.bt_stride[1]];
+        const int64_t page = load_index(bt_row, blk);
         if (page >= 0 && page < p.N) {  // a bad entry reads as zeros; nothing outside the cache is read
           const uint8_t* base = cache + page * page_stride;
           const uint4 c = __ldg(reinterpret_cast<const uint4*>(base + at.data(pos)));

@@ -124,8 +124,7 @@ struct Item {
   Raw<kDType, kVec> raw[kG];
 
   __device__ __forceinline__ void load(const StoreParams& p, const Lane& lane, int64_t token) {
-    slot = p.slots_int64 ? static_cast<const int64_t*>(p.slots)[token * p.slot_stride]
-                         : static_cast<const int32_t*>(p.slots)[token * p.slot_stride];
+    slot = load_index(p.slots, token);
     const char* src = lane.src + token * lane.token_stride;
 #pragma unroll
     for (int k = 0; k < kG; ++k) raw[k].load(src, k * kGroupSize);

@@ -484,13 +484,11 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
   p.k = StoreSide{key.ptr(), key.stride(0), key.stride(1), c.k, resolve_scale(k_scale, "k_scale", c.device)};
   p.v = StoreSide{value.ptr(), value.stride(0), value.stride(1), c.v,
                   resolve_scale(v_scale, "v_scale", c.device)};
-  p.slots = slots.ptr();
-  p.slot_stride = slots.stride(0);
+  p.slots = IndexVec{slots.ptr(), slots.stride(0), slots_i64};
   p.num_tokens = key.size(0);
   p.num_slots = c.N * c.T;
   p.H = static_cast<int32_t>(c.H);
   p.T = static_cast<int32_t>(c.T);
-  p.slots_int64 = slots_i64;
   p.dtype = dtype;
   p.layout = c.layout;
   p.recipe = recipe == NVFP4KV_RECIPE_NVFP4 ? Recipe::kNvfp4 : Recipe::kNvfp4_4over6;
@@ -500,7 +498,7 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
 
 IndexVec index_vec(const DLTensor* t, const char* name, const Tensor& ref, int64_t length) {
   Tensor x(t, name);
-  x.expect_ndim(1, length >= 0 ? "a vector" : "a vector");
+  x.expect_ndim(1, "a vector");
   expect_same_device(x, ref);
   const bool i64 = is_dtype(x.t->dtype, kDLInt, 64);
   if (!i64 && !is_dtype(x.t->dtype, kDLInt, 32))

@@ -70,9 +70,7 @@ void store_impl(const StoreParams& p) {
   const GlobalScale gv = make_global_scale(p.v.scale.value);
   const OutTable tk(gk.inv_enc), tv(gv.inv_enc);
   for (int64_t i = 0; i < p.num_tokens; ++i) {
-    const int64_t slot = p.slots_int64
-                             ? static_cast<const int64_t*>(p.slots)[i * p.slot_stride]
-                             : static_cast<const int32_t*>(p.slots)[i * p.slot_stride];
+    const int64_t slot = load_index(p.slots, i);
     if (slot < 0 || slot >= p.num_slots) continue;  // padding or out of range: skipped
     const int64_t page = slot / p.T, pos = slot % p.T;
     store_token_side<kDType, kRecipe>(p, p.k, gk, tk, i, page, pos);
@@ -122,15 +120,12 @@ template <DType kDType>
 void gather_impl(const GatherParams& p) {
   for (int64_t b = 0; b < p.B; ++b) {
     const int64_t len = load_index(p.seq_lens, b), start = load_index(p.cu_seqlens, b);
+    const IndexVec row = block_table_row(p, b);
     for (int64_t j = 0; j < len; ++j) {
       const int64_t out_tok = start + j;
       if (out_tok < 0 || out_tok >= p.total_tokens) continue;  // never write outside the output
       const int64_t blk = j / p.T;
-      const int64_t page =
-          blk < p.max_blocks
-              ? (p.bt_int64 ? static_cast<const int64_t*>(p.block_table)[b * p.bt_stride[0] + blk * p.bt_stride[1]]
-                            : static_cast<const int32_t*>(p.block_table)[b * p.bt_stride[0] + blk * p.bt_stride[1]])
-              : -1;
+      const int64_t page = blk < p.max_blocks ? load_index(row, blk) : -1;
       const bool valid = page >= 0 && page < p.N;  // a bad block-table entry reads as zeros
       for (const DequantSide* s : {&p.k, &p.v}) {
         const uint8_t* side = valid ? s->cache.base + page * s->cache.page_stride : nullptr;

@@ -32,26 +32,6 @@ struct StoreSide {
   ScaleArg scale;
 };
 
-struct StoreParams {
-  StoreSide k, v;
-  const void* slots;      // int32 or int64
-  int64_t slot_stride;    // elements
-  int64_t num_tokens;
-  int64_t num_slots;      // N * T
-  int32_t H, T;
-  int32_t slots_int64;
-  DType dtype;
-  Layout layout;
-  Recipe recipe;
-};
-
-struct DequantSide {
-  CacheSide cache;
-  ScaleArg scale;
-  void* out;              // (N, T, H, D) elements
-  int64_t out_stride[3];  // elements, for N, T, H
-};
-
 // An int32 or int64 vector (slot lists, page lists, sequence lengths).
 struct IndexVec {
   const void* ptr;   // nullptr: absent
@@ -63,6 +43,24 @@ NVFP4KV_HD int64_t load_index(const IndexVec& v, int64_t i) {
   return v.is_int64 ? static_cast<const int64_t*>(v.ptr)[i * v.stride]
                     : static_cast<const int32_t*>(v.ptr)[i * v.stride];
 }
+
+struct StoreParams {
+  StoreSide k, v;
+  IndexVec slots;         // [num_tokens]
+  int64_t num_tokens;
+  int64_t num_slots;      // N * T
+  int32_t H, T;
+  DType dtype;
+  Layout layout;
+  Recipe recipe;
+};
+
+struct DequantSide {
+  CacheSide cache;
+  ScaleArg scale;
+  void* out;              // (N, T, H, D) elements
+  int64_t out_stride[3];  // elements, for N, T, H
+};
 
 struct DequantParams {
   DequantSide k, v;
@@ -88,5 +86,13 @@ struct GatherParams {
   DType dtype;
   Layout layout;
 };
+
+// Row b of the block table as an index vector over its blocks (entries [0, max_blocks)).
+NVFP4KV_HD IndexVec block_table_row(const GatherParams& p, int64_t b) {
+  const int64_t i = b * p.bt_stride[0];
+  const void* row = p.bt_int64 ? static_cast<const void*>(static_cast<const int64_t*>(p.block_table) + i)
+                               : static_cast<const void*>(static_cast<const int32_t*>(p.block_table) + i);
+  return IndexVec{row, p.bt_stride[1], p.bt_int64};
+}
 
 }  // namespace nvfp4kv
