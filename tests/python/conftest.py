@@ -6,9 +6,11 @@ strided view of it.  Tests snapshot the WHOLE buffer before and after a call, so
 outside the targeted rows (or a targeted byte left unwritten) shows up as an inequality.
 """
 import importlib
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +24,39 @@ except ImportError:  # the reference tests do not need torch
     torch = None
 
 VIEWS = ("5d", "packed4d", "sides")
+
+
+# ------------------------------------------------------------------------- package modules by file
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def package_source(name):
+    """<name>.py of the installed nvfp4kv when there is one (tests run against an installed
+    wheel), else the source tree's."""
+    try:
+        found = importlib.util.find_spec(f"nvfp4kv.{name}")
+    except ImportError:
+        found = None
+    if found is not None and found.origin:
+        return Path(found.origin)
+    return ROOT / "python" / "nvfp4kv" / f"{name}.py"
+
+
+def load_package_module(name):
+    """Import nvfp4kv.<name>; fall back to its file when the package is not importable (e.g. its
+    __init__ needs the compiled extension, which the spec and views tests do not)."""
+    try:
+        return importlib.import_module(f"nvfp4kv.{name}")
+    except ImportError:
+        pass
+    mod_name = f"_nvfp4kv_src_{name}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, package_source(name))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = mod  # dataclasses look their module up in sys.modules
+    spec.loader.exec_module(mod)
+    return mod
 
 
 # --------------------------------------------------------------------------------- library access

@@ -5,53 +5,16 @@ T*H*(F(D) + F(Dv))), not by calling the module.
 """
 
 import dataclasses
-import importlib
-import importlib.util
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT, load_package_module, package_source
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _spec_source() -> Path:
-    """spec.py of the installed package when there is one (tests run against an installed
-    wheel), else the source tree's."""
-    try:
-        found = importlib.util.find_spec("nvfp4kv.spec")
-    except ImportError:
-        found = None
-    if found is not None and found.origin:
-        return Path(found.origin)
-    return ROOT / "python" / "nvfp4kv" / "spec.py"
-
-
-SPEC_PY = _spec_source()
-
-
-def _load(name):
-    """Import nvfp4kv.<name>; fall back to the source file when the package is not importable
-    (e.g. its __init__ needs the compiled extension, which these tests do not)."""
-    try:
-        return importlib.import_module(f"nvfp4kv.{name}")
-    except ImportError:
-        pass
-    mod_name = f"_nvfp4kv_src_{name}"
-    if mod_name in sys.modules:
-        return sys.modules[mod_name]
-    path = SPEC_PY.with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = mod  # dataclasses look their module up in sys.modules
-    spec.loader.exec_module(mod)
-    return mod
-
-
-S = _load("spec")
+SPEC_PY = package_source("spec")
+S = load_package_module("spec")
 
 try:
     import torch

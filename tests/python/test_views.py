@@ -5,39 +5,14 @@ bytes through the views, and compares the whole buffer with what an independent 
 formula (written here from FORMAT.md, not taken from the module) says should have changed.
 """
 
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from conftest import load_package_module
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name):
-    """Import nvfp4kv.<name>; fall back to the source file when the package is not importable
-    (e.g. its __init__ needs the compiled extension, which these tests do not)."""
-    try:
-        return importlib.import_module(f"nvfp4kv.{name}")
-    except ImportError:
-        pass
-    mod_name = f"_nvfp4kv_src_{name}"
-    if mod_name in sys.modules:
-        return sys.modules[mod_name]
-    path = ROOT / "python" / "nvfp4kv" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-V = _load("views")
-SP = _load("spec")
+V = load_package_module("views")
+SP = load_package_module("spec")
 
 try:
     import torch
