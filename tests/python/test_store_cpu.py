@@ -35,6 +35,19 @@ BACKENDS = ("numpy", "torch")
 
 
 # ----------------------------------------------------------------------------- exhaustive tables
+def _store_groups(nv, backend, rng, k_groups, v_groups, geometry, seed, recipe, scale_layout,
+                  g=1.0):
+    """K and V tokens made of the given groups, stored at scattered slots of a poisoned HND cache
+    (seeded `seed`) and compared whole with the reference."""
+    H, D, T, N = geometry
+    k = tokens_from_groups(k_groups, H, D, rng)
+    v = tokens_from_groups(v_groups, H, D, rng, len(k))
+    cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=seed)
+    key, value, k32, v32 = make_kv(k, v, "float32", backend)
+    slots = make_slots(scatter_slots(rng, len(k), N, T), backend=backend)
+    run_store(nv, cache, key, value, k32, v32, slots, g, g, recipe, scale_layout)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("recipe", ref.RECIPES)
 @pytest.mark.parametrize("g", [1.0, 0.37])
@@ -43,15 +56,11 @@ def test_every_scale_byte(nv, backend, recipe, g, scale_layout):
     rng = np.random.default_rng(10)
     H, D, T, N = 2, 128, 16, 6
     groups = groups_every_scale_byte(rng, g)
-    k = tokens_from_groups(groups, H, D, rng)
-    v = tokens_from_groups(groups[::-1].copy(), H, D, rng, len(k))
     if recipe == "nvfp4":  # coverage of the crafted input (4over6 may pick other bytes)
         sfb = ref.quantize_groups(groups, g)[1]
         assert set(range(0x7F)) <= set(sfb.tolist())
-    cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=1)
-    key, value, k32, v32 = make_kv(k, v, "float32", backend)
-    slots = make_slots(scatter_slots(rng, len(k), N, T), backend=backend)
-    run_store(nv, cache, key, value, k32, v32, slots, g, g, recipe, scale_layout)
+    _store_groups(nv, backend, rng, groups, groups[::-1].copy(), (H, D, T, N), 1, recipe,
+                  scale_layout, g)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -63,12 +72,7 @@ def test_every_code_and_every_e2m1_tie(nv, backend, recipe, scale_layout):
     groups = groups_every_code_and_tie(rng)
     codes = ref.quantize_groups(groups, 1.0, recipe)[0]
     assert set(codes.reshape(-1).tolist()) == set(range(16))
-    k = tokens_from_groups(groups, H, D, rng)
-    v = tokens_from_groups(-groups, H, D, rng, len(k))
-    cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=2)
-    key, value, k32, v32 = make_kv(k, v, "float32", backend)
-    slots = make_slots(scatter_slots(rng, len(k), N, T), backend=backend)
-    run_store(nv, cache, key, value, k32, v32, slots, 1.0, 1.0, recipe, scale_layout)
+    _store_groups(nv, backend, rng, groups, -groups, (H, D, T, N), 2, recipe, scale_layout)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -79,12 +83,7 @@ def test_every_e4m3_scale_tie(nv, backend, recipe, scale_layout):
     H, D, T, N = 4, 128, 16, 8
     groups = groups_scale_ties(rng)
     assert count_exact_scale_ties(groups) == 126
-    k = tokens_from_groups(groups, H, D, rng)
-    v = tokens_from_groups(groups, H, D, rng, len(k))
-    cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=3)
-    key, value, k32, v32 = make_kv(k, v, "float32", backend)
-    slots = make_slots(scatter_slots(rng, len(k), N, T), backend=backend)
-    run_store(nv, cache, key, value, k32, v32, slots, 1.0, 1.0, recipe, scale_layout)
+    _store_groups(nv, backend, rng, groups, groups, (H, D, T, N), 3, recipe, scale_layout)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -96,12 +95,8 @@ def test_nan_inf_zero_tiny_groups(nv, backend, recipe, scale_layout):
     groups = groups_special(rng)
     sfb = ref.quantize_groups(groups, 1.0, recipe)[1]
     assert {0x00, 0x01, 0x7E, 0x7F} <= set(sfb.tolist())
-    k = tokens_from_groups(groups, H, D, rng)
-    v = tokens_from_groups(groups[::-1].copy(), H, D, rng, len(k))
-    cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=4)
-    key, value, k32, v32 = make_kv(k, v, "float32", backend)
-    slots = make_slots(scatter_slots(rng, len(k), N, T), backend=backend)
-    run_store(nv, cache, key, value, k32, v32, slots, 1.0, 1.0, recipe, scale_layout)
+    _store_groups(nv, backend, rng, groups, groups[::-1].copy(), (H, D, T, N), 4, recipe,
+                  scale_layout)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
