@@ -477,13 +477,8 @@ NVFP4KV_HD int64_t scale_offset_interleaved(int64_t h, int64_t t, int64_t g, int
 }
 
 // ---- Dequantization (FORMAT.md §6) --------------------------------------------------------------
-NVFP4KV_HD float dequantize_value(uint32_t code, uint32_t sfb, float g) {
-  // One NaN bit pattern on every platform (hardware NaN propagation differs).
-  if ((sfb & 0x7Fu) == kScaleNaN) return quiet_nan();
-  return mul_rn(mul_rn(e2m1_decode(code), e4m3_decode(sfb)), g);
-}
-
-// The 16 outputs of a NaN group (scale byte 0x7F); false, for the callers below to return.
+// The 16 outputs of a NaN group (scale byte 0x7F): one NaN bit pattern on every platform
+// (hardware NaN propagation differs); false, for the callers below to return.
 NVFP4KV_HD bool nan_group(float (&y)[kGroupSize]) {
 #if defined(__CUDA_ARCH__)
 #pragma unroll
