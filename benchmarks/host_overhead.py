@@ -29,7 +29,7 @@ for path in ("exchange", "attributes", "dlpack"):
 # writes memory.
 src = torch.empty(4096, dtype=torch.uint8, device="cuda")
 dst = torch.empty_like(src)
-copy_us = bench._graph_per_call(torch, lambda: dst.copy_(src), 20, 10)
+copy_us = bench._graph_per_call(torch, lambda: dst.copy_(src), bench.GRAPH_NODES, 10)
 print(f"graph: torch 4 KB copy {copy_us:.2f} us per node")
 for n, scales, slots in ((1, "device", "random"), (1, "host", "random"), (1, "device", "skip"),
                          (64, "device", "random"), (64, "host", "random")):

@@ -5,9 +5,15 @@ GPU in the same state:
 
 - device-to-device copy bandwidth on a >= 1 GiB buffer, counting bytes read + written;
 - the time of an empty kernel launch, back to back on a stream and per node inside a CUDA graph;
-- the store at several token counts and configurations: median µs (CUDA events), GB/s under the
-  byte model (read 2*H*D*elem + write 2*H*(D/2 + D/16) + slot bytes per token) and the fraction
-  of the measured copy bandwidth.
+- the store at several token counts and configurations, and the gather: median µs (CUDA events)
+  two ways, GB/s under the byte model (store: read 2*H*D*elem + write 2*H*(D/2 + D/16) + slot
+  bytes per token) and the fraction of the measured copy bandwidth.
+
+The two times: "us" is back-to-back calls from Python, so for small calls it is the host's cost
+per call (the "x launch" ratio compares it with the empty kernel timed the same way); "gpu us" is
+the same calls queued while the GPU is kept busy, so the host is ahead and the events time the
+device alone (what a CUDA graph or an engine whose CPU runs ahead sees). "graph us" is per store
+inside a CUDA graph of GRAPH_NODES stores, timed the same way as the empty kernel's graph node.
 
 Needs torch with CUDA. Results are printed as a table and optionally written as JSON.
 """
@@ -22,6 +28,7 @@ import time
 from typing import Callable, Dict, List, Optional
 
 TOKENS = (1, 16, 64, 256, 1024, 4096, 16384, 65536)
+GRAPH_NODES = 100  # captures per CUDA graph, the same for the empty kernel and the store
 
 
 def _torch():
@@ -46,8 +53,36 @@ def _median_per_call(torch, fn: Callable[[], None], calls: int, repeats: int) ->
     return statistics.median(samples)
 
 
+def _queued_per_call(torch, fn: Callable[[], None], calls: int, repeats: int) -> float:
+    """Median µs per call of `calls` back-to-back calls queued while the GPU spins: device time
+    with the host ahead of the GPU, as in an engine whose CPU runs ahead (or a CUDA graph).
+
+    A spin kernel (torch.cuda._sleep) keeps the GPU busy while the host queues the calls between
+    two events; a sample counts only if the GPU had not reached the start event when the last
+    call was queued, else the spin doubles and the sample is taken again."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    spin = 1 << 20  # cycles, about 0.5 ms at 2 GHz
+    samples = []
+    while len(samples) < repeats:
+        torch.cuda._sleep(spin)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        host_ahead = not start.query()
+        end.synchronize()
+        if host_ahead:
+            samples.append(start.elapsed_time(end) * 1000.0 / calls)
+        elif spin < 1 << 34:
+            spin *= 2
+        else:
+            raise RuntimeError("nvfp4kv bench: the host cannot queue the calls ahead of the GPU")
+    return statistics.median(samples)
+
+
 def _graph_per_call(torch, fn: Callable[[], None], calls: int, repeats: int) -> float:
-    """Median µs per call of `calls` captures of fn replayed as one CUDA graph."""
+    """Median µs per call of `calls` captures of fn replayed as one CUDA graph, five replays
+    queued behind a GPU spin (so the host's submission of a replay is not timed)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -60,7 +95,7 @@ def _graph_per_call(torch, fn: Callable[[], None], calls: int, repeats: int) -> 
             fn()
     graph.replay()
     torch.cuda.synchronize()
-    return _median_per_call(torch, graph.replay, 1, repeats) / calls
+    return _queued_per_call(torch, graph.replay, 5, repeats) / calls
 
 
 def measure_ceilings(torch, copy_bytes: int = 1 << 30, quick: bool = False) -> Dict[str, float]:
@@ -72,7 +107,7 @@ def measure_ceilings(torch, copy_bytes: int = 1 << 30, quick: bool = False) -> D
     del src, dst
     empty = lambda: torch.cuda._sleep(0)  # a kernel that does nothing
     launch_us = _median_per_call(torch, empty, 200, 10)
-    graph_us = _graph_per_call(torch, empty, 100, 10)
+    graph_us = _graph_per_call(torch, empty, GRAPH_NODES, 10)
     return {"copy_GBps": copy_gbs, "empty_launch_us": launch_us,
             "empty_graph_node_us": graph_us}
 
@@ -122,10 +157,11 @@ def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 
     # 34); back to back, later calls are prepared while earlier ones run, as in an engine.
     calls = max(10, min(200, int(2e8 // max(total, 1))))
     us = _median_per_call(torch, call, calls, 5 if quick else 15)
+    gpu_us = _queued_per_call(torch, call, calls, 5 if quick else 15)
     row = {"tokens": n, "H": H, "D": D, "T": T, "dtype": dtype, "layout": layout, "recipe": recipe,
-           "scale_layout": scale_layout, "slots": slots, "scales": scales, "us": us, "bytes": total, "GBps": total / (us * 1e-6) / 1e9}
+           "scale_layout": scale_layout, "slots": slots, "scales": scales, "us": us, "gpu_us": gpu_us, "bytes": total}
     if graph:
-        row["graph_us"] = _graph_per_call(torch, call, 20, 5 if quick else 10)
+        row["graph_us"] = _graph_per_call(torch, call, GRAPH_NODES, 5 if quick else 10)
     return row
 
 
@@ -161,8 +197,9 @@ def bench_gather_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int =
     # 34); back to back, later calls are prepared while earlier ones run, as in an engine.
     calls = max(10, min(200, int(2e8 // max(total, 1))))
     us = _median_per_call(torch, call, calls, 5 if quick else 15)
+    gpu_us = _queued_per_call(torch, call, calls, 5 if quick else 15)
     return {"tokens": tokens, "H": H, "D": D, "T": T, "dtype": dtype, "seqs": seqs, "us": us,
-            "bytes": total, "GBps": total / (us * 1e-6) / 1e9}
+            "gpu_us": gpu_us, "bytes": total}
 
 
 def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = True) -> Dict:
@@ -199,7 +236,9 @@ def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = T
         print(f"\r{len(cases) + len(gather_tokens)} cases in {time.time() - t0:.1f} s" + " " * 40,
               file=sys.stderr)
     for r in rows + gather_rows:
-        r["frac_copy"] = r["GBps"] / ceil["copy_GBps"]
+        for key, t in (("", r["us"]), ("_gpu", r["gpu_us"])):
+            r["GBps" + key] = r["bytes"] / (t * 1e-6) / 1e9
+            r["frac_copy" + key] = r["GBps" + key] / ceil["copy_GBps"]
         r["x_launch"] = r["us"] / ceil["empty_launch_us"]
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "nvfp4kv": nvfp4kv.__version__, "ceilings": ceil, "store": rows,
@@ -216,23 +255,26 @@ def format_table(result: Dict) -> str:
         f"GPU: {result['gpu']}   nvfp4kv {result['nvfp4kv']}   torch {result['torch']}",
         f"ceilings: copy {c['copy_GBps']:.0f} GB/s (read+write); empty kernel "
         f"{c['empty_launch_us']:.2f} us back to back, {c['empty_graph_node_us']:.2f} us per graph node",
+        "us: back-to-back calls from Python; gpu us: the same queued with the host ahead (device time)",
         "",
-        f"{'tokens':>7} {'H':>3} {'D':>4} {'dtype':>9} {'layout':>6} {'recipe':>13} {'us':>9} "
-        f"{'GB/s':>7} {'%copy':>6} {'xlaunch':>7} {'graph us':>8}",
+        f"{'tokens':>7} {'H':>3} {'D':>4} {'dtype':>9} {'layout':>6} {'recipe':>13} {'us':>8} "
+        f"{'%copy':>6} {'xlaunch':>7} {'gpu us':>8} {'GB/s':>6} {'%copy':>6} {'graph us':>8}",
     ]
     for r in result["store"]:
         g = f"{r['graph_us']:.2f}" if "graph_us" in r else ""
         lines.append(
             f"{r['tokens']:>7} {r['H']:>3} {r['D']:>4} {r['dtype']:>9} {r['layout']:>6} "
-            f"{r['recipe']:>13} {r['us']:>9.2f} {r['GBps']:>7.0f} {100 * r['frac_copy']:>5.1f}% "
-            f"{r['x_launch']:>7.2f} {g:>8}"
+            f"{r['recipe']:>13} {r['us']:>8.2f} {100 * r['frac_copy']:>5.1f}% {r['x_launch']:>7.2f} "
+            f"{r['gpu_us']:>8.2f} {r['GBps_gpu']:>6.0f} {100 * r['frac_copy_gpu']:>5.1f}% {g:>8}"
         )
     if result.get("gather"):
         lines += ["", "gather_dequant (bf16 out; bytes: read 2*H*F + write 2*H*D*2 per token)",
-                  f"{'tokens':>8} {'seqs':>5} {'H':>3} {'D':>4} {'us':>9} {'GB/s':>7} {'%copy':>6}"]
+                  f"{'tokens':>8} {'seqs':>5} {'H':>3} {'D':>4} {'us':>8} {'%copy':>6} "
+                  f"{'gpu us':>8} {'GB/s':>6} {'%copy':>6}"]
         for r in result["gather"]:
-            lines.append(f"{r['tokens']:>8} {r['seqs']:>5} {r['H']:>3} {r['D']:>4} {r['us']:>9.2f} "
-                         f"{r['GBps']:>7.0f} {100 * r['frac_copy']:>5.1f}%")
+            lines.append(f"{r['tokens']:>8} {r['seqs']:>5} {r['H']:>3} {r['D']:>4} {r['us']:>8.2f} "
+                         f"{100 * r['frac_copy']:>5.1f}% {r['gpu_us']:>8.2f} {r['GBps_gpu']:>6.0f} "
+                         f"{100 * r['frac_copy_gpu']:>5.1f}%")
     return "\n".join(lines)
 
 

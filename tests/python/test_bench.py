@@ -1,0 +1,76 @@
+"""The benchmark's timing helpers (python/nvfp4kv/bench.py) on a scripted stand-in for torch.cuda,
+so the logic that decides which samples count runs without a GPU."""
+
+import pytest
+from nvfp4kv import bench
+
+
+class FakeCuda:
+    """Events whose elapsed time and 'reached' state follow a script, and a spin that records its
+    cycles. `reached[i]` is what start.query() answers on attempt i (True: the GPU got to the
+    start event before the host finished queueing, so the sample must not count)."""
+
+    def __init__(self, reached, elapsed_ms):
+        self.reached = list(reached)
+        self.elapsed_ms = list(elapsed_ms)
+        self.spins = []
+        self.calls = 0
+        cuda = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                pass
+
+            def record(self):
+                pass
+
+            def query(self):
+                return cuda.reached.pop(0)
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return cuda.elapsed_ms.pop(0)
+
+        self.Event = Event
+
+    def _sleep(self, cycles):
+        self.spins.append(cycles)
+
+
+class FakeTorch:
+    def __init__(self, cuda):
+        self.cuda = cuda
+
+
+def test_queued_samples_count_only_when_the_host_was_ahead():
+    cuda = FakeCuda(reached=[True, True, False, False, False], elapsed_ms=[0.010, 0.030, 0.020])
+    calls = []
+    us = bench._queued_per_call(FakeTorch(cuda), lambda: calls.append(1), calls=10, repeats=3)
+    # Two rejected attempts double the spin twice; three samples of 1, 3, 2 us per call.
+    assert cuda.spins == [1 << 20, 1 << 21, 1 << 22, 1 << 22, 1 << 22]
+    assert len(calls) == 50
+    assert us == pytest.approx(2.0)
+
+
+def test_queued_gives_up_when_the_host_never_gets_ahead():
+    cuda = FakeCuda(reached=[True] * 100, elapsed_ms=[])
+    with pytest.raises(RuntimeError, match="cannot queue"):
+        bench._queued_per_call(FakeTorch(cuda), lambda: None, calls=1, repeats=1)
+    assert cuda.spins[-1] == 1 << 34
+
+
+def test_table_shows_both_times():
+    row = dict(tokens=1, H=8, D=128, dtype="bfloat16", layout="HND", recipe="nvfp4", us=5.0,
+               gpu_us=2.5, GBps=1.0, GBps_gpu=2.0, frac_copy=0.25, frac_copy_gpu=0.5, x_launch=1.25,
+               graph_us=1.75)
+    grow = dict(tokens=4096, seqs=8, H=8, D=128, us=9.0, gpu_us=6.0, GBps_gpu=3500.0,
+                frac_copy=0.5, frac_copy_gpu=0.75)
+    text = bench.format_table({"gpu": "X", "nvfp4kv": "0", "torch": "0", "store": [row], "gather": [grow],
+                               "ceilings": {"copy_GBps": 4000.0, "empty_launch_us": 4.0,
+                                            "empty_graph_node_us": 0.5}})
+    store_line = next(line for line in text.splitlines() if line.lstrip().startswith("1 "))
+    assert store_line.split()[6:] == ["5.00", "25.0%", "1.25", "2.50", "2", "50.0%", "1.75"]
+    gather_line = text.splitlines()[-1].split()
+    assert gather_line[4:] == ["9.00", "50.0%", "6.00", "3500", "75.0%"]
