@@ -202,58 +202,47 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
   const int64_t page_stride = s.cache.page_stride;
   uint4* out = reinterpret_cast<uint4*>(static_cast<uint16_t*>(s.out) + h * s.out_stride[1] + 32 * unit);
   const int64_t out_stride = s.out_stride[0] * 2 / 16;  // in uint4
-  const bool odd = unit & 1;
-  const IndexVec bt_row = block_table_row(p, b);
-  const int64_t stride = int64_t{gridDim.x} * L.tokens_per_block;
-  // Block-table entry of token j (-1 past the row). Entries are read ahead of the sequence
-  // length, so a token's chain is one load deep (entry, then codes) instead of three (length,
-  // entry, codes): the row holds max_blocks entries whatever the length.
-  const auto block_of = [&](int64_t j) -> uint32_t {
-    return j < (int64_t{1} << 31) ? L.block_size.div(static_cast<uint32_t>(j)) : static_cast<uint32_t>(j / p.T);
-  };
-  const auto entry = [&](uint32_t blk) -> int64_t {
-    return lane_used && blk < p.max_blocks ? load_index(bt_row, blk) : -1;
-  };
-  int64_t j = blockIdx.x * L.tokens_per_block + slot;
   wait_for_prior_grids();
   allow_next_grids();
-  uint32_t blk = block_of(j);
-  int64_t page = entry(blk);
   const int64_t len = load_index(p.seq_lens, b), start = load_index(p.cu_seqlens, b);
-  const float g = read_scale(s.scale);
   if (len <= 0) return;  // the whole block
+  const float g = read_scale(s.scale);
   const float g26 = mul_rn(g, 0x1p26f);
   const bool fold = !(fabsf(g) >= 0x1p101f) || isinf(g);  // g * 2^26 exact and finite (or Inf/NaN)
+  const bool odd = unit & 1;
+  const IndexVec bt_row = block_table_row(p, b);
 
-  for (;; j += stride) {
+  for (int64_t j = blockIdx.x * L.tokens_per_block + slot;; j += gridDim.x * L.tokens_per_block) {
     const bool active = lane_used && j < len;
     if (!__any_sync(0xffffffffu, active)) break;  // warp-uniform: the shuffles see every lane
-    const uint32_t next_blk = block_of(j + stride);
-    const int64_t next_page = entry(next_blk);  // the next step's entry, loaded during this one
     const int64_t out_tok = start + j;
     const bool write = active && out_tok >= 0 && out_tok < p.total_tokens;
     uint32_t w[16];
     bool loaded = false;
-    // A bad entry (negative, >= N) reads as zeros; nothing outside the cache is read.
-    if (write && page >= 0 && page < p.N) {
+    if (write) {
+      const uint32_t blk = j < (int64_t{1} << 31) ? L.block_size.div(static_cast<uint32_t>(j))
+                                                   : static_cast<uint32_t>(j / p.T);
       const uint32_t pos = static_cast<uint32_t>(j - static_cast<int64_t>(blk) * p.T);
-      const uint8_t* base = cache + page * page_stride;
-      const uint4 c = __ldg(reinterpret_cast<const uint4*>(base + at.data(pos)));
-      const uint32_t codes[2][2] = {{c.x, c.y}, {c.z, c.w}};
+      if (blk < p.max_blocks) {
+        const int64_t page = load_index(bt_row, blk);
+        if (page >= 0 && page < p.N) {  // a bad entry reads as zeros; nothing outside the cache is read
+          const uint8_t* base = cache + page * page_stride;
+          const uint4 c = __ldg(reinterpret_cast<const uint4*>(base + at.data(pos)));
+          const uint32_t codes[2][2] = {{c.x, c.y}, {c.z, c.w}};
 #pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        float y[16];
-        const uint32_t sfb = base[at.scale(pos, k)];
-        const bool ok = fold ? dequantize_group_g26(codes[k], sfb, g26, y) : dequantize_group(codes[k], sfb, g, y);
-        uint32_t wk[8];
-        group_words<kDType>(y, !ok, wk);
+          for (int k = 0; k < 2; ++k) {
+            float y[16];
+            const uint32_t sfb = base[at.scale(pos, k)];
+            const bool ok = fold ? dequantize_group_g26(codes[k], sfb, g26, y) : dequantize_group(codes[k], sfb, g, y);
+            uint32_t wk[8];
+            group_words<kDType>(y, !ok, wk);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) w[8 * k + i] = wk[i];
+            for (int i = 0; i < 8; ++i) w[8 * k + i] = wk[i];
+          }
+          loaded = true;
+        }
       }
-      loaded = true;
     }
-    blk = next_blk;
-    page = next_page;
     if (!loaded) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) w[i] = 0u;
