@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
   const int64_t b = L.b0 + blockIdx.y;
   // Parameter arithmetic only, until the grids before this one are done (wait_for_prior_grids).
   const uint32_t row = L.items.per_row.d;
-  const uint32_t slot = threadIdx.x / row;  // token of this thread within the block's step
+  const uint32_t slot = L.items.per_row.div(threadIdx.x);  // token of this thread within the block's step
   const bool lane_used = slot < L.tokens_per_block;
   int side = 0;
   uint32_t h = 0, unit = 0;
@@ -205,10 +205,10 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
   wait_for_prior_grids();
   allow_next_grids();
   const int64_t len = load_index(p.seq_lens, b), start = load_index(p.cu_seqlens, b);
+  const float g = read_scale(s.scale);  // before the test below, so the three loads overlap
   if (len <= 0) return;  // the whole block
-  const float g = read_scale(s.scale);
-  const float g26 = mul_rn(g, 0x1p26f);
-  const bool fold = !(fabsf(g) >= 0x1p101f) || isinf(g);  // g * 2^26 exact and finite (or Inf/NaN)
+  const float g14 = mul_rn(g, 0x1p14f);
+  const bool fast = !(fabsf(g) >= 0x1p113f) || isinf(g);  // g * 2^14 exact and finite (or Inf/NaN)
   const bool odd = unit & 1;
   const IndexVec bt_row = block_table_row(p, b);
 
@@ -217,35 +217,36 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
     if (!__any_sync(0xffffffffu, active)) break;  // warp-uniform: the shuffles see every lane
     const int64_t out_tok = start + j;
     const bool write = active && out_tok >= 0 && out_tok < p.total_tokens;
-    uint32_t w[16];
-    bool loaded = false;
+    // Codes and scale bytes of this step. Where nothing is read (a bad block-table entry, or a
+    // lane with nothing to write) they stay zero and so does the scale, which decodes to +0:
+    // the zeros a bad entry must give, without a separate path.
+    uint4 c = make_uint4(0u, 0u, 0u, 0u);
+    uint32_t sfb[2] = {0u, 0u};
+    bool read = false;
     if (write) {
       const uint32_t blk = j < (int64_t{1} << 31) ? L.block_size.div(static_cast<uint32_t>(j))
                                                    : static_cast<uint32_t>(j / p.T);
       const uint32_t pos = static_cast<uint32_t>(j - static_cast<int64_t>(blk) * p.T);
-      if (blk < p.max_blocks) {
-        const int64_t page = load_index(bt_row, blk);
-        if (page >= 0 && page < p.N) {  // a bad entry reads as zeros; nothing outside the cache is read
-          const uint8_t* base = cache + page * page_stride;
-          const uint4 c = __ldg(reinterpret_cast<const uint4*>(base + at.data(pos)));
-          const uint32_t codes[2][2] = {{c.x, c.y}, {c.z, c.w}};
-#pragma unroll
-          for (int k = 0; k < 2; ++k) {
-            float y[16];
-            const uint32_t sfb = base[at.scale(pos, k)];
-            const bool ok = fold ? dequantize_group_g26(codes[k], sfb, g26, y) : dequantize_group(codes[k], sfb, g, y);
-            uint32_t wk[8];
-            group_words<kDType>(y, !ok, wk);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) w[8 * k + i] = wk[i];
-          }
-          loaded = true;
-        }
+      const int64_t page = blk < p.max_blocks ? load_index(bt_row, blk) : -1;
+      if (page >= 0 && page < p.N) {  // a bad entry reads as zeros; nothing outside the cache is read
+        const uint8_t* base = cache + page * page_stride;
+        c = __ldg(reinterpret_cast<const uint4*>(base + at.data(pos)));
+        sfb[0] = base[at.scale(pos, 0)];
+        sfb[1] = base[at.scale(pos, 1)];
+        read = true;
       }
     }
-    if (!loaded) {
+    const float gk = read ? g : 0.0f, gk14 = read ? g14 : 0.0f;
+    const uint32_t codes[2][2] = {{c.x, c.y}, {c.z, c.w}};
+    uint32_t w[16];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) w[i] = 0u;
+    for (int k = 0; k < 2; ++k) {
+      float y[16];
+      const bool ok = fast ? dequantize_group_h(codes[k], sfb[k], gk14, y) : dequantize_group(codes[k], sfb[k], gk, y);
+      uint32_t wk[8];
+      group_words<kDType>(y, !ok, wk);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w[8 * k + i] = wk[i];
     }
     // Even lane: sectors 0, 1 of the pair are its own bytes 0..63, sectors 2, 3 its partner's;
     // store i writes sector i, the even lane its first half and the odd lane its second half.

@@ -20,7 +20,7 @@ constexpr int kMaxRow = 512;  // most threads of one block (one token row, or a 
 struct StoreLaunch {
   StoreParams p;
   RowItems items;             // decode of a work item within a token row
-  uint32_t row_slice;         // items of a token row each block covers (the row, or a slice)
+  FastDiv row_slice;          // items of a token row each block covers (the row, or a slice)
   uint32_t tokens_per_block;  // tokens one block covers per step
   uint32_t num_tokens;        // tokens of this launch (< 2^31)
   SideOffsets off[2];         // K, V
@@ -199,9 +199,10 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
   const StoreParams& p = L.p;
   constexpr int64_t esize = dtype_bytes(kDType);
   // Parameter arithmetic only, until the grids before this one are done (wait_for_prior_grids).
-  const uint32_t r = blockIdx.y * L.row_slice + threadIdx.x % L.row_slice;
+  const uint32_t in_block = L.row_slice.div(threadIdx.x);  // token of this thread in the block's step
+  const uint32_t r = blockIdx.y * L.row_slice.d + threadIdx.x - in_block * L.row_slice.d;
   const uint32_t step = gridDim.x * L.tokens_per_block;
-  uint32_t t = blockIdx.x * L.tokens_per_block + threadIdx.x / L.row_slice;
+  uint32_t t = blockIdx.x * L.tokens_per_block + in_block;
   const bool active = r < L.items.per_row.d;  // false only in the last slice of a split row
   int side = 0;
   uint32_t h = 0, unit = 0;
@@ -322,9 +323,10 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   // Block shape: whole token rows side by side (about 256 threads), or a long row in slices.
   const uint32_t row = L.items.per_row.d;
   const uint32_t slices = (row + kMaxRow - 1) / kMaxRow;
-  L.row_slice = (row + slices - 1) / slices;
-  L.tokens_per_block = L.row_slice < 256 ? 256 / L.row_slice : 1;
-  const int threads = static_cast<int>(L.row_slice * L.tokens_per_block);
+  const uint32_t row_slice = (row + slices - 1) / slices;
+  L.row_slice = FastDiv(row_slice);
+  L.tokens_per_block = row_slice < 256 ? 256 / row_slice : 1;
+  const int threads = static_cast<int>(row_slice * L.tokens_per_block);
   cudaError_t err;
   switch (p.dtype) {
     case DType::kFloat32: err = launch_recipe<DType::kFloat32>(L, vec, g, threads, slices, device, stream); break;

@@ -515,11 +515,11 @@ def test_cuda_gather_gaps_short_output_and_bad_entries(nv, dtype):
 
 
 @needs_cuda
-@pytest.mark.parametrize("g", (1e-38, 3e-30, 0.75, 2.0**100, 2.0**101, 1e31, 1e38))
+@pytest.mark.parametrize("g", (1e-38, 3e-30, 0.75, 2.0**100, 2.0**112, 2.0**113, 1e35, 1e38))
 @pytest.mark.parametrize("device_scale", (False, True))
 def test_cuda_gather_extreme_global_scales(nv, g, device_scale):
-    """The kernel folds 2^126 of the E2M1 decode into g * 2^26 when that is exact (|g| < 2^101)
-    and falls back otherwise: both sides of the boundary equal the CPU path, bit for bit."""
+    """The fast kernel multiplies by g * 2^14 when that is exact (|g| < 2^113) and falls back
+    otherwise: both sides of the boundary equal the CPU path, bit for bit (v gets g / 3)."""
     N, T, H, D = 6, 16, 2, 128
     caches = _cpu_and_cuda_caches(N, T, H, D, "5d", "HND", 0, 31)
     bt = np.array([[0, 1, 2], [5, 4, 3]], np.int32)

@@ -502,22 +502,37 @@ NVFP4KV_HD bool dequantize_group(const uint32_t (&w)[2], uint32_t sfb, float g,
 }
 
 #if defined(__CUDACC__)
-// dequantize_group with one multiply per element fewer, for kernels. The device e2m1_decode
-// builds x = e * 2^-126 (e = the E2M1 value) and multiplies by 2^126; here that factor goes
-// into the group's scale instead: x * (sfq * 2^100) is e * sfq * 2^-26 exactly (e * sfq has at
-// most 5 significant bits and lies in [2^-10, 2688], so the product is a normal float), and
-// times g * 2^26 it rounds once, to the recipe's (e * sfq) * g. `g26` is g * 2^26, exact and
-// finite for |g| < 2^101 (use dequantize_group otherwise); infinite or NaN g give the same
-// Inf / NaN as the recipe. Returns false for a NaN group, like dequantize_group.
-__device__ __forceinline__ bool dequantize_group_g26(const uint32_t (&w)[2], uint32_t sfb, float g26,
-                                                     float (&y)[kGroupSize]) {
+// dequantize_group for kernels, with fp16 pairs doing the exact part. E2M1's bits placed at bits
+// 9..11 and 15 of an fp16 read as e * 2^-14 (E2M1 is fp16's bottom end with one mantissa bit,
+// subnormals included), so one integer shift and mask per element and one fp16x2 multiply per
+// two elements give e * sfq * 2^-14 exactly: e * sfq is a multiple of 2^-10 below 2688 with at
+// most 6 significant bits, so the product is a multiple of 2^-24 (fp16's subnormal step) below
+// 0.17. Converted to fp32 (exact) and times g * 2^14 it rounds once, to the recipe's
+// (e * sfq) * g. `g14` is g * 2^14, exact and finite for |g| < 2^113 (use dequantize_group
+// otherwise); infinite or NaN g give the same Inf / NaN as the recipe. Elements j and j + 4 of
+// each code word share one fp16x2 (both sit at the same shift). Returns false for a NaN group,
+// like dequantize_group.
+__device__ __forceinline__ bool dequantize_group_h(const uint32_t (&w)[2], uint32_t sfb, float g14,
+                                                   float (&y)[kGroupSize]) {
   if ((sfb & 0x7Fu) == kScaleNaN) return nan_group(y);
-  const float s100 = mul_rn(e4m3_decode(sfb), 0x1p100f);  // exact: sfq <= 448
+  uint16_t s16;  // sfq in fp16: exact (E4M3 values are fp16 values)
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(s16) : "f"(e4m3_decode(sfb)));
+  const uint32_t s2 = s16 | (static_cast<uint32_t>(s16) << 16);
 #pragma unroll
-  for (int i = 0; i < kGroupSize; ++i) {
-    const uint32_t code = w[i >> 3] >> (4 * (i & 7));
-    const float x = e2m1_times_2m126(code);  // e * 2^-126
-    y[i] = mul_rn(mul_rn(x, s100), g26);
+  for (int k = 0; k < 2; ++k) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      // Nibbles j and j + 4: magnitudes to bits 9..11 and 25..27, signs to bits 15 and 31.
+      const uint32_t mag = (j < 3 ? w[k] << (9 - 4 * j) : w[k] >> 3) & 0x0E000E00u;
+      const uint32_t h = mag | ((w[k] << (12 - 4 * j)) & 0x80008000u);
+      uint32_t p;
+      asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(h), "r"(s2));  // exact: no rounding, no flush
+      float lo, hi;
+      asm("{ .reg .b16 l, u; mov.b32 {l, u}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, u; }"
+          : "=f"(lo), "=f"(hi) : "r"(p));
+      y[8 * k + j] = mul_rn(lo, g14);
+      y[8 * k + j + 4] = mul_rn(hi, g14);
+    }
   }
   return true;
 }
