@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <atomic>
 #include <initializer_list>
 
 #include "params.h"
@@ -145,6 +146,29 @@ int sm_count(int device);
 
 // Blocks for a grid-stride kernel: enough to fill every SM, never more than the work needs.
 int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm);
+
+// Blocks of `kernel` resident on one SM at `threads` threads per block (at least 1), asked of
+// the runtime once per device and block size and kept (one entry per device: a call with another
+// block size asks again). Fails like a launch on a GPU the build has no code for.
+template <auto kernel>
+cudaError_t resident_per_sm(int device, int threads, int* blocks) {
+  static std::atomic<uint64_t> known[64];  // per instantiation: (threads << 32) | blocks
+  const bool keep = device >= 0 && device < 64;
+  if (keep) {
+    const uint64_t k = known[device].load(std::memory_order_relaxed);
+    if (k != 0 && k >> 32 == static_cast<uint64_t>(threads)) {
+      *blocks = static_cast<int>(k & 0xFFFFFFFFu);
+      return cudaSuccess;
+    }
+  }
+  int n = 0;
+  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0);
+  if (err != cudaSuccess) return err;
+  *blocks = n > 1 ? n : 1;
+  if (keep) known[device].store(static_cast<uint64_t>(threads) << 32 | static_cast<uint64_t>(*blocks),
+                                std::memory_order_relaxed);
+  return cudaSuccess;
+}
 
 // Message for "this GPU has no code in this build", or nullptr if the kernel can run.
 const char* check_kernel_image(cudaError_t err);

@@ -339,7 +339,9 @@ bool gather_pairs_ok(const GatherParams& p, bool vec) {
   return int64_t{p.H} * (p.k.cache.D + p.v.cache.D) / 32 <= 1024;
 }
 
+template <DType kDType>
 cudaError_t launch_gather_pairs(const GatherParams& p, int device, cudaStream_t stream) {
+  constexpr auto kernel = gather_pairs_kernel<kDType>;
   GatherPairsLaunch L;
   L.p = p;
   L.items = RowItems(p.H, p.k.cache.D, p.v.cache.D, 2);
@@ -349,20 +351,24 @@ cudaError_t launch_gather_pairs(const GatherParams& p, int device, cudaStream_t 
   const uint32_t row = L.items.per_row.d;
   L.tokens_per_block = row < 256 ? 256 / row : 1;
   const uint32_t threads = (row * L.tokens_per_block + 31) / 32 * 32;
+  int per_sm = 0;
+  const cudaError_t occ = resident_per_sm<kernel>(device, static_cast<int>(threads), &per_sm);
+  if (occ != cudaSuccess) return occ;
+  const int64_t resident = static_cast<int64_t>(sm_count(device)) * per_sm;
   const int64_t max_len = std::min<int64_t>(p.max_blocks * p.T, p.total_tokens);
   const int64_t per_seq = (max_len + L.tokens_per_block - 1) / L.tokens_per_block;
-  // About two waves of blocks over all sequences (as the general kernel), each block striding
-  // through its sequence's tokens.
-  const int64_t total_blocks = static_cast<int64_t>(sm_count(device)) * 16 * 256 / threads;
-  const int64_t share = std::max<int64_t>(1, total_blocks / std::max<int64_t>(1, p.B));
+  // Blocks stride through their sequence's tokens. Four waves of resident blocks for large
+  // gathers; a small one gets fewer blocks with more steps each, so fewer blocks start late in a
+  // last partial wave: 1 wave up to 2 waves' worth of single steps, 2 up to 8 (4096 tokens: -5 %,
+  // 16384: -1 %, RESULTS.md run 55).
+  const int64_t steps = per_seq * p.B;  // blocks if each made one step
+  const int64_t waves = steps <= 2 * resident ? 1 : steps <= 8 * resident ? 2 : 4;
+  const int64_t share = std::max<int64_t>(1, waves * resident / std::max<int64_t>(1, p.B));
   const unsigned gx = static_cast<unsigned>(std::max<int64_t>(1, std::min(per_seq, share)));
   for (int64_t b0 = 0; b0 < p.B; b0 += 65535) {
     L.b0 = b0;
     const dim3 grid(gx, static_cast<unsigned>(std::min<int64_t>(65535, p.B - b0)));
-    const cudaError_t err =
-        p.dtype == DType::kFloat16
-            ? launch_pdl(gather_pairs_kernel<DType::kFloat16>, grid, dim3(threads), device, stream, L)
-            : launch_pdl(gather_pairs_kernel<DType::kBFloat16>, grid, dim3(threads), device, stream, L);
+    const cudaError_t err = launch_pdl(kernel, grid, dim3(threads), device, stream, L);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
@@ -376,7 +382,8 @@ int cuda_gather(const GatherParams& p, int device, void* stream_ptr, const char*
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const bool vec = sides_vec(p.k, p.v, dtype_bytes(p.dtype), 2);
   if (gather_pairs_ok(p, vec)) {
-    const cudaError_t err = launch_gather_pairs(p, device, stream);
+    const cudaError_t err = p.dtype == DType::kFloat16 ? launch_gather_pairs<DType::kFloat16>(p, device, stream)
+                                                       : launch_gather_pairs<DType::kBFloat16>(p, device, stream);
     if (err != cudaSuccess) *message = check_kernel_image(err);
     return err;
   }

@@ -249,15 +249,9 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
 template <auto kernel>
 cudaError_t launch_kernel(StoreLaunch L, int threads, uint32_t slices, int device, cudaStream_t stream) {
   const int64_t total = L.p.num_tokens;
-  static int resident_per_sm[64] = {0};  // per instantiation (a static of each template instance)
-  int* per_sm = device >= 0 && device < 64 ? &resident_per_sm[device] : nullptr;
-  int blocks_per_sm = per_sm ? *per_sm : 0;
-  if (blocks_per_sm == 0) {
-    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, 0);
-    if (err != cudaSuccess) return err;
-    if (blocks_per_sm < 1) blocks_per_sm = 1;
-    if (per_sm) *per_sm = blocks_per_sm;
-  }
+  int blocks_per_sm = 0;
+  const cudaError_t occ = resident_per_sm<kernel>(device, threads, &blocks_per_sm);
+  if (occ != cudaSuccess) return occ;
   const int64_t resident = static_cast<int64_t>(sm_count(device)) * blocks_per_sm / slices;
   const int64_t max_tokens = int64_t{1} << 30;  // token indices of a launch stay below 2^31
   for (int64_t t0 = 0; t0 < total; t0 += max_tokens) {
