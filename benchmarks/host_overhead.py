@@ -20,7 +20,7 @@ for path in ("exchange", "attributes", "dlpack"):
     finally:
         _C._set_torch_paths(prev)
     cells = [f"store {r['tokens']} ({r['scales']} scales) {r['us']:.2f} us "
-             f"({r['us'] / ceil['empty_launch_us']:.2f}x launch)" for r in rows]
+             f"({r['us'] / r['launch_us']:.2f}x launch)" for r in rows]
     print(f"{path:>10}: " + "; ".join(cells) + f"; gather 4096 {g['us']:.2f} us")
 
 # Inside a CUDA graph the host is out of the picture: what is left is the kernel's own latency.

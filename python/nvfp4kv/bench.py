@@ -10,7 +10,8 @@ GPU in the same state:
   bytes per token) and the fraction of the measured copy bandwidth.
 
 The two times: "us" is back-to-back calls from Python, so for small calls it is the host's cost
-per call (the "x launch" ratio compares it with the empty kernel timed the same way); "gpu us" is
+per call (the "x launch" ratio compares it with the empty kernel launched back to back, its samples
+alternating with the case's so both see the same state of the host); "gpu us" is
 the same calls queued while the GPU is kept busy, so the host is ahead and the events time the
 device alone (what a CUDA graph or an engine whose CPU runs ahead sees). "graph us" is per store
 inside a CUDA graph of GRAPH_NODES stores, timed the same way as the empty kernel's graph node.
@@ -39,18 +40,30 @@ def _torch():
     return torch
 
 
+def _medians_per_call(torch, fns: List[Callable[[], None]], calls: int, repeats: int) -> List[float]:
+    """For each fn, the median over `repeats` of (event time of `calls` back-to-back calls) / calls,
+    in µs. The functions' samples alternate, so host-bound calls timed together see the same host
+    state (on the lent machines the host's time per call drifts by up to 50 % within seconds)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples: List[List[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, out in zip(fns, samples):
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) * 1000.0 / calls)
+    return [statistics.median(s) for s in samples]
+
+
 def _median_per_call(torch, fn: Callable[[], None], calls: int, repeats: int) -> float:
     """Median over `repeats` of (event time of `calls` back-to-back calls) / calls, in µs."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(repeats):
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000.0 / calls)
-    return statistics.median(samples)
+    return _medians_per_call(torch, [fn], calls, repeats)[0]
+
+
+def _empty_kernel(torch) -> None:
+    torch.cuda._sleep(0)  # a kernel that does nothing
 
 
 def _queued_per_call(torch, fn: Callable[[], None], calls: int, repeats: int) -> float:
@@ -105,7 +118,7 @@ def measure_ceilings(torch, copy_bytes: int = 1 << 30, quick: bool = False) -> D
     t_us = _median_per_call(torch, lambda: dst.copy_(src), 5 if quick else 10, 5 if quick else 10)
     copy_gbs = 2 * copy_bytes / (t_us * 1e-6) / 1e9
     del src, dst
-    empty = lambda: torch.cuda._sleep(0)  # a kernel that does nothing
+    empty = lambda: _empty_kernel(torch)
     launch_us = _median_per_call(torch, empty, 200, 10)
     graph_us = _graph_per_call(torch, empty, GRAPH_NODES, 10)
     return {"copy_GBps": copy_gbs, "empty_launch_us": launch_us,
@@ -156,9 +169,10 @@ def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 
     # preparation of that call while the GPU idles (7-14 us on a 100 us kernel, RESULTS.md run
     # 34); back to back, later calls are prepared while earlier ones run, as in an engine.
     calls = max(10, min(200, int(2e8 // max(total, 1))))
-    us = _median_per_call(torch, call, calls, 5 if quick else 15)
+    # The empty kernel's launch, timed alternately with the store: the "x launch" reference.
+    us, launch_us = _medians_per_call(torch, [call, lambda: _empty_kernel(torch)], calls, 5 if quick else 15)
     gpu_us = _queued_per_call(torch, call, calls, 5 if quick else 15)
-    row = {"tokens": n, "H": H, "D": D, "T": T, "dtype": dtype, "layout": layout, "recipe": recipe,
+    row = {"tokens": n, "launch_us": launch_us, "H": H, "D": D, "T": T, "dtype": dtype, "layout": layout, "recipe": recipe,
            "scale_layout": scale_layout, "slots": slots, "scales": scales, "us": us, "gpu_us": gpu_us, "bytes": total}
     if graph:
         row["graph_us"] = _graph_per_call(torch, call, GRAPH_NODES, 5 if quick else 10)
@@ -196,9 +210,9 @@ def bench_gather_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int =
     # preparation of that call while the GPU idles (7-14 us on a 100 us kernel, RESULTS.md run
     # 34); back to back, later calls are prepared while earlier ones run, as in an engine.
     calls = max(10, min(200, int(2e8 // max(total, 1))))
-    us = _median_per_call(torch, call, calls, 5 if quick else 15)
+    us, launch_us = _medians_per_call(torch, [call, lambda: _empty_kernel(torch)], calls, 5 if quick else 15)
     gpu_us = _queued_per_call(torch, call, calls, 5 if quick else 15)
-    return {"tokens": tokens, "H": H, "D": D, "T": T, "dtype": dtype, "seqs": seqs, "us": us,
+    return {"tokens": tokens, "launch_us": launch_us, "H": H, "D": D, "T": T, "dtype": dtype, "seqs": seqs, "us": us,
             "gpu_us": gpu_us, "bytes": total}
 
 
@@ -239,7 +253,7 @@ def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = T
         for key, t in (("", r["us"]), ("_gpu", r["gpu_us"])):
             r["GBps" + key] = r["bytes"] / (t * 1e-6) / 1e9
             r["frac_copy" + key] = r["GBps" + key] / ceil["copy_GBps"]
-        r["x_launch"] = r["us"] / ceil["empty_launch_us"]
+        r["x_launch"] = r["us"] / r["launch_us"]
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "nvfp4kv": nvfp4kv.__version__, "ceilings": ceil, "store": rows,
               "gather": gather_rows}
@@ -255,7 +269,8 @@ def format_table(result: Dict) -> str:
         f"GPU: {result['gpu']}   nvfp4kv {result['nvfp4kv']}   torch {result['torch']}",
         f"ceilings: copy {c['copy_GBps']:.0f} GB/s (read+write); empty kernel "
         f"{c['empty_launch_us']:.2f} us back to back, {c['empty_graph_node_us']:.2f} us per graph node",
-        "us: back-to-back calls from Python; gpu us: the same queued with the host ahead (device time)",
+        "us: back-to-back calls from Python; xlaunch: us / an empty kernel's launch timed alternately "
+        "with it; gpu us: the same calls queued with the host ahead (device time)",
         "",
         f"{'tokens':>7} {'H':>3} {'D':>4} {'dtype':>9} {'layout':>6} {'recipe':>13} {'us':>8} "
         f"{'%copy':>6} {'xlaunch':>7} {'gpu us':>8} {'GB/s':>6} {'%copy':>6} {'graph us':>8}",

@@ -74,3 +74,12 @@ def test_table_shows_both_times():
     assert store_line.split()[6:] == ["5.00", "25.0%", "1.25", "2.50", "2", "50.0%", "1.75"]
     gather_line = text.splitlines()[-1].split()
     assert gather_line[4:] == ["9.00", "50.0%", "6.00", "3500", "75.0%"]
+
+
+def test_paired_samples_alternate():
+    cuda = FakeCuda(reached=[], elapsed_ms=[0.003, 0.006, 0.009, 0.012])
+    order = []
+    a, b = bench._medians_per_call(FakeTorch(cuda), [lambda: order.append("a"), lambda: order.append("b")],
+                                   calls=3, repeats=2)
+    assert "".join(order) == "aaabbbaaabbb"
+    assert (a, b) == (pytest.approx(2.0), pytest.approx(3.0))
