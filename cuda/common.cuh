@@ -148,25 +148,30 @@ int sm_count(int device);
 int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm);
 
 // Blocks of `kernel` resident on one SM at `threads` threads per block (at least 1), asked of
-// the runtime once per device and block size and kept (one entry per device: a call with another
-// block size asks again). Fails like a launch on a GPU the build has no code for.
+// the runtime once per device and block size and kept (a few block sizes per device; others
+// replace the oldest). Fails like a launch on a GPU the build has no code for.
 template <auto kernel>
 cudaError_t resident_per_sm(int device, int threads, int* blocks) {
-  static std::atomic<uint64_t> known[64];  // per instantiation: (threads << 32) | blocks
+  constexpr int kKept = 4;
+  static std::atomic<uint64_t> known[64][kKept];  // per instantiation: (threads << 32) | blocks
+  static std::atomic<unsigned> next[64];
   const bool keep = device >= 0 && device < 64;
   if (keep) {
-    const uint64_t k = known[device].load(std::memory_order_relaxed);
-    if (k != 0 && k >> 32 == static_cast<uint64_t>(threads)) {
-      *blocks = static_cast<int>(k & 0xFFFFFFFFu);
-      return cudaSuccess;
+    for (int i = 0; i < kKept; ++i) {
+      const uint64_t k = known[device][i].load(std::memory_order_relaxed);
+      if (k != 0 && k >> 32 == static_cast<uint64_t>(threads)) {
+        *blocks = static_cast<int>(k & 0xFFFFFFFFu);
+        return cudaSuccess;
+      }
     }
   }
   int n = 0;
   const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0);
   if (err != cudaSuccess) return err;
   *blocks = n > 1 ? n : 1;
-  if (keep) known[device].store(static_cast<uint64_t>(threads) << 32 | static_cast<uint64_t>(*blocks),
-                                std::memory_order_relaxed);
+  if (keep)
+    known[device][next[device].fetch_add(1, std::memory_order_relaxed) % kKept].store(
+        static_cast<uint64_t>(threads) << 32 | static_cast<uint64_t>(*blocks), std::memory_order_relaxed);
   return cudaSuccess;
 }
 

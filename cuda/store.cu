@@ -203,7 +203,8 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
   const uint32_t r = blockIdx.y * L.row_slice.d + threadIdx.x - in_block * L.row_slice.d;
   const uint32_t step = gridDim.x * L.tokens_per_block;
   uint32_t t = blockIdx.x * L.tokens_per_block + in_block;
-  const bool active = r < L.items.per_row.d;  // false only in the last slice of a split row
+  // Idle: past the row in the last slice of a split row, or past the block's tokens.
+  const bool active = r < L.items.per_row.d && in_block < L.tokens_per_block;
   int side = 0;
   uint32_t h = 0, unit = 0;
   if (active) L.items.decode(r, side, h, unit);
@@ -319,8 +320,16 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   const uint32_t slices = (row + kMaxRow - 1) / kMaxRow;
   const uint32_t row_slice = (row + slices - 1) / slices;
   L.row_slice = FastDiv(row_slice);
-  L.tokens_per_block = row_slice < 256 ? 256 / row_slice : 1;
-  const int threads = static_cast<int>(row_slice * L.tokens_per_block);
+  // Small calls spread their tokens over the SMs, down to one token per block: one step of a
+  // block is a dependent chain (loads, quantize, stores), and a few warps per SM finish it
+  // sooner than the same warps stacked on fewer SMs. The block keeps its full size, the lanes
+  // past its tokens idle, because all of them build the out-scale table (with 64 threads that
+  // build took 0.35 µs longer: RESULTS.md runs 59 and 60).
+  const uint32_t full = row_slice < 256 ? 256 / row_slice : 1;
+  const int64_t sms = sm_count(device);
+  const int64_t spread = (p.num_tokens + sms - 1) / sms;
+  L.tokens_per_block = static_cast<uint32_t>(spread < full ? (spread > 1 ? spread : 1) : full);
+  const int threads = static_cast<int>(row_slice * full);
   cudaError_t err;
   switch (p.dtype) {
     case DType::kFloat32: err = launch_recipe<DType::kFloat32>(L, vec, g, threads, slices, device, stream); break;
