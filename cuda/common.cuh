@@ -149,7 +149,8 @@ int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm);
 
 // Blocks of `kernel` resident on one SM at `threads` threads per block (at least 1), asked of
 // the runtime once per device and block size and kept (a few block sizes per device; others
-// replace the oldest). Fails like a launch on a GPU the build has no code for.
+// replace the oldest). Fails like a launch on a GPU the build has no code for. The runtime
+// answers for the current device: callers hold a DeviceGuard for `device`.
 template <auto kernel>
 cudaError_t resident_per_sm(int device, int threads, int* blocks) {
   constexpr int kKept = 4;

@@ -13,12 +13,12 @@ namespace nvfp4kv {
 
 int sm_count(int device) {
   // The SM count of each device is read once; the attribute query is cheap but not free.
-  static int counts[64] = {0};
-  int sms = device >= 0 && device < 64 ? counts[device] : 0;
+  static std::atomic<int> counts[64];  // zero-initialized (static storage)
+  int sms = device >= 0 && device < 64 ? counts[device].load(std::memory_order_relaxed) : 0;
   if (sms == 0) {
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0)
       sms = 1;
-    if (device >= 0 && device < 64) counts[device] = sms;
+    if (device >= 0 && device < 64) counts[device].store(sms, std::memory_order_relaxed);
   }
   return sms;
 }

@@ -3,10 +3,12 @@
 //
 // Thread mapping: a block covers `tokens_per_block` tokens side by side, each with one thread per
 // work item of the token's row (K heads, then V heads), and steps through the tokens with a
-// grid-wide stride. So a thread keeps the same (side, head, groups) for the whole launch: the
-// decode of its work item, its input and cache offsets inside a token and a page, and its side's
-// global scale are computed once, and each token costs the thread one slot load, one division by
-// the block size and two multiply-adds of addresses. A per-block table of out scales (out depends
+// grid-wide stride (blocks keep room for about 256 threads; a small call puts fewer tokens in
+// each, and the other lanes only help build the block's out-scale table). So a thread keeps the
+// same (side, head, groups) for the whole launch: the decode of its work item, its input and
+// cache offsets inside a token and a page, and its side's global scale are computed once, and
+// each token costs the thread one slot load, one division by the block size and two
+// multiply-adds of addresses. A per-block table of out scales (out depends
 // only on the scale byte for a given global scale) replaces one IEEE division per group.
 // Rows of more than kMaxRow items are split over gridDim.y.
 #include "common.cuh"
@@ -244,9 +246,9 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
   }
 }
 
-// Launches one kernel instantiation: reads its occupancy once per device, then sizes the grid to
-// one wave of the blocks that are resident at once, each stepping through an equal share of the
-// tokens. (Several waves of blocks measured 15-20 % slower: RESULTS.md run 18.)
+// Launches one kernel instantiation: reads its occupancy once per device and block size, then
+// sizes the grid to one wave of the blocks that are resident at once, each stepping through an
+// equal share of the tokens. (Several waves of blocks measured 15-20 % slower: RESULTS.md run 18.)
 template <auto kernel>
 cudaError_t launch_kernel(StoreLaunch L, int threads, uint32_t slices, int device, cudaStream_t stream) {
   const int64_t total = L.p.num_tokens;

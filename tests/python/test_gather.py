@@ -533,6 +533,29 @@ def test_cuda_gather_extreme_global_scales(nv, g, device_scale):
 
 
 @needs_cuda
+@pytest.mark.parametrize("g", (-0.5, float("inf"), float("nan")))
+def test_cuda_bad_entries_read_as_plus_zero_whatever_the_device_scale(nv, g):
+    """Tokens behind a bad block-table entry read as +0.0 even under a device scale the host
+    cannot check (negative, Inf, NaN), whose product with zero would be -0 or NaN: the kernel
+    must not multiply its way to those zeros. Only the CUDA path can see such a scale (the CPU
+    path rejects it), so the zeros are checked directly."""
+    N, T, H, D = 4, 16, 2, 128
+    cache = make_cache(N, T, H, D, "5d", "HND", "torch", "cuda", seed=41)
+    bt = np.array([[-1, 0], [N, 1]], np.int32)  # the first block of each sequence is bad
+    sl = np.array([20, 20], np.int32)
+    outs = [poisoned_out(40, H, D, "bfloat16", "torch", "cuda", False, s)[1] for s in (5, 6)]
+    scale = torch.tensor([g], dtype=torch.float32, device="cuda")
+    nv.gather_dequant(block_table=as_backend(bt, "torch", "cuda"), seq_lens=as_backend(sl, "torch", "cuda"),
+                      cu_seqlens=as_backend(prefix(sl), "torch", "cuda"), k_scale=scale, v_scale=scale,
+                      scale_layout="vllm", key_out=outs[0], value_out=outs[1], **cache.kwargs())
+    torch.cuda.synchronize()
+    for out in outs:
+        bits = out.view(torch.int16).cpu()
+        assert torch.equal(bits[0:16], torch.zeros_like(bits[0:16]))    # sequence 0, block 0
+        assert torch.equal(bits[20:36], torch.zeros_like(bits[20:36]))  # sequence 1, block 0
+
+
+@needs_cuda
 def test_cuda_gather_large(nv):
     N, T, H, D = 4096, 16, 8, 128
     rng = np.random.default_rng(22)

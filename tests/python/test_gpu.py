@@ -181,6 +181,14 @@ def test_long_rows_split_over_blocks(H, D, layout, scale_layout):
     run_both(3, 16, H, D, "5d", layout, "bfloat16", "nvfp4", scale_layout, torch.int64, 40, seed=13)
 
 
+@pytest.mark.parametrize("n", (133, 265, 401))
+def test_small_calls_spread_over_sms(n):
+    """A call of a few tokens per SM gives each block ceil(n / SMs) tokens and idles the block's
+    other lanes; counts that are not a multiple of that (on 132 SMs: 2, 3 and 4 tokens per
+    block) must still write every token once."""
+    run_both(64, 16, 8, 128, "5d", "HND", "bfloat16", "nvfp4", "vllm", torch.int64, n, seed=n)
+
+
 def test_large_batch():
     run_both(4096, 16, 8, 128, "5d", "HND", "bfloat16", "nvfp4", "vllm", torch.int64, 65536, seed=5)
 

@@ -505,13 +505,13 @@ NVFP4KV_HD bool dequantize_group(const uint32_t (&w)[2], uint32_t sfb, float g,
 // dequantize_group for kernels, with fp16 pairs doing the exact part. E2M1's bits placed at bits
 // 9..11 and 15 of an fp16 read as e * 2^-14 (E2M1 is fp16's bottom end with one mantissa bit,
 // subnormals included), so one integer shift and mask per element and one fp16x2 multiply per
-// two elements give e * sfq * 2^-14 exactly: e * sfq is a multiple of 2^-10 below 2688 with at
-// most 6 significant bits, so the product is a multiple of 2^-24 (fp16's subnormal step) below
-// 0.17. Converted to fp32 (exact) and times g * 2^14 it rounds once, to the recipe's
+// two elements give e * sfq * 2^-14 exactly: e * sfq is a multiple of 2^-10, at most 2688, with
+// at most 6 significant bits, so the product is a multiple of 2^-24 (fp16's subnormal step)
+// below 0.17. Converted to fp32 (exact) and times g * 2^14 it rounds once, to the recipe's
 // (e * sfq) * g. `g14` is g * 2^14, exact and finite for |g| < 2^113 (use dequantize_group
-// otherwise); infinite or NaN g give the same Inf / NaN as the recipe. Elements j and j + 4 of
-// each code word share one fp16x2 (both sit at the same shift). Returns false for a NaN group,
-// like dequantize_group.
+// otherwise); infinite or NaN g give Inf / NaN where the recipe does (a device-resident scale
+// only: the host rejects such scales). Elements j and j + 4 of each code word share one fp16x2
+// (both sit at the same shift). Returns false for a NaN group, like dequantize_group.
 __device__ __forceinline__ bool dequantize_group_h(const uint32_t (&w)[2], uint32_t sfb, float g14,
                                                    float (&y)[kGroupSize]) {
   if ((sfb & 0x7Fu) == kScaleNaN) return nan_group(y);
