@@ -11,16 +11,25 @@
 
 namespace nvfp4kv {
 
-int sm_count(int device) {
-  // The SM count of each device is read once; the attribute query is cheap but not free.
-  static std::atomic<int> counts[64];  // zero-initialized (static storage)
-  int sms = device >= 0 && device < 64 ? counts[device].load(std::memory_order_relaxed) : 0;
-  if (sms == 0) {
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0)
-      sms = 1;
-    if (device >= 0 && device < 64) counts[device].store(sms, std::memory_order_relaxed);
+namespace {
+
+// A device attribute, read once per device (devices 0..63 are kept; others are asked each time).
+// `fallback` stands in for a failed query.
+int device_attribute(std::atomic<int> (&kept)[64], cudaDeviceAttr attr, int device, int fallback) {
+  const bool keep = device >= 0 && device < 64;
+  int v = keep ? kept[device].load(std::memory_order_relaxed) : 0;
+  if (v == 0) {
+    if (cudaDeviceGetAttribute(&v, attr, device) != cudaSuccess || v <= 0) v = fallback;
+    if (keep) kept[device].store(v, std::memory_order_relaxed);
   }
-  return sms;
+  return v;
+}
+
+}  // namespace
+
+int sm_count(int device) {
+  static std::atomic<int> counts[64];  // zero: not read yet
+  return device_attribute(counts, cudaDevAttrMultiProcessorCount, device, 1);
 }
 
 bool pdl_supported(int device) {
@@ -33,13 +42,8 @@ bool pdl_supported(int device) {
     return cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12030;
   }();
   if (!allowed) return false;
-  static int major[64] = {0};  // compute capability major, read once per device
-  int m = device >= 0 && device < 64 ? major[device] : 0;
-  if (m == 0) {
-    if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) m = -1;
-    if (device >= 0 && device < 64) major[device] = m;
-  }
-  return m >= 9;
+  static std::atomic<int> major[64];  // compute capability major; -1: the query failed
+  return device_attribute(major, cudaDevAttrComputeCapabilityMajor, device, -1) >= 9;
 }
 
 int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm) {
