@@ -20,13 +20,19 @@ cases = [dict(n=65536), dict(n=65536, slots="sequential"), dict(n=65536, slots="
 import os
 if os.environ.get("CASES") == "large":
     cases = [dict(n=65536), dict(n=65536, layout="NHD", scale_layout="linear"), dict(n=65536, D=256), dict(n=16384), dict(n=4096)]
+gathers = (65536, 262144, 1 << 20)
+if os.environ.get("CASES") == "small":  # small stores in graphs, gathers from 4K (device times)
+    cases = [dict(n=1, graph=True), dict(n=16, graph=True), dict(n=64, graph=True), dict(n=128, graph=True), dict(n=256, graph=True), dict(n=4096), dict(n=65536)]
+    if os.environ.get("CASES_N"):
+        cases = [dict(n=int(n), graph=True) for n in os.environ["CASES_N"].split(",")]
+    gathers = (4096, 16384, 65536, 1 << 20) if os.environ.get("GATHERS") != "none" else ()
 for cs in cases:
     r = B.bench_store_case(torch, nvfp4kv, quick=True, **cs)
     g = f" graph {r['graph_us']:.2f}" if "graph_us" in r else ""
-    print(f"  {cs}: {r['us']:.2f} us {r['GBps']:.0f} GB/s {100 * r['GBps'] / c['copy_GBps']:.1f}%{g}")
-for n in (65536, 262144, 1 << 20):
-    r = B.bench_gather_case(torch, nvfp4kv, n, quick=True)
-    print(f"  gather {n}: {r['us']:.2f} us {r['GBps']:.0f} GB/s {100 * r['GBps'] / c['copy_GBps']:.1f}%")
+    print(f"  {cs}: {r['us']:.2f} us, gpu {r['gpu_us']:.2f} us {100 * r['bytes'] / r['gpu_us'] / 1e3 / c['copy_GBps']:.1f}%{g}")
+for n in gathers:
+    r = B.bench_gather_case(torch, nvfp4kv, n)
+    print(f"  gather {n}: {r['us']:.2f} us, gpu {r['gpu_us']:.2f} us {100 * r['bytes'] / r['gpu_us'] / 1e3 / c['copy_GBps']:.1f}%")
 PY
   )
 done

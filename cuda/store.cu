@@ -3,13 +3,15 @@
 //
 // Thread mapping: a block covers `tokens_per_block` tokens side by side, each with one thread per
 // work item of the token's row (K heads, then V heads), and steps through the tokens with a
-// grid-wide stride (blocks keep room for about 256 threads; a small call puts fewer tokens in
-// each, and the other lanes only help build the block's out-scale table). So a thread keeps the
-// same (side, head, groups) for the whole launch: the decode of its work item, its input and
-// cache offsets inside a token and a page, and its side's global scale are computed once, and
-// each token costs the thread one slot load, one division by the block size and two
-// multiply-adds of addresses. A per-block table of out scales (out depends
-// only on the scale byte for a given global scale) replaces one IEEE division per group.
+// grid-wide stride (blocks keep room for about 256 threads; a call of a few tokens per SM puts
+// fewer tokens in each, and the other lanes only help build the block's out-scale table). So a
+// thread keeps the same (side, head, groups) for the whole launch: the decode of its work item,
+// its input and cache offsets inside a token and a page, and its side's global scale are computed
+// once, and each token costs the thread one slot load, one division by the block size and two
+// multiply-adds of addresses. A per-block table of out scales (out depends only on the scale byte
+// for a given global scale) replaces one IEEE division per group.
+// Small calls (at most kSmallPerSm tokens per SM) take a variant without the table: one token per
+// block, one group per thread, out scales computed per group (kDirect).
 // Rows of more than kMaxRow items are split over gridDim.y.
 #include "common.cuh"
 #include "launch.h"
@@ -18,6 +20,7 @@ namespace nvfp4kv {
 namespace {
 
 constexpr int kMaxRow = 512;  // most threads of one block (one token row, or a slice of a long one)
+constexpr int64_t kSmallPerSm = 8;  // calls of at most this many tokens per SM take the small kernel
 
 struct StoreLaunch {
   StoreParams p;
@@ -133,7 +136,7 @@ struct Item {
   }
 };
 
-template <DType kDType, Recipe kRecipe, bool kVec, int kG>
+template <DType kDType, Recipe kRecipe, bool kVec, int kG, bool kDirect = false>
 __device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lane, const float* table,
                                            const float* rcp_table, const Item<kDType, kVec, kG>& it) {
   const StoreParams& p = L.p;
@@ -154,7 +157,8 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lan
   for (int k = 0; k < kG; ++k) {
     float x[kGroupSize];
     it.raw[k].to_float(x);
-    const auto out_of = [table](uint32_t b) { return table[b]; };
+    const float inv_enc = lane.gs.inv_enc;
+    const auto out_of = [table, inv_enc](uint32_t b) { return kDirect ? out_scale(b, inv_enc) : table[b]; };
     if constexpr (kRecipe == Recipe::kNvfp4_4over6)  // rcp_table exists for this recipe only
       sfb[k] = quantize_group<kRecipe>(
           x, lane.gs, out_of, packed[k],
@@ -192,7 +196,9 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lan
 // warps waiting on global loads), so each thread loads its next token's item before quantizing
 // the current one: two item buffers, the loop unrolled by two so they swap roles without copies.
 // The first item's loads overlap the global scales and the out-scale table.
-template <DType kDType, Recipe kRecipe, bool kVec, int kG>
+// kDirect: no table; each group's out scale is computed where it is needed (calls whose blocks
+// make one step, where building a table costs more than it saves; the launcher's `small`).
+template <DType kDType, Recipe kRecipe, bool kVec, int kG, bool kDirect = false>
 __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ StoreLaunch L) {
   // Per side, per scale byte: out, and for nvfp4_4over6 candidate_error's 1/out.
   constexpr bool kScored = kRecipe == Recipe::kNvfp4_4over6;
@@ -216,32 +222,38 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
   wait_for_prior_grids();
   allow_next_grids();
 
-  // Global scales first: on a small call the kernel is one dependent chain (scale -> table ->
-  // quantize; slot, input -> quantize -> store), so its loads start before anything else.
+  // Global scales first: on a small call the kernel is one dependent chain (scale -> out scale
+  // -> quantize; slot, input -> quantize -> store), so its loads start before anything else.
   const float g_k = read_scale(p.k.scale), g_v = read_scale(p.v.scale);
   Item<kDType, kVec, kG> a, b;
   if (t < n) a.load(p, lane, L.token0 + t);
 
-  const GlobalScale gsk = make_global_scale(g_k);
-  const GlobalScale gsv = make_global_scale(g_v);
-  lane.gs = side ? gsv : gsk;
-  for (uint32_t i = threadIdx.x; i < 2 * 128; i += blockDim.x) {
-    const uint32_t sd = i >> 7, byte = i & 127;
-    const float out = byte < kScaleNaN ? out_scale(byte, sd ? gsv.inv_enc : gsk.inv_enc) : 0.0f;
-    out_table[sd][byte] = out;
-    if constexpr (kScored) rcp_tables[sd][byte] = out == 0.0f ? 0.0f : recip_rn(out);
+  const float* table = nullptr;
+  const float* rcp_table = nullptr;
+  if constexpr (kDirect) {
+    lane.gs = make_global_scale(side ? g_v : g_k);
+  } else {
+    const GlobalScale gsk = make_global_scale(g_k);
+    const GlobalScale gsv = make_global_scale(g_v);
+    lane.gs = side ? gsv : gsk;
+    for (uint32_t i = threadIdx.x; i < 2 * 128; i += blockDim.x) {
+      const uint32_t sd = i >> 7, byte = i & 127;
+      const float out = byte < kScaleNaN ? out_scale(byte, sd ? gsv.inv_enc : gsk.inv_enc) : 0.0f;
+      out_table[sd][byte] = out;
+      if constexpr (kScored) rcp_tables[sd][byte] = out == 0.0f ? 0.0f : recip_rn(out);
+    }
+    __syncthreads();
+    table = out_table[side];
+    rcp_table = rcp_tables[kScored ? side : 0];
   }
-  __syncthreads();
-  const float* table = out_table[side];
-  const float* rcp_table = rcp_tables[kScored ? side : 0];
 
   while (t < n) {
     if (t + step < n) b.load(p, lane, L.token0 + t + step);
-    store_item<kDType, kRecipe, kVec, kG>(L, lane, table, rcp_table, a);
+    store_item<kDType, kRecipe, kVec, kG, kDirect>(L, lane, table, rcp_table, a);
     t += step;
     if (t >= n) break;
     if (t + step < n) a.load(p, lane, L.token0 + t + step);
-    store_item<kDType, kRecipe, kVec, kG>(L, lane, table, rcp_table, b);
+    store_item<kDType, kRecipe, kVec, kG, kDirect>(L, lane, table, rcp_table, b);
     t += step;
   }
 }
@@ -270,19 +282,21 @@ cudaError_t launch_kernel(StoreLaunch L, int threads, uint32_t slices, int devic
 }
 
 template <DType kDType, Recipe kRecipe>
-cudaError_t launch(const StoreLaunch& L, bool vec, int g, int threads, uint32_t slices, int device,
+cudaError_t launch(const StoreLaunch& L, bool vec, int g, bool small, int threads, uint32_t slices, int device,
                    cudaStream_t stream) {
+  if constexpr (kRecipe == Recipe::kNvfp4)
+    if (small) return launch_kernel<store_kernel<kDType, kRecipe, true, 1, true>>(L, threads, slices, device, stream);
   if (vec && g == 2) return launch_kernel<store_kernel<kDType, kRecipe, true, 2>>(L, threads, slices, device, stream);
   if (vec) return launch_kernel<store_kernel<kDType, kRecipe, true, 1>>(L, threads, slices, device, stream);
   return launch_kernel<store_kernel<kDType, kRecipe, false, 1>>(L, threads, slices, device, stream);
 }
 
 template <DType kDType>
-cudaError_t launch_recipe(const StoreLaunch& L, bool vec, int g, int threads, uint32_t slices, int device,
+cudaError_t launch_recipe(const StoreLaunch& L, bool vec, int g, bool small, int threads, uint32_t slices, int device,
                           cudaStream_t stream) {
   return L.p.recipe == Recipe::kNvfp4
-             ? launch<kDType, Recipe::kNvfp4>(L, vec, g, threads, slices, device, stream)
-             : launch<kDType, Recipe::kNvfp4_4over6>(L, vec, g, threads, slices, device, stream);
+             ? launch<kDType, Recipe::kNvfp4>(L, vec, g, small, threads, slices, device, stream)
+             : launch<kDType, Recipe::kNvfp4_4over6>(L, vec, g, small, threads, slices, device, stream);
 }
 
 }  // namespace
@@ -305,11 +319,17 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   const uint32_t gk = p.k.cache.D / kGroupSize, gv = p.v.cache.D / kGroupSize;
   // Two groups per item when both sides have an even number of groups and the 16-byte code
   // stores stay aligned (D/2 is then a multiple of 16).
-  const int g = vec && gk % 2 == 0 && gv % 2 == 0 &&
-                        aligned(16, p.k.cache.base, {p.k.cache.page_stride}) &&
-                        aligned(16, p.v.cache.base, {p.v.cache.page_stride})
-                    ? 2
-                    : 1;
+  const bool pairs = vec && gk % 2 == 0 && gv % 2 == 0 &&
+                     aligned(16, p.k.cache.base, {p.k.cache.page_stride}) &&
+                     aligned(16, p.v.cache.base, {p.v.cache.page_stride});
+  // Calls of up to kSmallPerSm tokens per SM (a decode step's batch, a short prefill chunk) are
+  // one dependent chain per block: one token per block, one group per thread, and the out scales
+  // computed where they are needed instead of from a table that every block would build before a
+  // barrier. In a CUDA graph: 1.89 -> 1.42 µs for 1 token, 2.07 -> 1.59 µs for 64, 3.46 for 1024
+  // (RESULTS.md runs 64-67).
+  const int64_t sms = sm_count(device);
+  const bool small = vec && p.recipe == Recipe::kNvfp4 && p.num_tokens <= kSmallPerSm * sms;
+  const int g = small ? 1 : pairs ? 2 : 1;
   StoreLaunch L;
   L.p = p;
   L.items = RowItems(p.H, p.k.cache.D, p.v.cache.D, g);
@@ -322,21 +342,19 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   const uint32_t slices = (row + kMaxRow - 1) / kMaxRow;
   const uint32_t row_slice = (row + slices - 1) / slices;
   L.row_slice = FastDiv(row_slice);
-  // Small calls spread their tokens over the SMs, down to one token per block: one step of a
-  // block is a dependent chain (loads, quantize, stores), and a few warps per SM finish it
-  // sooner than the same warps stacked on fewer SMs. The block keeps its full size, the lanes
-  // past its tokens idle, because all of them build the out-scale table (with 64 threads that
-  // build took 0.35 µs longer: RESULTS.md runs 59 and 60).
+  // Calls of a few tokens per SM spread their tokens over the SMs, down to one per block: a few
+  // warps per SM finish a block's step sooner than the same warps stacked on fewer SMs. Their
+  // blocks keep the full size, the lanes past the block's tokens idle, because all of them build
+  // the out-scale table (with 64 threads that build took 0.35 µs longer: RESULTS.md runs 59, 60).
   const uint32_t full = row_slice < 256 ? 256 / row_slice : 1;
-  const int64_t sms = sm_count(device);
   const int64_t spread = (p.num_tokens + sms - 1) / sms;
-  L.tokens_per_block = static_cast<uint32_t>(spread < full ? (spread > 1 ? spread : 1) : full);
-  const int threads = static_cast<int>(row_slice * full);
+  L.tokens_per_block = small ? 1 : static_cast<uint32_t>(spread < full ? (spread > 1 ? spread : 1) : full);
+  const int threads = static_cast<int>(row_slice * (small ? 1 : full));
   cudaError_t err;
   switch (p.dtype) {
-    case DType::kFloat32: err = launch_recipe<DType::kFloat32>(L, vec, g, threads, slices, device, stream); break;
-    case DType::kFloat16: err = launch_recipe<DType::kFloat16>(L, vec, g, threads, slices, device, stream); break;
-    default: err = launch_recipe<DType::kBFloat16>(L, vec, g, threads, slices, device, stream); break;
+    case DType::kFloat32: err = launch_recipe<DType::kFloat32>(L, vec, g, small, threads, slices, device, stream); break;
+    case DType::kFloat16: err = launch_recipe<DType::kFloat16>(L, vec, g, small, threads, slices, device, stream); break;
+    default: err = launch_recipe<DType::kBFloat16>(L, vec, g, small, threads, slices, device, stream); break;
   }
   if (err != cudaSuccess) {
     *message = check_kernel_image(err);

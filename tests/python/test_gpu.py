@@ -157,6 +157,20 @@ def test_gpu_equals_cpu(case):
     run_both(*case, seed=hash(case) & 0xFFFF)
 
 
+# Calls of at most one token per SM take their own kernel (one token per block, out scales
+# computed per group); most of the matrix above is that small. The same options again with more
+# tokens than any GPU has SMs, through the kernel that steps blocks over tokens with a per-block
+# out-scale table.
+MANY = 300
+
+
+@pytest.mark.parametrize("case", _matrix(), ids=lambda c: "-".join(map(str, c[:10])).replace("torch.", ""))
+def test_gpu_equals_cpu_many_tokens(case):
+    N, T = case[0], case[1]
+    N = max(N, -(-(MANY + 20) // T))  # room for every token, plus free slots
+    run_both(N, *case[1:10], MANY, seed=hash(case) & 0xFFFF)
+
+
 @pytest.mark.parametrize("view", ("5d", "sides"))
 @pytest.mark.parametrize("dtype", ("bfloat16", "float32"))
 def test_strided_inputs_and_padded_pages(view, dtype):
@@ -181,12 +195,15 @@ def test_long_rows_split_over_blocks(H, D, layout, scale_layout):
     run_both(3, 16, H, D, "5d", layout, "bfloat16", "nvfp4", scale_layout, torch.int64, 40, seed=13)
 
 
-@pytest.mark.parametrize("n", (133, 265, 401))
-def test_small_calls_spread_over_sms(n):
-    """A call of a few tokens per SM gives each block ceil(n / SMs) tokens and idles the block's
-    other lanes; counts that are not a multiple of that (on 132 SMs: 2, 3 and 4 tokens per
-    block) must still write every token once."""
-    run_both(64, 16, 8, 128, "5d", "HND", "bfloat16", "nvfp4", "vllm", torch.int64, n, seed=n)
+@pytest.mark.parametrize("per_sm,extra", [(3, 1), (8, 0), (8, 1), (9, 5)])
+def test_token_counts_around_the_kernel_choice(per_sm, extra):
+    """Up to 8 tokens per SM take the one-token-per-block kernel; above, blocks of several tokens
+    (here rows of 8 items: 32 tokens per block at most, ceil(n / SMs) when fewer) step over the
+    tokens and idle the lanes past a block's share. Counts at and just past the switch, and with a
+    remainder per block, must write every token once."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n = per_sm * sms + extra
+    run_both(-(-(n + 40) // 16), 16, 2, 64, "5d", "HND", "bfloat16", "nvfp4", "vllm", torch.int64, n, seed=n)
 
 
 def test_large_batch():
@@ -199,9 +216,10 @@ def test_large_batch():
 @pytest.mark.parametrize("recipe", ("nvfp4", "nvfp4_4over6"))
 @pytest.mark.parametrize("g", (3e-38, 2.0 ** -100, 1e-10, 1e10, 2.0 ** 100, 3e38))
 @pytest.mark.parametrize("device_scales", (False, True))
-def test_extreme_global_scales(recipe, g, device_scales):
-    run_both(3, 16, 2, 128, "5d", "HND", "float32", recipe, "vllm", torch.int64, 40, seed=31,
-             device_scales=device_scales, scales=(g, g * 0.75))
+@pytest.mark.parametrize("n", (40, MANY))  # both store kernels (see MANY)
+def test_extreme_global_scales(recipe, g, device_scales, n):
+    run_both(3 if n < 48 else -(-n // 16), 16, 2, 128, "5d", "HND", "float32", recipe, "vllm", torch.int64, n,
+             seed=31, device_scales=device_scales, scales=(g, g * 0.75))
 
 
 @pytest.mark.parametrize("bad", (0.0, float("nan"), float("inf"), -1.0))
