@@ -125,6 +125,19 @@ def measure_ceilings(torch, copy_bytes: int = 1 << 30, quick: bool = False) -> D
             "empty_graph_node_us": graph_us}
 
 
+def copy_gpu_us(torch, nbytes: int, quick: bool = False) -> float:
+    """Device time of a device-to-device copy moving `nbytes` in all (nbytes / 2 read, nbytes / 2
+    written), queued like the cases' "gpu us": the copy ceiling at a case's own size, where launch
+    ramp-up and tail weigh as they do on the case (the 1 GiB copy hides them)."""
+    half = max(16, nbytes // 2)
+    src = torch.empty(half, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    calls = max(10, min(200, int(2e8 // max(nbytes, 1))))
+    us = _queued_per_call(torch, lambda: dst.copy_(src), calls, 5 if quick else 15)
+    del src, dst
+    return us
+
+
 def _case_bytes(n: int, H: int, D: int, elem: int, slot_bytes: int = 8) -> int:
     return n * (2 * H * D * elem + 2 * H * (D // 2 + D // 16) + slot_bytes)
 
@@ -226,7 +239,7 @@ def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = T
     cases: List[Dict] = []
     tokens = (1, 64, 4096, 65536) if quick else TOKENS
     for n in tokens:
-        cases.append(dict(n=n, graph=n <= 64))
+        cases.append(dict(n=n, graph=n <= 1024))
     if not quick:
         for extra in (dict(D=64), dict(D=256), dict(H=32), dict(dtype="float16"),
                       dict(layout="NHD", scale_layout="linear"), dict(recipe="nvfp4_4over6")):
@@ -246,6 +259,12 @@ def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = T
             print(f"\r[gather {i + 1}/{len(gather_tokens)}] tokens={n}" + " " * 30, end="",
                   file=sys.stderr, flush=True)
         gather_rows.append(bench_gather_case(torch, nvfp4kv, n, quick=quick))
+    copies: Dict[int, float] = {}  # the copy ceiling at each case's size, by bytes
+    sizes = sorted({r["bytes"] for r in rows + gather_rows})
+    for i, nbytes in enumerate(sizes):
+        if progress:
+            print(f"\r[copy {i + 1}/{len(sizes)}] {nbytes} bytes" + " " * 30, end="", file=sys.stderr, flush=True)
+        copies[nbytes] = copy_gpu_us(torch, nbytes, quick=quick)
     if progress:
         print(f"\r{len(cases) + len(gather_tokens)} cases in {time.time() - t0:.1f} s" + " " * 40,
               file=sys.stderr)
@@ -254,6 +273,8 @@ def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = T
             r["GBps" + key] = r["bytes"] / (t * 1e-6) / 1e9
             r["frac_copy" + key] = r["GBps" + key] / ceil["copy_GBps"]
         r["x_launch"] = r["us"] / r["launch_us"]
+        r["copy_gpu_us"] = copies[r["bytes"]]
+        r["frac_size_copy"] = r["copy_gpu_us"] / r["gpu_us"]
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "nvfp4kv": nvfp4kv.__version__, "ceilings": ceil, "store": rows,
               "gather": gather_rows}
@@ -263,6 +284,10 @@ def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = T
     return result
 
 
+def _pct(row: Dict, key: str) -> str:
+    return f"{100 * row[key]:.1f}%" if key in row else ""
+
+
 def format_table(result: Dict) -> str:
     c = result["ceilings"]
     lines = [
@@ -270,26 +295,28 @@ def format_table(result: Dict) -> str:
         f"ceilings: copy {c['copy_GBps']:.0f} GB/s (read+write); empty kernel "
         f"{c['empty_launch_us']:.2f} us back to back, {c['empty_graph_node_us']:.2f} us per graph node",
         "us: back-to-back calls from Python; xlaunch: us / an empty kernel's launch timed alternately "
-        "with it; gpu us: the same calls queued with the host ahead (device time)",
+        "with it; gpu us: the same calls queued with the host ahead (device time); %sized: a copy of "
+        "the case's bytes (same device timing) over gpu us",
         "",
         f"{'tokens':>7} {'H':>3} {'D':>4} {'dtype':>9} {'layout':>6} {'recipe':>13} {'us':>8} "
-        f"{'%copy':>6} {'xlaunch':>7} {'gpu us':>8} {'GB/s':>6} {'%copy':>6} {'graph us':>8}",
+        f"{'%copy':>6} {'xlaunch':>7} {'gpu us':>8} {'GB/s':>6} {'%copy':>6} {'%sized':>6} {'graph us':>8}",
     ]
     for r in result["store"]:
         g = f"{r['graph_us']:.2f}" if "graph_us" in r else ""
         lines.append(
             f"{r['tokens']:>7} {r['H']:>3} {r['D']:>4} {r['dtype']:>9} {r['layout']:>6} "
             f"{r['recipe']:>13} {r['us']:>8.2f} {100 * r['frac_copy']:>5.1f}% {r['x_launch']:>7.2f} "
-            f"{r['gpu_us']:>8.2f} {r['GBps_gpu']:>6.0f} {100 * r['frac_copy_gpu']:>5.1f}% {g:>8}"
+            f"{r['gpu_us']:>8.2f} {r['GBps_gpu']:>6.0f} {100 * r['frac_copy_gpu']:>5.1f}% "
+            f"{_pct(r, 'frac_size_copy'):>6} {g:>8}"
         )
     if result.get("gather"):
         lines += ["", "gather_dequant (bf16 out; bytes: read 2*H*F + write 2*H*D*2 per token)",
                   f"{'tokens':>8} {'seqs':>5} {'H':>3} {'D':>4} {'us':>8} {'%copy':>6} "
-                  f"{'gpu us':>8} {'GB/s':>6} {'%copy':>6}"]
+                  f"{'gpu us':>8} {'GB/s':>6} {'%copy':>6} {'%sized':>6}"]
         for r in result["gather"]:
             lines.append(f"{r['tokens']:>8} {r['seqs']:>5} {r['H']:>3} {r['D']:>4} {r['us']:>8.2f} "
                          f"{100 * r['frac_copy']:>5.1f}% {r['gpu_us']:>8.2f} {r['GBps_gpu']:>6.0f} "
-                         f"{100 * r['frac_copy_gpu']:>5.1f}%")
+                         f"{100 * r['frac_copy_gpu']:>5.1f}% {_pct(r, 'frac_size_copy'):>6}")
     return "\n".join(lines)
 
 
