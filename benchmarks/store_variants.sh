@@ -24,7 +24,8 @@ gathers = (65536, 262144, 1 << 20)
 if os.environ.get("CASES") == "small":  # small stores in graphs, gathers from 4K (device times)
     cases = [dict(n=1, graph=True), dict(n=16, graph=True), dict(n=64, graph=True), dict(n=128, graph=True), dict(n=256, graph=True), dict(n=4096), dict(n=65536)]
     if os.environ.get("CASES_N"):
-        cases = [dict(n=int(n), graph=True) for n in os.environ["CASES_N"].split(",")]
+        cases = [dict(n=int(n), graph=True, recipe=os.environ.get("CASES_RECIPE", "nvfp4"))
+                 for n in os.environ["CASES_N"].split(",")]
     gathers = (4096, 16384, 65536, 1 << 20) if os.environ.get("GATHERS") != "none" else ()
 for cs in cases:
     r = B.bench_store_case(torch, nvfp4kv, quick=True, **cs)

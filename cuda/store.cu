@@ -10,7 +10,7 @@
 // once, and each token costs the thread one slot load, one division by the block size and two
 // multiply-adds of addresses. A per-block table of out scales (out depends only on the scale byte
 // for a given global scale) replaces one IEEE division per group.
-// Small calls (at most kSmallPerSm tokens per SM) take a variant without the table: one token per
+// Small calls (a few tokens per SM: kSmallPerSm) take a variant without the table: one token per
 // block, one group per thread, out scales computed per group (kDirect).
 // Rows of more than kMaxRow items are split over gridDim.y.
 #include "common.cuh"
@@ -20,7 +20,11 @@ namespace nvfp4kv {
 namespace {
 
 constexpr int kMaxRow = 512;  // most threads of one block (one token row, or a slice of a long one)
-constexpr int64_t kSmallPerSm = 8;  // calls of at most this many tokens per SM take the small kernel
+// Calls of at most this many tokens per SM take the small kernel (kDirect below). nvfp4_4over6
+// computes four reciprocals per group there instead of two: at 1024 tokens its small kernel was
+// slower (7.31 against 5.84 µs in a graph), at 256 faster (2.68 against 3.18; RESULTS.md run 70).
+constexpr int64_t kSmallPerSm = 8;
+constexpr int64_t kSmallPerSm4over6 = 2;
 
 struct StoreLaunch {
   StoreParams p;
@@ -163,7 +167,8 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lan
       sfb[k] = quantize_group<kRecipe>(
           x, lane.gs, out_of, packed[k],
           [rcp_table](const float(&xs)[kGroupSize], uint32_t b, float out, uint32_t(&codes)[2]) {
-            return encode_group_scored(xs, out, rcp_table[b], codes);
+            const float r = kDirect ? (out == 0.0f ? 0.0f : recip_rn(out)) : rcp_table[b];
+            return encode_group_scored(xs, out, r, codes);
           });
     else
       sfb[k] = quantize_group<kRecipe>(x, lane.gs, out_of, packed[k]);
@@ -284,8 +289,7 @@ cudaError_t launch_kernel(StoreLaunch L, int threads, uint32_t slices, int devic
 template <DType kDType, Recipe kRecipe>
 cudaError_t launch(const StoreLaunch& L, bool vec, int g, bool small, int threads, uint32_t slices, int device,
                    cudaStream_t stream) {
-  if constexpr (kRecipe == Recipe::kNvfp4)
-    if (small) return launch_kernel<store_kernel<kDType, kRecipe, true, 1, true>>(L, threads, slices, device, stream);
+  if (small) return launch_kernel<store_kernel<kDType, kRecipe, true, 1, true>>(L, threads, slices, device, stream);
   if (vec && g == 2) return launch_kernel<store_kernel<kDType, kRecipe, true, 2>>(L, threads, slices, device, stream);
   if (vec) return launch_kernel<store_kernel<kDType, kRecipe, true, 1>>(L, threads, slices, device, stream);
   return launch_kernel<store_kernel<kDType, kRecipe, false, 1>>(L, threads, slices, device, stream);
@@ -322,13 +326,14 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   const bool pairs = vec && gk % 2 == 0 && gv % 2 == 0 &&
                      aligned(16, p.k.cache.base, {p.k.cache.page_stride}) &&
                      aligned(16, p.v.cache.base, {p.v.cache.page_stride});
-  // Calls of up to kSmallPerSm tokens per SM (a decode step's batch, a short prefill chunk) are
-  // one dependent chain per block: one token per block, one group per thread, and the out scales
-  // computed where they are needed instead of from a table that every block would build before a
-  // barrier. In a CUDA graph: 1.89 -> 1.42 µs for 1 token, 2.07 -> 1.59 µs for 64, 3.46 for 1024
+  // Calls of a few tokens per SM (a decode step's batch, a short prefill chunk) are one dependent
+  // chain per block: one token per block, one group per thread, and the out scales computed where
+  // they are needed instead of from a table that every block would build before a barrier. In a
+  // CUDA graph: 1.96 -> 1.42 µs for 1 token, 2.26 -> 1.59 µs for 64, 4.18 -> 3.46 µs for 1024
   // (RESULTS.md runs 64-67).
   const int64_t sms = sm_count(device);
-  const bool small = vec && p.recipe == Recipe::kNvfp4 && p.num_tokens <= kSmallPerSm * sms;
+  const int64_t per_sm = p.recipe == Recipe::kNvfp4 ? kSmallPerSm : kSmallPerSm4over6;
+  const bool small = vec && p.num_tokens <= per_sm * sms;
   const int g = small ? 1 : pairs ? 2 : 1;
   StoreLaunch L;
   L.p = p;

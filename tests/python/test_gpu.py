@@ -195,15 +195,17 @@ def test_long_rows_split_over_blocks(H, D, layout, scale_layout):
     run_both(3, 16, H, D, "5d", layout, "bfloat16", "nvfp4", scale_layout, torch.int64, 40, seed=13)
 
 
-@pytest.mark.parametrize("per_sm,extra", [(3, 1), (8, 0), (8, 1), (9, 5)])
-def test_token_counts_around_the_kernel_choice(per_sm, extra):
-    """Up to 8 tokens per SM take the one-token-per-block kernel; above, blocks of several tokens
-    (here rows of 8 items: 32 tokens per block at most, ceil(n / SMs) when fewer) step over the
-    tokens and idle the lanes past a block's share. Counts at and just past the switch, and with a
-    remainder per block, must write every token once."""
+@pytest.mark.parametrize("recipe,per_sm,extra", [("nvfp4", 3, 1), ("nvfp4", 8, 0), ("nvfp4", 8, 1),
+                                                  ("nvfp4", 9, 5), ("nvfp4_4over6", 2, 0),
+                                                  ("nvfp4_4over6", 2, 1)])
+def test_token_counts_around_the_kernel_choice(recipe, per_sm, extra):
+    """Up to 8 tokens per SM (2 for nvfp4_4over6) take the one-token-per-block kernel; above,
+    blocks of several tokens (here rows of 8 items: 32 tokens per block at most, ceil(n / SMs)
+    when fewer) step over the tokens and idle the lanes past a block's share. Counts at and just
+    past the switch, and with a remainder per block, must write every token once."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n = per_sm * sms + extra
-    run_both(-(-(n + 40) // 16), 16, 2, 64, "5d", "HND", "bfloat16", "nvfp4", "vllm", torch.int64, n, seed=n)
+    run_both(-(-(n + 40) // 16), 16, 2, 64, "5d", "HND", "bfloat16", recipe, "vllm", torch.int64, n, seed=n)
 
 
 def test_large_batch():
