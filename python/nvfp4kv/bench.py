@@ -15,6 +15,8 @@ alternating with the case's so both see the same state of the host); "gpu us" is
 the same calls queued while the GPU is kept busy, so the host is ahead and the events time the
 device alone (what a CUDA graph or an engine whose CPU runs ahead sees). "graph us" is per store
 inside a CUDA graph of GRAPH_NODES stores, timed the same way as the empty kernel's graph node.
+"%sized" sets "gpu us" against a copy of the case's own byte count timed the same way (the copy
+ceiling at that size, start-up and tail included).
 
 Needs torch with CUDA. Results are printed as a table and optionally written as JSON.
 """
