@@ -3,16 +3,20 @@
 //
 // Thread mapping: a block covers `tokens_per_block` tokens side by side, each with one thread per
 // work item of the token's row (K heads, then V heads), and steps through the tokens with a
-// grid-wide stride (blocks keep room for about 256 threads; a call of a few tokens per SM puts
-// fewer tokens in each, and the other lanes only help build the block's out-scale table). So a
+// grid-wide stride (blocks keep room for about 256 threads; a call with fewer tokens per SM than
+// that puts fewer tokens in each, and the other lanes only help build the block's out-scale
+// table). So a
 // thread keeps the same (side, head, groups) for the whole launch: the decode of its work item,
 // its input and cache offsets inside a token and a page, and its side's global scale are computed
 // once, and each token costs the thread one slot load, one division by the block size and two
 // multiply-adds of addresses. A per-block table of out scales (out depends only on the scale byte
 // for a given global scale) replaces one IEEE division per group.
-// Small calls (a few tokens per SM: kSmallPerSm) take a variant without the table: one token per
-// block, one group per thread, out scales computed per group (kDirect).
+// Small calls with aligned inputs (kSmallPerSm, kSmallPerSm4over6 tokens per SM at most) take a
+// variant without the table: one token per block, one group per thread, out scales computed per
+// group (kDirect).
 // Rows of more than kMaxRow items are split over gridDim.y.
+#include <algorithm>
+
 #include "common.cuh"
 #include "launch.h"
 
@@ -20,9 +24,11 @@ namespace nvfp4kv {
 namespace {
 
 constexpr int kMaxRow = 512;  // most threads of one block (one token row, or a slice of a long one)
-// Calls of at most this many tokens per SM take the small kernel (kDirect below). nvfp4_4over6
-// computes four reciprocals per group there instead of two: at 1024 tokens its small kernel was
-// slower (7.31 against 5.84 µs in a graph), at 256 faster (2.68 against 3.18; RESULTS.md run 70).
+// Calls of at most this many tokens per SM take the small kernel (kDirect below). There a group
+// of nvfp4_4over6 computes four reciprocals (its two candidates' out scales and their 1/out;
+// nvfp4 one) where the table kernel reads them: at 1024 tokens its small kernel was slower (7.31
+// against 5.84 µs in a graph), at 256 faster (2.68 against 3.18; RESULTS.md run 70). Measured
+// with H 8, D 128.
 constexpr int64_t kSmallPerSm = 8;
 constexpr int64_t kSmallPerSm4over6 = 2;
 
@@ -201,8 +207,8 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lan
 // warps waiting on global loads), so each thread loads its next token's item before quantizing
 // the current one: two item buffers, the loop unrolled by two so they swap roles without copies.
 // The first item's loads overlap the global scales and the out-scale table.
-// kDirect: no table; each group's out scale is computed where it is needed (calls whose blocks
-// make one step, where building a table costs more than it saves; the launcher's `small`).
+// kDirect: no table; each group's out scale is computed where it is needed (small calls, whose
+// blocks make one step or few, where building a table costs more than it saves).
 template <DType kDType, Recipe kRecipe, bool kVec, int kG, bool kDirect = false>
 __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ StoreLaunch L) {
   // Per side, per scale byte: out, and for nvfp4_4over6 candidate_error's 1/out.
@@ -272,13 +278,13 @@ cudaError_t launch_kernel(StoreLaunch L, int threads, uint32_t slices, int devic
   int blocks_per_sm = 0;
   const cudaError_t occ = resident_per_sm<kernel>(device, threads, &blocks_per_sm);
   if (occ != cudaSuccess) return occ;
-  const int64_t resident = static_cast<int64_t>(sm_count(device)) * blocks_per_sm / slices;
+  const int64_t resident = std::max<int64_t>(1, static_cast<int64_t>(sm_count(device)) * blocks_per_sm / slices);
   const int64_t max_tokens = int64_t{1} << 30;  // token indices of a launch stay below 2^31
   for (int64_t t0 = 0; t0 < total; t0 += max_tokens) {
     L.token0 = t0;
     L.num_tokens = static_cast<uint32_t>(total - t0 < max_tokens ? total - t0 : max_tokens);
     const int64_t needed = (L.num_tokens + L.tokens_per_block - 1) / L.tokens_per_block;
-    const int64_t steps = (needed + resident - 1) / (resident > 0 ? resident : 1);
+    const int64_t steps = (needed + resident - 1) / resident;
     const dim3 grid(static_cast<uint32_t>((needed + steps - 1) / steps), slices);
     const cudaError_t err = launch_pdl(kernel, grid, dim3(threads), device, stream, L);
     if (err != cudaSuccess) return err;
@@ -347,8 +353,9 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   const uint32_t slices = (row + kMaxRow - 1) / kMaxRow;
   const uint32_t row_slice = (row + slices - 1) / slices;
   L.row_slice = FastDiv(row_slice);
-  // Calls of a few tokens per SM spread their tokens over the SMs, down to one per block: a few
-  // warps per SM finish a block's step sooner than the same warps stacked on fewer SMs. Their
+  // The table kernels' calls with fewer tokens per SM than a full block holds (unaligned inputs,
+  // nvfp4_4over6 above its small-kernel limit, short rows) spread their tokens over the SMs: a
+  // few warps per SM finish a block's step sooner than the same warps stacked on fewer SMs. Their
   // blocks keep the full size, the lanes past the block's tokens idle, because all of them build
   // the out-scale table (with 64 threads that build took 0.35 µs longer: RESULTS.md runs 59, 60).
   const uint32_t full = row_slice < 256 ? 256 / row_slice : 1;

@@ -15,8 +15,9 @@ alternating with the case's so both see the same state of the host); "gpu us" is
 the same calls queued while the GPU is kept busy, so the host is ahead and the events time the
 device alone (what a CUDA graph or an engine whose CPU runs ahead sees). "graph us" is per store
 inside a CUDA graph of GRAPH_NODES stores, timed the same way as the empty kernel's graph node.
-"%sized" sets "gpu us" against a copy of the case's own byte count timed the same way (the copy
-ceiling at that size, start-up and tail included).
+"%sized" sets "gpu us" against a copy of the case's own byte count timed the same way, over as
+many buffer pairs as the case has input sets (the copy ceiling at that size, start-up and tail
+included).
 
 Needs torch with CUDA. Results are printed as a table and optionally written as JSON.
 """
@@ -127,16 +128,24 @@ def measure_ceilings(torch, copy_bytes: int = 1 << 30, quick: bool = False) -> D
             "empty_graph_node_us": graph_us}
 
 
-def copy_gpu_us(torch, nbytes: int, quick: bool = False) -> float:
+def copy_gpu_us(torch, nbytes: int, sets: int = 1, quick: bool = False) -> float:
     """Device time of a device-to-device copy moving `nbytes` in all (nbytes / 2 read, nbytes / 2
     written), queued like the cases' "gpu us": the copy ceiling at a case's own size, where launch
-    ramp-up and tail weigh as they do on the case (the 1 GiB copy hides them)."""
+    ramp-up and tail weigh as they do on the case (the 1 GiB copy hides them). `sets` buffer pairs
+    take turns, as the case's input sets do, so L2 holds what it holds for the case."""
     half = max(16, nbytes // 2)
-    src = torch.empty(half, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
+    pairs = [(torch.empty(half, dtype=torch.uint8, device="cuda"), torch.empty(half, dtype=torch.uint8, device="cuda"))
+             for _ in range(max(1, sets))]
+    state = {"i": 0}
+
+    def call():
+        src, dst = pairs[state["i"] % len(pairs)]
+        state["i"] += 1
+        dst.copy_(src)
+
     calls = max(10, min(200, int(2e8 // max(nbytes, 1))))
-    us = _queued_per_call(torch, lambda: dst.copy_(src), calls, 5 if quick else 15)
-    del src, dst
+    us = _queued_per_call(torch, call, calls, 5 if quick else 15)
+    del pairs
     return us
 
 
@@ -188,7 +197,8 @@ def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 
     us, launch_us = _medians_per_call(torch, [call, lambda: _empty_kernel(torch)], calls, 5 if quick else 15)
     gpu_us = _queued_per_call(torch, call, calls, 5 if quick else 15)
     row = {"tokens": n, "launch_us": launch_us, "H": H, "D": D, "T": T, "dtype": dtype, "layout": layout, "recipe": recipe,
-           "scale_layout": scale_layout, "slots": slots, "scales": scales, "us": us, "gpu_us": gpu_us, "bytes": total}
+           "scale_layout": scale_layout, "slots": slots, "scales": scales, "us": us, "gpu_us": gpu_us, "bytes": total,
+           "sets": sets}
     if graph:
         row["graph_us"] = _graph_per_call(torch, call, GRAPH_NODES, 5 if quick else 10)
     return row
@@ -228,7 +238,7 @@ def bench_gather_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int =
     us, launch_us = _medians_per_call(torch, [call, lambda: _empty_kernel(torch)], calls, 5 if quick else 15)
     gpu_us = _queued_per_call(torch, call, calls, 5 if quick else 15)
     return {"tokens": tokens, "launch_us": launch_us, "H": H, "D": D, "T": T, "dtype": dtype, "seqs": seqs, "us": us,
-            "gpu_us": gpu_us, "bytes": total}
+            "gpu_us": gpu_us, "bytes": total, "sets": 1}
 
 
 def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = True) -> Dict:
@@ -261,12 +271,13 @@ def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = T
             print(f"\r[gather {i + 1}/{len(gather_tokens)}] tokens={n}" + " " * 30, end="",
                   file=sys.stderr, flush=True)
         gather_rows.append(bench_gather_case(torch, nvfp4kv, n, quick=quick))
-    copies: Dict[int, float] = {}  # the copy ceiling at each case's size, by bytes
-    sizes = sorted({r["bytes"] for r in rows + gather_rows})
-    for i, nbytes in enumerate(sizes):
+    copies: Dict = {}  # the copy ceiling at each case's size and number of input sets
+    sizes = sorted({(r["bytes"], r["sets"]) for r in rows + gather_rows})
+    torch.cuda.empty_cache()  # the cases' buffers, before the largest copies allocate theirs
+    for i, (nbytes, sets) in enumerate(sizes):
         if progress:
             print(f"\r[copy {i + 1}/{len(sizes)}] {nbytes} bytes" + " " * 30, end="", file=sys.stderr, flush=True)
-        copies[nbytes] = copy_gpu_us(torch, nbytes, quick=quick)
+        copies[nbytes, sets] = copy_gpu_us(torch, nbytes, sets, quick=quick)
     if progress:
         print(f"\r{len(cases) + len(gather_tokens)} cases in {time.time() - t0:.1f} s" + " " * 40,
               file=sys.stderr)
@@ -275,7 +286,7 @@ def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = T
             r["GBps" + key] = r["bytes"] / (t * 1e-6) / 1e9
             r["frac_copy" + key] = r["GBps" + key] / ceil["copy_GBps"]
         r["x_launch"] = r["us"] / r["launch_us"]
-        r["copy_gpu_us"] = copies[r["bytes"]]
+        r["copy_gpu_us"] = copies[r["bytes"], r["sets"]]
         r["frac_size_copy"] = r["copy_gpu_us"] / r["gpu_us"]
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "nvfp4kv": nvfp4kv.__version__, "ceilings": ceil, "store": rows,

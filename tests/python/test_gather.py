@@ -6,6 +6,8 @@ The outputs are poisoned views of larger buffers, and the whole buffers are comp
 written that should not be (or left unwritten) shows up.  GPU (skipped without CUDA): the CUDA path
 against the CPU path byte for byte, on the same poison.
 """
+import zlib
+
 import numpy as np
 import pytest
 import reference as ref
@@ -168,7 +170,7 @@ def test_gather_every_view_matches_reference(nv, backend, view, layout, scale_la
     N, T, H, D = 5, 8, 2, 64
     cache = make_cache(N, T, H, D, view, layout, backend, pad=0 if view == "packed4d" else 24,
                        seed=3)
-    rng = np.random.default_rng(hash((view, layout, scale_layout, backend)) & 0xFFFF)
+    rng = np.random.default_rng(zlib.crc32(repr((view, layout, scale_layout, backend)).encode()))
     for i, dtype in enumerate(dtypes_for(backend)):
         idx = (np.int32, np.int64)[i % 2]
         # seq_len 0, a sequence longer than its table (blocks past max_blocks read as zeros)
@@ -481,7 +483,7 @@ def _gpu_matrix():
 @pytest.mark.parametrize("case", _gpu_matrix(), ids=lambda c: "-".join(map(str, c)))
 def test_cuda_gather_equals_cpu(nv, case):
     view, layout, scale_layout, dtype, T, H, D, N, strided = case
-    seed = hash(case) & 0xFFFF
+    seed = zlib.crc32(repr(case).encode()) & 0xFFFF  # the same in every process
     rng = np.random.default_rng(seed)
     caches = _cpu_and_cuda_caches(N, T, H, D, view, layout, 0 if view == "packed4d" else 40, seed)
     B, mb = 6, 5
