@@ -261,9 +261,12 @@ def test_invalid_device_scale_writes_nan_groups(bad, many):
     assert not torch.all(v_side[page[:, None, None], scale] == 0x7F)  # V, with a valid scale
 
 
-def test_cuda_graph_capture_and_replay():
+@pytest.mark.parametrize("many", (False, True))  # both store kernels (see many_tokens)
+def test_cuda_graph_capture_and_replay(many):
     """Capture once, then change inputs, slots and the device scales in place and replay."""
-    N, T, H, D, n = 16, 16, 8, 128, 40
+    T, H, D = 16, 8, 128
+    n = many_tokens() if many else 40
+    N = max(16, -(-(n + 20) // T))
     gen = torch.Generator().manual_seed(0)
     raw = make_raw(N, H * T * full_dim(D), 0, gen).cuda()
     kv = cache_views(raw, N, T, H, D, "5d", "HND")["kv_cache"]
@@ -307,15 +310,18 @@ def _chain(key, value, kv, slots, ks, vs, key_out, value_out, bt, sl, cu, src_k,
     return key_out.float().abs().sum() + value_out.float().abs().sum()  # torch, right after the gather
 
 
+@pytest.mark.parametrize("many", (False, True))  # both store kernels (see many_tokens)
 @pytest.mark.parametrize("graph", (False, True))
-def test_dependent_kernels_back_to_back(graph):
-    N, T, H, D, n = 8, 16, 8, 128, 128
+def test_dependent_kernels_back_to_back(graph, many):
+    T, H, D = 16, 8, 128
+    N = many_tokens() // T + 1 if many else 8
+    n = N * T
     gen = torch.Generator().manual_seed(5)
     raw = make_raw(N, H * T * full_dim(D), 0, gen).cuda()
     kv = cache_views(raw, N, T, H, D, "5d", "HND")["kv_cache"]
     key = torch.zeros(n, H, D, device="cuda", dtype=torch.bfloat16)
     value = torch.zeros_like(key)
-    slots = torch.arange(n, device="cuda")  # pages 0..7 in order: the gather reads them all
+    slots = torch.arange(n, device="cuda")  # every page, in order: the gather reads them all
     ks = torch.tensor([0.01], device="cuda")
     vs = torch.tensor([0.02], device="cuda")
     key_out = torch.empty(n, H, D, device="cuda", dtype=torch.bfloat16)
