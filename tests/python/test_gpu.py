@@ -368,7 +368,8 @@ def test_dependent_launch_can_be_turned_off():
     # NVFP4KV_PDL=0 (read once per process): ordinary launches, the same bytes.
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); import test_gpu as t; "
-        "t.test_dependent_kernels_back_to_back(False); t.test_dependent_kernels_back_to_back(True); "
+        "t.test_dependent_kernels_back_to_back(False, False); t.test_dependent_kernels_back_to_back(True, False); "
+        "t.test_dependent_kernels_back_to_back(True, True); "
         "t.run_both(3, 16, 2, 128, '5d', 'HND', 'bfloat16', 'nvfp4_4over6', 'vllm', t.torch.int64, 40, 7); "
         "print('ok')"
     )
