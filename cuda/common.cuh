@@ -13,6 +13,10 @@ namespace nvfp4kv {
 
 constexpr int kThreads = 256;
 
+// Rows of `row` work items side by side in a block of about kThreads threads (at least one row):
+// the block shape of the kernels that keep one work item per thread for a whole launch.
+inline uint32_t rows_per_block(uint32_t row) { return row < kThreads ? kThreads / row : 1; }
+
 // Unsigned division by a divisor fixed for the whole launch: one mul.hi, one add, one shift
 // instead of the ~20 instructions of a run-time `/`. Valid for dividends < 2^31.
 struct FastDiv {
@@ -25,6 +29,10 @@ struct FastDiv {
   }
   __device__ __forceinline__ uint32_t div(uint32_t n) const {
     return (__umulhi(n, mul) + n) >> shift;
+  }
+  // n / d for any n >= 0: the fast division below 2^31, the hardware one above.
+  __device__ __forceinline__ int64_t div_any(int64_t n) const {
+    return n < (int64_t{1} << 31) ? static_cast<int64_t>(div(static_cast<uint32_t>(n))) : n / d;
   }
 };
 

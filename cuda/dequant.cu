@@ -140,13 +140,11 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const __grid_constant_
   const uint32_t per_token = L.items.per_row.d;
   const uint64_t items = static_cast<uint64_t>(len) * per_token;
   for (uint64_t u = blockIdx.x * kThreads + threadIdx.x; u < items; u += gridDim.x * kThreads) {
-    // Tokens per sequence fit in 2^31 / items-per-token for FastDiv; longer ones use `/`.
-    const uint32_t j = u < (1u << 31) ? L.items.per_row.div(static_cast<uint32_t>(u))
-                                      : static_cast<uint32_t>(u / per_token);
+    const uint32_t j = static_cast<uint32_t>(L.items.per_row.div_any(static_cast<int64_t>(u)));
     const uint32_t r = static_cast<uint32_t>(u - static_cast<uint64_t>(j) * per_token);
     const int64_t out_tok = start + j;
     if (out_tok < 0 || out_tok >= p.total_tokens) continue;  // never write outside the output
-    const uint32_t blk = L.block_size.div(j);
+    const uint32_t blk = static_cast<uint32_t>(L.block_size.div_any(j));
     const uint32_t t = j - blk * L.block_size.d;
     const int64_t page = blk < p.max_blocks ? load_index(block_table_row(p, b), blk) : -1;
     int side;
@@ -224,8 +222,7 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
     uint32_t sfb[2] = {0u, 0u};
     bool read = false;
     if (write) {
-      const uint32_t blk = j < (int64_t{1} << 31) ? L.block_size.div(static_cast<uint32_t>(j))
-                                                   : static_cast<uint32_t>(j / p.T);
+      const uint32_t blk = static_cast<uint32_t>(L.block_size.div_any(j));
       const uint32_t pos = static_cast<uint32_t>(j - static_cast<int64_t>(blk) * p.T);
       const int64_t page = blk < p.max_blocks ? load_index(bt_row, blk) : -1;
       if (page >= 0 && page < p.N) {  // a bad entry reads as zeros; nothing outside the cache is read
@@ -349,7 +346,7 @@ cudaError_t launch_gather_pairs(const GatherParams& p, int device, cudaStream_t 
   L.off[0] = SideOffsets::make(p.k.cache, p.layout, p.H, p.T);
   L.off[1] = SideOffsets::make(p.v.cache, p.layout, p.H, p.T);
   const uint32_t row = L.items.per_row.d;
-  L.tokens_per_block = row < 256 ? 256 / row : 1;
+  L.tokens_per_block = rows_per_block(row);
   const uint32_t threads = (row * L.tokens_per_block + 31) / 32 * 32;
   int per_sm = 0;
   const cudaError_t occ = resident_per_sm<kernel>(device, static_cast<int>(threads), &per_sm);

@@ -5,11 +5,10 @@
 // work item of the token's row (K heads, then V heads), and steps through the tokens with a
 // grid-wide stride (blocks keep room for about 256 threads; a call with fewer tokens per SM than
 // that puts fewer tokens in each, and the other lanes only help build the block's out-scale
-// table). So a
-// thread keeps the same (side, head, groups) for the whole launch: the decode of its work item,
-// its input and cache offsets inside a token and a page, and its side's global scale are computed
-// once, and each token costs the thread one slot load, one division by the block size and two
-// multiply-adds of addresses. A per-block table of out scales (out depends only on the scale byte
+// table). So a thread keeps the same (side, head, groups) for the whole launch: the decode of its
+// work item, its input and cache offsets inside a token and a page, and its side's global scale
+// are computed once, and each token costs the thread one slot load, one division by the block
+// size and two multiply-adds of addresses. A per-block table of out scales (out depends only on the scale byte
 // for a given global scale) replaces one IEEE division per group.
 // Small calls with aligned inputs (kSmallPerSm, kSmallPerSm4over6 tokens per SM at most) take a
 // variant without the table: one token per block, one group per thread, out scales computed per
@@ -39,8 +38,7 @@ struct StoreLaunch {
   uint32_t tokens_per_block;  // tokens one block covers per step
   uint32_t num_tokens;        // tokens of this launch (< 2^31)
   SideOffsets off[2];         // K, V
-  FastDiv block_size;         // T, for slot -> (page, position) when slots < 2^31
-  int32_t fast_slots;         // num_slots < 2^31: divide slots with block_size
+  FastDiv block_size;         // T, for slot -> (page, position)
   int64_t token0;             // first token of this launch (large calls are split)
 };
 
@@ -152,16 +150,8 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lan
   const StoreParams& p = L.p;
   const int64_t slot = it.slot;
   if (slot < 0 || slot >= p.num_slots) return;  // padding or out of range: never written
-  int64_t page;
-  uint32_t pos;
-  if (L.fast_slots) {
-    const uint32_t q = L.block_size.div(static_cast<uint32_t>(slot));
-    page = q;
-    pos = static_cast<uint32_t>(slot) - q * L.block_size.d;
-  } else {
-    page = slot / p.T;
-    pos = static_cast<uint32_t>(slot - page * p.T);
-  }
+  const int64_t page = L.block_size.div_any(slot);
+  const uint32_t pos = static_cast<uint32_t>(slot - page * L.block_size.d);
   uint32_t packed[kG][2], sfb[kG];
 #pragma unroll
   for (int k = 0; k < kG; ++k) {
@@ -173,7 +163,7 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lan
       sfb[k] = quantize_group<kRecipe>(
           x, lane.gs, out_of, packed[k],
           [rcp_table](const float(&xs)[kGroupSize], uint32_t b, float out, uint32_t(&codes)[2]) {
-            const float r = kDirect ? (out == 0.0f ? 0.0f : recip_rn(out)) : rcp_table[b];
+            const float r = kDirect ? candidate_rcp(out) : rcp_table[b];
             return encode_group_scored(xs, out, r, codes);
           });
     else
@@ -211,7 +201,7 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lan
 // blocks make one step or few, where building a table costs more than it saves).
 template <DType kDType, Recipe kRecipe, bool kVec, int kG, bool kDirect = false>
 __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ StoreLaunch L) {
-  // Per side, per scale byte: out, and for nvfp4_4over6 candidate_error's 1/out.
+  // Per side, per scale byte: out, and for nvfp4_4over6 candidate_rcp(out).
   constexpr bool kScored = kRecipe == Recipe::kNvfp4_4over6;
   __shared__ float out_table[2][128];
   __shared__ float rcp_tables[kScored ? 2 : 1][kScored ? 128 : 1];
@@ -251,7 +241,7 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
       const uint32_t sd = i >> 7, byte = i & 127;
       const float out = byte < kScaleNaN ? out_scale(byte, sd ? gsv.inv_enc : gsk.inv_enc) : 0.0f;
       out_table[sd][byte] = out;
-      if constexpr (kScored) rcp_tables[sd][byte] = out == 0.0f ? 0.0f : recip_rn(out);
+      if constexpr (kScored) rcp_tables[sd][byte] = candidate_rcp(out);
     }
     __syncthreads();
     table = out_table[side];
@@ -347,7 +337,6 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   L.block_size = FastDiv(static_cast<uint32_t>(p.T));
   L.off[0] = SideOffsets::make(p.k.cache, p.layout, p.H, p.T);
   L.off[1] = SideOffsets::make(p.v.cache, p.layout, p.H, p.T);
-  L.fast_slots = p.num_slots < (int64_t{1} << 31);
   // Block shape: whole token rows side by side (about 256 threads), or a long row in slices.
   const uint32_t row = L.items.per_row.d;
   const uint32_t slices = (row + kMaxRow - 1) / kMaxRow;
@@ -358,7 +347,7 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   // few warps per SM finish a block's step sooner than the same warps stacked on fewer SMs. Their
   // blocks keep the full size, the lanes past the block's tokens idle, because all of them build
   // the out-scale table (with 64 threads that build took 0.35 µs longer: RESULTS.md runs 59, 60).
-  const uint32_t full = row_slice < 256 ? 256 / row_slice : 1;
+  const uint32_t full = rows_per_block(row_slice);
   const int64_t spread = (p.num_tokens + sms - 1) / sms;
   L.tokens_per_block = small ? 1 : static_cast<uint32_t>(spread < full ? (spread > 1 ? spread : 1) : full);
   const int threads = static_cast<int>(row_slice * (small ? 1 : full));

@@ -355,10 +355,14 @@ NVFP4KV_HD void encode_group(const float (&x)[kGroupSize], float out, uint32_t (
   for (int w = 0; w < 2; ++w) packed[w] = encode_word(x + 8 * w, out, [](float, uint32_t) {});
 }
 
+// A candidate's r of FORMAT.md §2: 1 / out, and 0 for out == 0 (a kernel may tabulate it per
+// scale byte, as it does out).
+NVFP4KV_HD float candidate_rcp(float out) { return out == 0.0f ? 0.0f : recip_rn(out); }
+
 // Squared error of a candidate, two partial sums of 8 accumulated left to right (FORMAT.md §2).
 NVFP4KV_HD float candidate_error(const float (&x)[kGroupSize], const uint32_t (&packed)[2],
                                  float out) {
-  const float r = out == 0.0f ? 0.0f : recip_rn(out);
+  const float r = candidate_rcp(out);
   float sum[2];
 #if defined(__CUDA_ARCH__)
 #pragma unroll
@@ -402,8 +406,8 @@ struct ScoreCandidate {
 };
 
 #if defined(__CUDACC__)
-// encode_group and candidate_error in one pass, given r = candidate_error's 1/out (a kernel
-// tabulates it per scale byte, as it does out). Equal bit for bit to ScoreCandidate:
+// encode_group and candidate_error in one pass, given r = candidate_rcp(out). Equal bit for bit
+// to ScoreCandidate:
 // - each element's error is taken on magnitudes, |q|·r − |x|: q carries the sign of x and
 //   rounding is symmetric, so this is ±(q·r − x) exactly and its square is the same;
 // - |q| comes from the encoder's float 2^23 + code (e2m1_code_plus) still in a register: its bits
