@@ -1,25 +1,40 @@
 #!/usr/bin/env python3
 """Stores and gathers of the benchmark's geometry (H 8, D 128, bf16, HND, random slots / pages)
 at a few sizes, three launches each, to run under `ncu`. For example:
-  ncu --clock-control none -k regex:'store_kernel|gather_pairs' --launch-skip 1 --launch-count 40 \
+  ncu --clock-control none -k regex:'store_kernel|gather_pairs' --launch-skip 1 --launch-count 40 \\
       --set full python3 profile_sizes.py 64 4096 16384
+--padded also stores every size with all slots padded (-1: no quantization, no stores: the fixed
+costs); --reference first runs five 4 KB torch adds (a small kernel that reads and writes).
 """
-import sys
+import argparse
 
 import torch
 
 import nvfp4kv
 
-sizes = [int(a) for a in sys.argv[1:]] or [64, 4096, 16384]
+ap = argparse.ArgumentParser()
+ap.add_argument("sizes", nargs="*", type=int, default=[64, 4096, 16384])
+ap.add_argument("--padded", action="store_true")
+ap.add_argument("--reference", action="store_true")
+args = ap.parse_args()
+
+if args.reference:
+    a = torch.zeros(4096, dtype=torch.uint8, device="cuda")
+    b = torch.ones_like(a)
+    for _ in range(5):
+        a.add_(b)
 spec = nvfp4kv.KVCacheSpec(block_size=16, num_kv_heads=8, head_size=128, cache_dtype="nvfp4")
 scale = torch.tensor([0.02], device="cuda")
-for n in sizes:
+for n in args.sizes:
     pages = (n + 15) // 16
     kv = nvfp4kv.allocate_kv_cache(spec, pages, layout="HND", device="cuda", backend="torch")
     key = torch.randn(n, 8, 128, dtype=torch.bfloat16, device="cuda")
-    slots = torch.randperm(pages * 16, device="cuda")[:n]
-    for _ in range(3):
-        nvfp4kv.store(key, key, kv, slots, scale, scale)
+    slot_lists = [torch.randperm(pages * 16, device="cuda")[:n]]
+    if args.padded:
+        slot_lists.append(torch.full((n,), -1, device="cuda"))
+    for slots in slot_lists:
+        for _ in range(3):
+            nvfp4kv.store(key, key, kv, slots, scale, scale)
     seqs = 8 if n >= 8 else 1
     per_seq = n // seqs
     blocks = (per_seq + 15) // 16
