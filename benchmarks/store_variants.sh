@@ -21,6 +21,8 @@ import os
 if os.environ.get("CASES") == "large":
     cases = [dict(n=65536), dict(n=65536, layout="NHD", scale_layout="linear"), dict(n=65536, D=256), dict(n=16384), dict(n=4096)]
 gathers = (65536, 262144, 1 << 20)
+if os.environ.get("CASES") == "none":  # gathers only, each case twice
+    cases, gathers = [], (4096, 16384, 65536, 1 << 20) * 2
 if os.environ.get("CASES") == "small":  # small stores in graphs, gathers from 4K (device times)
     cases = [dict(n=1, graph=True), dict(n=16, graph=True), dict(n=64, graph=True), dict(n=128, graph=True), dict(n=256, graph=True), dict(n=4096), dict(n=65536)]
     if os.environ.get("CASES_N"):
@@ -32,7 +34,7 @@ for cs in cases:
     g = f" graph {r['graph_us']:.2f}" if "graph_us" in r else ""
     print(f"  {cs}: {r['us']:.2f} us, gpu {r['gpu_us']:.2f} us {100 * r['bytes'] / r['gpu_us'] / 1e3 / c['copy_GBps']:.1f}%{g}")
 for n in gathers:
-    r = B.bench_gather_case(torch, nvfp4kv, n)
+    r = B.bench_gather_case(torch, nvfp4kv, n, dtype=os.environ.get("GATHER_DTYPE", "bfloat16"))
     print(f"  gather {n}: {r['us']:.2f} us, gpu {r['gpu_us']:.2f} us {100 * r['bytes'] / r['gpu_us'] / 1e3 / c['copy_GBps']:.1f}%")
 PY
   )

@@ -157,10 +157,11 @@ int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm);
 
 // Blocks of `kernel` resident on one SM at `threads` threads per block (at least 1), asked of
 // the runtime once per device and block size and kept (a few block sizes per device; others
-// replace the oldest). Fails like a launch on a GPU the build has no code for. The runtime
-// answers for the current device: callers hold a DeviceGuard for `device`.
+// replace the oldest). `smem`: dynamic shared memory per block, a function of `threads` for a
+// given kernel. Fails like a launch on a GPU the build has no code for. The runtime answers for
+// the current device: callers hold a DeviceGuard for `device`.
 template <auto kernel>
-cudaError_t resident_per_sm(int device, int threads, int* blocks) {
+cudaError_t resident_per_sm(int device, int threads, int* blocks, size_t smem = 0) {
   constexpr int kKept = 4;
   static std::atomic<uint64_t> known[64][kKept];  // per instantiation: (threads << 32) | blocks
   static std::atomic<unsigned> next[64];
@@ -175,7 +176,7 @@ cudaError_t resident_per_sm(int device, int threads, int* blocks) {
     }
   }
   int n = 0;
-  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0);
+  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem);
   if (err != cudaSuccess) return err;
   *blocks = n > 1 ? n : 1;
   if (keep)
@@ -212,15 +213,15 @@ __device__ __forceinline__ void allow_next_grids() {
 // cached per device).
 bool pdl_supported(int device);
 
-// kernel<<<grid, block, 0, stream>>>(arg), with programmatic stream serialization allowed where
-// the device has it.
+// kernel<<<grid, block, smem, stream>>>(arg), with programmatic stream serialization allowed
+// where the device has it.
 template <class Arg>
 cudaError_t launch_pdl(void (*kernel)(Arg), dim3 grid, dim3 block, int device, cudaStream_t stream,
-                       const Arg& arg) {
+                       const Arg& arg, size_t smem = 0) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = smem;
   config.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

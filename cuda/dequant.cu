@@ -170,9 +170,10 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const __grid_constant_
 // aligned rows): each thread keeps one (side, head, pair of groups) for the whole launch, like
 // the store, so a token costs it one block-table read, one 16-byte code load, two scale bytes
 // and no index decode (the general kernel above spends ~290 of its ~410 instructions per group
-// on index arithmetic). Lanes 2p and 2p+1 hold adjacent pairs of groups of one row and trade
-// half their output so that each of the four 16-byte stores writes whole 32-byte sectors.
+// on index arithmetic). A warp's outputs go out through shared memory, 512 contiguous bytes per
+// store where its rows are contiguous (see the loop).
 // blockDim.x = tokens_per_block * row items, rounded up to whole warps; gridDim.y: sequences.
+// Dynamic shared memory: kStageBytes per warp.
 struct GatherPairsLaunch {
   GatherParams p;
   RowItems items;             // per token, two groups per item
@@ -181,6 +182,12 @@ struct GatherPairsLaunch {
   uint32_t tokens_per_block;
   int64_t b0;                 // first sequence of this launch
 };
+
+// A warp's stage: its 128 chunks of 16 bytes, chunk x at x + x / 8 (one chunk of padding after
+// every 8), so the 8 lanes of one shared-memory phase hit 8 different 16-byte bank groups both
+// when lane l writes chunks 4l + j and when it reads chunks 32i + l.
+constexpr int kStageChunks = 128 + 16;
+constexpr int kStageBytes = kStageChunks * 16;
 
 template <DType kDType>
 __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constant__ GatherPairsLaunch L) {
@@ -207,7 +214,9 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
   if (len <= 0) return;  // the whole block
   const float g14 = mul_rn(g, 0x1p14f);
   const bool fast = !(fabsf(g) >= 0x1p113f) || isinf(g);  // g * 2^14 exact and finite (or Inf/NaN)
-  const bool odd = unit & 1;
+  extern __shared__ uint4 stages[];
+  uint4* stage = stages + (threadIdx.x / 32) * kStageChunks;
+  const uint32_t lane = threadIdx.x & 31;
   const IndexVec bt_row = block_table_row(p, b);
 
   for (int64_t j = blockIdx.x * L.tokens_per_block + slot;; j += gridDim.x * L.tokens_per_block) {
@@ -245,25 +254,24 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
 #pragma unroll
       for (int i = 0; i < 8; ++i) w[8 * k + i] = wk[i];
     }
-    // Even lane: sectors 0, 1 of the pair are its own bytes 0..63, sectors 2, 3 its partner's;
-    // store i writes sector i, the even lane its first half and the odd lane its second half.
-    uint32_t give[8], got[8];
+    // Each lane holds 64 contiguous output bytes (4 chunks of 16). Written as they are, a warp's
+    // store touches 32 different lines; staged through shared memory, store i writes chunk
+    // (lane % 4) of lane 8i + lane / 4, so a row of a warp goes out as 512 contiguous bytes per
+    // store (a plain write of the 4K gather's output took 7.0 µs in this kernel's old pattern,
+    // 5.2 µs in 512-byte runs; benchmarks/gather_diag.py). The stage's padding (kStageChunks)
+    // keeps both its writes and its reads free of bank conflicts.
+    const uint4* dst = write ? out + out_tok * out_stride : nullptr;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      give[i] = odd ? w[i < 4 ? i : i + 4] : w[i < 4 ? i + 4 : i + 8];
-      got[i] = __shfl_xor_sync(0xffffffffu, give[i], 1);
+    for (int j = 0; j < 4; ++j)  // chunk 4 lane + j
+      stage[4 * lane + lane / 2 + j] = make_uint4(w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]);
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 v = stage[lane + lane / 8 + 36 * i];  // chunk 32 i + lane
+      const uint64_t to = __shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(dst), 8 * i + (lane >> 2));
+      if (to != 0) __stcs(reinterpret_cast<uint4*>(to) + (lane & 3), v);
     }
-    if (!write) continue;
-    uint4* o = out + out_tok * out_stride;
-    const uint4 v0 = odd ? make_uint4(got[0], got[1], got[2], got[3]) : make_uint4(w[0], w[1], w[2], w[3]);
-    const uint4 v1 = odd ? make_uint4(got[4], got[5], got[6], got[7]) : make_uint4(w[8], w[9], w[10], w[11]);
-    const uint4 v2 = odd ? make_uint4(w[4], w[5], w[6], w[7]) : make_uint4(got[0], got[1], got[2], got[3]);
-    const uint4 v3 = odd ? make_uint4(w[12], w[13], w[14], w[15]) : make_uint4(got[4], got[5], got[6], got[7]);
-    o -= odd ? 3 : 0;  // the odd lane writes the second half of each sector: pair start + 16 B
-    __stcs(o, v0);
-    __stcs(o + 2, v1);
-    __stcs(o + 4, v2);
-    __stcs(o + 6, v3);
+    __syncwarp();  // the stage is rewritten in the next step
   }
 }
 
@@ -348,8 +356,13 @@ cudaError_t launch_gather_pairs(const GatherParams& p, int device, cudaStream_t 
   const uint32_t row = L.items.per_row.d;
   L.tokens_per_block = rows_per_block(row);
   const uint32_t threads = (row * L.tokens_per_block + 31) / 32 * 32;
+  const size_t smem = threads / 32 * kStageBytes;
+  if (smem > 48 * 1024) {  // blocks of 22 warps or more (rows of 673+ items) must ask for it
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+  }
   int per_sm = 0;
-  const cudaError_t occ = resident_per_sm<kernel>(device, static_cast<int>(threads), &per_sm);
+  const cudaError_t occ = resident_per_sm<kernel>(device, static_cast<int>(threads), &per_sm, smem);
   if (occ != cudaSuccess) return occ;
   const int64_t resident = static_cast<int64_t>(sm_count(device)) * per_sm;
   const int64_t max_len = std::min<int64_t>(p.max_blocks * p.T, p.total_tokens);
@@ -365,7 +378,7 @@ cudaError_t launch_gather_pairs(const GatherParams& p, int device, cudaStream_t 
   for (int64_t b0 = 0; b0 < p.B; b0 += 65535) {
     L.b0 = b0;
     const dim3 grid(gx, static_cast<unsigned>(std::min<int64_t>(65535, p.B - b0)));
-    const cudaError_t err = launch_pdl(kernel, grid, dim3(threads), device, stream, L);
+    const cudaError_t err = launch_pdl(kernel, grid, dim3(threads), device, stream, L, smem);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;

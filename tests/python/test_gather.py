@@ -501,6 +501,24 @@ def test_cuda_gather_equals_cpu(nv, case):
 
 
 @needs_cuda
+@pytest.mark.parametrize("H", (40, 48, 64, 66))
+def test_cuda_gather_wide_rows(nv, H):
+    """Token rows of 640, 768 and 1024 items (the fast gather's blocks of 20, 24 and 32 warps: its
+    staging memory below and above the 48 KB that needs asking for) and 1056 (the general gather)."""
+    N, T, D = 6, 16, 256
+    seed = 100 + H
+    rng = np.random.default_rng(seed)
+    caches = _cpu_and_cuda_caches(N, T, H, D, "5d", "HND", 0, seed)
+    bt = random_table(rng, 3, 2, N, idx_dtype=np.int32)
+    sl = np.array([0, 20, 32], np.int32)
+    cu = prefix(sl)
+    for dtype in ("bfloat16", "float16"):
+        (kc, vc), (kg, vg) = _gather_pair(nv, caches, bt, sl, cu, int(cu[-1]), 0.3, 1.7, "vllm", dtype, False, seed)
+        _assert_same_bits(kg, kc, "key")
+        _assert_same_bits(vg, vc, "value")
+
+
+@needs_cuda
 @pytest.mark.parametrize("dtype", ("bfloat16", "float32"))
 def test_cuda_gather_gaps_short_output_and_bad_entries(nv, dtype):
     N, T, H, D = 8, 16, 4, 128

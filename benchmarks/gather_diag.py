@@ -1,0 +1,79 @@
+"""Where the time of a small gather goes: the gather against its own output written alone.
+
+Run on a GPU machine (torch and cupy): python3 benchmarks/gather_diag.py. For 4K and 16K tokens
+(H 8, D 128, bf16, 8 sequences) it times, queued behind a spin like the benchmark's "gpu us":
+the gather; the gather with every block-table entry bad (it writes zeros and reads no pages:
+the kernel's write side alone); a plain write-only kernel (16-byte streaming stores, grid-stride,
+SMs x 8 blocks of 256 threads) over the same output bytes; and copies of the case's bytes.
+"""
+import cupy as cp
+import torch
+
+import nvfp4kv
+from nvfp4kv import bench as B
+
+WRITE = cp.RawKernel(r"""
+extern "C" __global__ void write_only(uint4* out, long long n16) {
+  const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n16; i += (long long)gridDim.x * blockDim.x)
+    __stcs(out + i, z);
+}""", "write_only")
+# The gather's store pattern: lanes 2p, 2p+1 own one 128-byte line and write it in 4 instructions,
+# one 32-byte sector each (each instruction of a warp touches 16 lines).
+WRITE_PAIRS = cp.RawKernel(r"""
+extern "C" __global__ void write_pairs(uint4* out, long long lines) {
+  const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+  const int odd = threadIdx.x & 1;
+  for (long long p = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 2; p < lines; p += (long long)gridDim.x * blockDim.x / 2) {
+    uint4* o = out + 8 * p + odd;
+    __stcs(o, z); __stcs(o + 2, z); __stcs(o + 4, z); __stcs(o + 6, z);
+  }
+}""", "write_pairs")
+
+
+def write_only(buf: torch.Tensor, blocks: int, pairs: bool = False):
+    stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)  # noqa
+    n16 = buf.numel() * buf.element_size() // 16
+    with stream:
+        if pairs:
+            WRITE_PAIRS((blocks,), (256,), (buf.data_ptr(), cp.int64(n16 // 8)))
+        else:
+            WRITE((blocks,), (256,), (buf.data_ptr(), cp.int64(n16)))
+
+
+c = B.measure_ceilings(torch, quick=True)
+sms = torch.cuda.get_device_properties(0).multi_processor_count
+print(f"copy {c['copy_GBps']:.0f} GB/s, empty launch {c['empty_launch_us']:.2f} us, {sms} SMs")
+H, D, T, seqs = 8, 128, 16, 8
+for n in (4096, 16384, 65536):
+    pages = n // T
+    spec = nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D, cache_dtype="nvfp4")
+    kv = nvfp4kv.allocate_kv_cache(spec, pages, layout="HND", device="cuda", backend="torch")
+    kv.random_(0, 127)
+    per = n // seqs
+    bt = torch.randperm(pages, device="cuda")[: seqs * (per // T)].view(seqs, per // T).to(torch.int32)
+    bad = torch.full_like(bt, -1)
+    lens = torch.full((seqs,), per, dtype=torch.int32, device="cuda")
+    cu = torch.arange(seqs + 1, dtype=torch.int32, device="cuda") * per
+    ko = torch.empty(n, H, D, dtype=torch.bfloat16, device="cuda")
+    vo = torch.empty_like(ko)
+    both = torch.empty(2 * ko.numel(), dtype=torch.bfloat16, device="cuda")  # the outputs' bytes
+    ks = torch.tensor([0.02], device="cuda")
+    total = n * (2 * H * (D // 2 + D // 16) + 2 * H * D * 2)
+    writes = 2 * ko.numel() * 2
+
+    def gather(table):
+        return lambda: nvfp4kv.gather_dequant(kv, table, lens, ks, ks, cu_seqlens=cu, key_out=ko, value_out=vo)
+
+    for name, fn, nbytes in (("gather", gather(bt), total), ("gather, bad table (writes only)", gather(bad), writes),
+                             ("write-only kernel, SMs x 8 blocks", lambda: write_only(both, sms * 8), writes),
+                             ("write-only kernel, SMs x 32 blocks", lambda: write_only(both, sms * 32), writes),
+                             ("write-only, the gather's lane-pair pattern, SMs x 8", lambda: write_only(both, sms * 8, True), writes),
+                             ("write-only, the gather's lane-pair pattern, SMs x 4", lambda: write_only(both, sms * 4, True), writes)):
+        for _ in range(3):
+            fn()
+        us = B._queued_per_call(torch, fn, 100, 7)
+        print(f"  {n:>6} {name}: {us:.2f} us, {nbytes / us / 1e3:.0f} GB/s")
+    for name, nbytes in (("copy of the case's bytes", total), ("copy of the outputs' bytes", writes)):
+        us = B.copy_gpu_us(torch, nbytes, 1, quick=True)
+        print(f"  {n:>6} {name} (half read, half written): {us:.2f} us")
