@@ -32,7 +32,7 @@ extern "C" __global__ void write_pairs(uint4* out, long long lines) {
 
 
 def write_only(buf: torch.Tensor, blocks: int, pairs: bool = False):
-    stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)  # noqa
+    stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     n16 = buf.numel() * buf.element_size() // 16
     with stream:
         if pairs:
