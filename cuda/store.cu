@@ -282,21 +282,24 @@ cudaError_t launch_kernel(StoreLaunch L, int threads, uint32_t slices, int devic
   return cudaSuccess;
 }
 
+// The four kernels: small calls (kDirect); vector loads with two groups per item; vector loads
+// with one; scalar loads (unaligned inputs or cache sides).
+enum class Variant { kSmall, kPairs, kVec, kScalar };
+
 template <DType kDType, Recipe kRecipe>
-cudaError_t launch(const StoreLaunch& L, bool vec, int g, bool small, int threads, uint32_t slices, int device,
-                   cudaStream_t stream) {
-  if (small) return launch_kernel<store_kernel<kDType, kRecipe, true, 1, true>>(L, threads, slices, device, stream);
-  if (vec && g == 2) return launch_kernel<store_kernel<kDType, kRecipe, true, 2>>(L, threads, slices, device, stream);
-  if (vec) return launch_kernel<store_kernel<kDType, kRecipe, true, 1>>(L, threads, slices, device, stream);
-  return launch_kernel<store_kernel<kDType, kRecipe, false, 1>>(L, threads, slices, device, stream);
+cudaError_t launch(const StoreLaunch& L, Variant v, int threads, uint32_t slices, int device, cudaStream_t stream) {
+  switch (v) {
+    case Variant::kSmall: return launch_kernel<store_kernel<kDType, kRecipe, true, 1, true>>(L, threads, slices, device, stream);
+    case Variant::kPairs: return launch_kernel<store_kernel<kDType, kRecipe, true, 2>>(L, threads, slices, device, stream);
+    case Variant::kVec: return launch_kernel<store_kernel<kDType, kRecipe, true, 1>>(L, threads, slices, device, stream);
+    default: return launch_kernel<store_kernel<kDType, kRecipe, false, 1>>(L, threads, slices, device, stream);
+  }
 }
 
 template <DType kDType>
-cudaError_t launch_recipe(const StoreLaunch& L, bool vec, int g, bool small, int threads, uint32_t slices, int device,
-                          cudaStream_t stream) {
-  return L.p.recipe == Recipe::kNvfp4
-             ? launch<kDType, Recipe::kNvfp4>(L, vec, g, small, threads, slices, device, stream)
-             : launch<kDType, Recipe::kNvfp4_4over6>(L, vec, g, small, threads, slices, device, stream);
+cudaError_t launch_recipe(const StoreLaunch& L, Variant v, int threads, uint32_t slices, int device, cudaStream_t stream) {
+  return L.p.recipe == Recipe::kNvfp4 ? launch<kDType, Recipe::kNvfp4>(L, v, threads, slices, device, stream)
+                                      : launch<kDType, Recipe::kNvfp4_4over6>(L, v, threads, slices, device, stream);
 }
 
 }  // namespace
@@ -330,7 +333,8 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   const int64_t sms = sm_count(device);
   const int64_t per_sm = p.recipe == Recipe::kNvfp4 ? kSmallPerSm : kSmallPerSm4over6;
   const bool small = vec && p.num_tokens <= per_sm * sms;
-  const int g = small ? 1 : pairs ? 2 : 1;
+  const Variant variant = small ? Variant::kSmall : pairs ? Variant::kPairs : vec ? Variant::kVec : Variant::kScalar;
+  const int g = variant == Variant::kPairs ? 2 : 1;
   StoreLaunch L;
   L.p = p;
   L.items = RowItems(p.H, p.k.cache.D, p.v.cache.D, g);
@@ -353,9 +357,9 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   const int threads = static_cast<int>(row_slice * (small ? 1 : full));
   cudaError_t err;
   switch (p.dtype) {
-    case DType::kFloat32: err = launch_recipe<DType::kFloat32>(L, vec, g, small, threads, slices, device, stream); break;
-    case DType::kFloat16: err = launch_recipe<DType::kFloat16>(L, vec, g, small, threads, slices, device, stream); break;
-    default: err = launch_recipe<DType::kBFloat16>(L, vec, g, small, threads, slices, device, stream); break;
+    case DType::kFloat32: err = launch_recipe<DType::kFloat32>(L, variant, threads, slices, device, stream); break;
+    case DType::kFloat16: err = launch_recipe<DType::kFloat16>(L, variant, threads, slices, device, stream); break;
+    default: err = launch_recipe<DType::kBFloat16>(L, variant, threads, slices, device, stream); break;
   }
   if (err != cudaSuccess) {
     *message = check_kernel_image(err);
