@@ -1,10 +1,12 @@
-"""Where the time of a small gather goes: the gather against its own output written alone.
+"""Where the time of a gather goes: the gather against its own output written alone.
 
-Run on a GPU machine (torch and cupy): python3 benchmarks/gather_diag.py. For 4K and 16K tokens
-(H 8, D 128, bf16, 8 sequences) it times, queued behind a spin like the benchmark's "gpu us":
-the gather; the gather with every block-table entry bad (it writes zeros and reads no pages:
-the kernel's write side alone); a plain write-only kernel (16-byte streaming stores, grid-stride,
-SMs x 8 blocks of 256 threads) over the same output bytes; and copies of the case's bytes.
+Run on a GPU machine (torch and cupy): python3 benchmarks/gather_diag.py. For 4K, 16K and 64K
+tokens (H 8, D 128, bf16, 8 sequences) it times, queued behind a spin like the benchmark's
+"gpu us": the gather; the gather with every block-table entry bad (it writes zeros and reads no
+pages: the kernel's write side alone); a plain write-only kernel (16-byte streaming stores,
+grid-stride, 512 contiguous bytes per warp store; SMs x 8 and x 32 blocks of 256 threads) over
+the same output bytes; the same writer in the gather's store pattern before commit 3343219 (lane
+pairs, one sector of each of 16 lines per warp store); and copies of the case's bytes.
 """
 import cupy as cp
 import torch
@@ -18,8 +20,8 @@ extern "C" __global__ void write_only(uint4* out, long long n16) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n16; i += (long long)gridDim.x * blockDim.x)
     __stcs(out + i, z);
 }""", "write_only")
-# The gather's store pattern: lanes 2p, 2p+1 own one 128-byte line and write it in 4 instructions,
-# one 32-byte sector each (each instruction of a warp touches 16 lines).
+# The gather's store pattern before commit 3343219: lanes 2p, 2p+1 own one 128-byte line and write
+# it in 4 instructions, one 32-byte sector each (each instruction of a warp touches 16 lines).
 WRITE_PAIRS = cp.RawKernel(r"""
 extern "C" __global__ void write_pairs(uint4* out, long long lines) {
   const uint4 z = make_uint4(0u, 0u, 0u, 0u);
@@ -68,8 +70,8 @@ for n in (4096, 16384, 65536):
     for name, fn, nbytes in (("gather", gather(bt), total), ("gather, bad table (writes only)", gather(bad), writes),
                              ("write-only kernel, SMs x 8 blocks", lambda: write_only(both, sms * 8), writes),
                              ("write-only kernel, SMs x 32 blocks", lambda: write_only(both, sms * 32), writes),
-                             ("write-only, the gather's lane-pair pattern, SMs x 8", lambda: write_only(both, sms * 8, True), writes),
-                             ("write-only, the gather's lane-pair pattern, SMs x 4", lambda: write_only(both, sms * 4, True), writes)):
+                             ("write-only, the gather's old lane-pair pattern, SMs x 8", lambda: write_only(both, sms * 8, True), writes),
+                             ("write-only, the gather's old lane-pair pattern, SMs x 4", lambda: write_only(both, sms * 4, True), writes)):
         for _ in range(3):
             fn()
         us = B._queued_per_call(torch, fn, 100, 7)

@@ -255,15 +255,15 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
       for (int i = 0; i < 8; ++i) w[8 * k + i] = wk[i];
     }
     // Each lane holds 64 contiguous output bytes (4 chunks of 16). Written as they are, a warp's
-    // store touches 32 different lines; staged through shared memory, store i writes chunk
+    // store touches 16 lines, half a sector per lane; staged through shared memory, store i writes chunk
     // (lane % 4) of lane 8i + lane / 4, so a row of a warp goes out as 512 contiguous bytes per
     // store (a plain write of the 4K gather's output took 7.0 µs in this kernel's old pattern,
     // 5.2 µs in 512-byte runs; benchmarks/gather_diag.py). The stage's padding (kStageChunks)
     // keeps both its writes and its reads free of bank conflicts.
     const uint4* dst = write ? out + out_tok * out_stride : nullptr;
 #pragma unroll
-    for (int j = 0; j < 4; ++j)  // chunk 4 lane + j
-      stage[4 * lane + lane / 2 + j] = make_uint4(w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]);
+    for (int q = 0; q < 4; ++q)  // chunk 4 lane + q
+      stage[4 * lane + lane / 2 + q] = make_uint4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]);
     __syncwarp();
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -344,6 +344,20 @@ bool gather_pairs_ok(const GatherParams& p, bool vec) {
   return int64_t{p.H} * (p.k.cache.D + p.v.cache.D) / 32 <= 1024;
 }
 
+// Lets `kernel` take the stage of the largest block (32 warps) on `device`, once per device: one
+// value for every call, so concurrent callers with different row sizes cannot undo each other's
+// setting between it and their launch. The runtime applies it to the current device (callers
+// hold a DeviceGuard).
+template <auto kernel>
+cudaError_t allow_stage_memory(int device) {
+  static std::atomic<bool> done[64];
+  const bool keep = device >= 0 && device < 64;
+  if (keep && done[device].load(std::memory_order_relaxed)) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 32 * kStageBytes);
+  if (err == cudaSuccess && keep) done[device].store(true, std::memory_order_relaxed);
+  return err;
+}
+
 template <DType kDType>
 cudaError_t launch_gather_pairs(const GatherParams& p, int device, cudaStream_t stream) {
   constexpr auto kernel = gather_pairs_kernel<kDType>;
@@ -358,7 +372,7 @@ cudaError_t launch_gather_pairs(const GatherParams& p, int device, cudaStream_t 
   const uint32_t threads = (row * L.tokens_per_block + 31) / 32 * 32;
   const size_t smem = threads / 32 * kStageBytes;
   if (smem > 48 * 1024) {  // blocks of 22 warps or more (rows of 673+ items) must ask for it
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    const cudaError_t err = allow_stage_memory<kernel>(device);
     if (err != cudaSuccess) return err;
   }
   int per_sm = 0;

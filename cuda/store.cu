@@ -292,8 +292,9 @@ cudaError_t launch(const StoreLaunch& L, Variant v, int threads, uint32_t slices
     case Variant::kSmall: return launch_kernel<store_kernel<kDType, kRecipe, true, 1, true>>(L, threads, slices, device, stream);
     case Variant::kPairs: return launch_kernel<store_kernel<kDType, kRecipe, true, 2>>(L, threads, slices, device, stream);
     case Variant::kVec: return launch_kernel<store_kernel<kDType, kRecipe, true, 1>>(L, threads, slices, device, stream);
-    default: return launch_kernel<store_kernel<kDType, kRecipe, false, 1>>(L, threads, slices, device, stream);
+    case Variant::kScalar: return launch_kernel<store_kernel<kDType, kRecipe, false, 1>>(L, threads, slices, device, stream);
   }
+  return cudaErrorInvalidValue;  // not reached: every variant is handled above (-Wswitch checks)
 }
 
 template <DType kDType>

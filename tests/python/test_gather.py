@@ -501,16 +501,25 @@ def test_cuda_gather_equals_cpu(nv, case):
 
 
 @needs_cuda
-@pytest.mark.parametrize("H", (40, 48, 64, 66))
-def test_cuda_gather_wide_rows(nv, H):
-    """Token rows of 640, 768 and 1024 items (the fast gather's blocks of 20, 24 and 32 warps: its
-    staging memory below and above the 48 KB that needs asking for) and 1056 (the general gather)."""
-    N, T, D = 6, 16, 256
+@pytest.mark.parametrize("H,D,lens", [
+    (42, 256, (20, 600)),  # 672 items a token row: blocks of 21 warps, the largest stage not asked for
+    (43, 256, (20, 600)),  # 688: 22 warps (16 lanes idle), the first stage above 48 KB
+    (64, 256, (20, 600)),  # 1024: 32 warps, the largest stage (72 KB)
+    (66, 256, (20, 60)),   # 1056: past the fast gather's limit, the general gather
+    (3, 128, (6000,)),     # 24: 10 tokens per block of 256 threads (16 lanes idle)
+], ids=lambda x: str(x))
+def test_cuda_gather_row_sizes(nv, H, D, lens):
+    """The fast gather's shared-memory stage at the edges of its block shapes: wide rows below and
+    above the 48 KB a block gets without asking, blocks with idle lanes, and blocks that make
+    more than one step (several hundred tokens per sequence), against the CPU."""
+    T = 16
     seed = 100 + H
     rng = np.random.default_rng(seed)
+    mb = (max(lens) + T - 1) // T
+    N = mb + 3
     caches = _cpu_and_cuda_caches(N, T, H, D, "5d", "HND", 0, seed)
-    bt = random_table(rng, 3, 2, N, idx_dtype=np.int32)
-    sl = np.array([0, 20, 32], np.int32)
+    bt = random_table(rng, len(lens), mb, N, idx_dtype=np.int32)
+    sl = np.array(lens, np.int32)
     cu = prefix(sl)
     for dtype in ("bfloat16", "float16"):
         (kc, vc), (kg, vg) = _gather_pair(nv, caches, bt, sl, cu, int(cu[-1]), 0.3, 1.7, "vllm", dtype, False, seed)
