@@ -54,8 +54,7 @@ void store_token_side(const StoreParams& p, const StoreSide& s, const GlobalScal
       float x[kGroupSize];
       for (int i = 0; i < kGroupSize; ++i) x[i] = load_elem<kDType>(s.src, src_row + g * 16 + i);
       uint32_t packed[2];
-      // The table by reference: quantize_group takes its lookup by value (a 508-byte copy per group).
-      const uint32_t sfb = quantize_group<kRecipe>(x, gs, [&table](uint32_t b) { return table(b); }, packed);
+      const uint32_t sfb = quantize_group<kRecipe>(x, gs, table, packed);
       for (int b = 0; b < 8; ++b) data[8 * g + b] = static_cast<uint8_t>(packed[b / 4] >> (8 * (b % 4)));
       const int64_t soff = s.cache.interleaved
                                ? scale_offset_interleaved(h, pos, g, p.T, p.H, D)

@@ -438,13 +438,15 @@ __device__ __forceinline__ float encode_group_scored(const float (&x)[kGroupSize
 }
 #endif
 
-// Quantizes one group with either recipe. `out_of(sfb)` returns out_scale(sfb, inv_enc); a
-// kernel passes a table lookup, the CPU path the function itself. `score` encodes one candidate
-// of nvfp4_4over6 and returns its error (ScoreCandidate, or an exact equivalent). Returns the
-// scale byte.
+// Quantizes one group with either recipe. `out_of(sfb)` returns out_scale(sfb, inv_enc): a table
+// lookup (the CPU path's per-call table, a kernel's per-block one) or the function itself. `score`
+// encodes one candidate of nvfp4_4over6 and returns its error (ScoreCandidate, or an exact
+// equivalent). Both are taken by reference: a table is not copied per group. Returns the scale
+// byte.
 template <Recipe kRecipe, class OutOf, class Score = ScoreCandidate>
 NVFP4KV_HD uint32_t quantize_group(const float (&x)[kGroupSize], const GlobalScale& gs,
-                                   OutOf out_of, uint32_t (&packed)[2], Score score = {}) {
+                                   const OutOf& out_of, uint32_t (&packed)[2],
+                                   const Score& score = Score{}) {
   const float amax = group_amax(x);
   if (is_nan(amax) || !gs.valid) {
     packed[0] = packed[1] = 0u;
