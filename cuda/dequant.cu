@@ -334,9 +334,10 @@ cudaError_t launch_gather(const GatherLaunch& L, bool vec, dim3 grid, int device
              : launch_pdl(gather_kernel<kDType, false>, grid, dim3(kThreads), device, stream, L);
 }
 
-// The pairs kernel's conditions: 16-bit outputs on the vector path, head sizes a multiple of 64
-// (an even number of group pairs per row), 16-byte aligned code rows, a token row of at most
-// 1024 items.
+// The pairs kernel's conditions: 16-bit outputs on the vector path, head sizes a multiple of 64,
+// 16-byte aligned code rows, a token row of at most 1024 items. (Its lanes once traded halves
+// of group pairs, which needed an even number per row; since the shared-memory stage, D % 32
+// would do, but only multiples of 64 are tested on a GPU.)
 bool gather_pairs_ok(const GatherParams& p, bool vec) {
   if (!vec || p.dtype == DType::kFloat32) return false;
   for (const DequantSide* s : {&p.k, &p.v})

@@ -143,10 +143,26 @@ def copy_gpu_us(torch, nbytes: int, sets: int = 1, quick: bool = False) -> float
         state["i"] += 1
         dst.copy_(src)
 
-    calls = max(10, min(200, int(2e8 // max(nbytes, 1))))
-    us = _queued_per_call(torch, call, calls, 5 if quick else 15)
+    us = _queued_per_call(torch, call, _calls(nbytes), 5 if quick else 15)
     del pairs
     return us
+
+
+def _calls(nbytes: int) -> int:
+    """Calls per timing sample for a case or copy of `nbytes`: about 200 MB per sample, 10 to 200
+    calls. At least 10: with a single call the events also bracket the host's preparation of that
+    call while the GPU idles (7-14 us on a 100 us kernel, RESULTS.md run 34); back to back, later
+    calls are prepared while earlier ones run, as in an engine."""
+    return max(10, min(200, int(2e8 // max(nbytes, 1))))
+
+
+def _time_case(torch, call: Callable[[], None], nbytes: int, quick: bool):
+    """A case's (us, launch_us, gpu_us): back to back from Python, an empty kernel's launch timed
+    alternately with it (the "x launch" reference), and queued with the host ahead."""
+    calls = _calls(nbytes)
+    repeats = 5 if quick else 15
+    us, launch_us = _medians_per_call(torch, [call, lambda: _empty_kernel(torch)], calls, repeats)
+    return us, launch_us, _queued_per_call(torch, call, calls, repeats)
 
 
 def _case_bytes(n: int, H: int, D: int, elem: int, slot_bytes: int = 8) -> int:
@@ -189,13 +205,7 @@ def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 
         call()
     torch.cuda.synchronize()
     total = _case_bytes(n, H, D, tdtype.itemsize)
-    # At least 10 calls per timing: with a single call the events also bracket the host's
-    # preparation of that call while the GPU idles (7-14 us on a 100 us kernel, RESULTS.md run
-    # 34); back to back, later calls are prepared while earlier ones run, as in an engine.
-    calls = max(10, min(200, int(2e8 // max(total, 1))))
-    # The empty kernel's launch, timed alternately with the store: the "x launch" reference.
-    us, launch_us = _medians_per_call(torch, [call, lambda: _empty_kernel(torch)], calls, 5 if quick else 15)
-    gpu_us = _queued_per_call(torch, call, calls, 5 if quick else 15)
+    us, launch_us, gpu_us = _time_case(torch, call, total, quick)
     row = {"tokens": n, "launch_us": launch_us, "H": H, "D": D, "T": T, "dtype": dtype, "layout": layout, "recipe": recipe,
            "scale_layout": scale_layout, "slots": slots, "scales": scales, "us": us, "gpu_us": gpu_us, "bytes": total,
            "sets": sets}
@@ -231,12 +241,7 @@ def bench_gather_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int =
     torch.cuda.synchronize()
     tokens = seqs * per_seq
     total = tokens * (2 * H * (D // 2 + D // 16) + 2 * H * D * tdtype.itemsize)
-    # At least 10 calls per timing: with a single call the events also bracket the host's
-    # preparation of that call while the GPU idles (7-14 us on a 100 us kernel, RESULTS.md run
-    # 34); back to back, later calls are prepared while earlier ones run, as in an engine.
-    calls = max(10, min(200, int(2e8 // max(total, 1))))
-    us, launch_us = _medians_per_call(torch, [call, lambda: _empty_kernel(torch)], calls, 5 if quick else 15)
-    gpu_us = _queued_per_call(torch, call, calls, 5 if quick else 15)
+    us, launch_us, gpu_us = _time_case(torch, call, total, quick)
     return {"tokens": tokens, "launch_us": launch_us, "H": H, "D": D, "T": T, "dtype": dtype, "seqs": seqs, "us": us,
             "gpu_us": gpu_us, "bytes": total, "sets": 1}
 
