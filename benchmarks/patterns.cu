@@ -88,6 +88,37 @@ __global__ void __launch_bounds__(256) store_pattern(const uint8_t* __restrict__
   }
 }
 
+// The store's writes in page order (what a store that first sorted its tokens by slot could do):
+// one thread per (page, side, head, position, 2 groups), so a warp writes 512 contiguous code
+// bytes and 64 contiguous scale bytes; the token of each slot comes from `inv` (slot -> token),
+// so the loads are 64-byte pieces of random input rows instead.
+__global__ void __launch_bounds__(256) store_page_order(const uint8_t* __restrict__ k, const uint8_t* __restrict__ v,
+                                                        const int32_t* __restrict__ inv, uint8_t* cache, int pages) {
+  const int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x;
+  constexpr int kPerSide = H * T * 4;  // items of one side of one page
+  const int64_t page = i / (2 * kPerSide);
+  if (page >= pages) return;
+  const int rem = static_cast<int>(i % (2 * kPerSide));
+  const int side = rem / kPerSide, r = rem % kPerSide;  // r = (h * T + pos) * 4 + u
+  const int h = r / (T * 4), pos = (r / 4) % T, u = r % 4;
+  const int t = inv[page * T + pos];
+  if (t < 0) return;
+  const uint4* s = reinterpret_cast<const uint4*>((side ? v : k) + (int64_t)t * kTokenIn + h * kRowBytes + u * 64);
+  uint4 w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) w[j] = __ldcs(s + j);
+  uint8_t* base = cache + page * kPage + side * kSide;
+  const uint32_t a = fold(w[0]), b = fold(w[1]), c = fold(w[2]), d = fold(w[3]);
+  __stcs(reinterpret_cast<uint4*>(base + r * 16), make_uint4(a, b, c, d));
+  *reinterpret_cast<uint16_t*>(base + H * T * (D / 2) + 2 * r) = static_cast<uint16_t>((a ^ b) | ((c ^ d) << 8));
+}
+
+// The pass that such a store needs first: slot -> token.
+__global__ void invert_slots(const int32_t* __restrict__ slots, int32_t* inv, int n) {
+  const int i = blockIdx.x * 256 + threadIdx.x;
+  if (i < n) inv[slots[i]] = i;
+}
+
 // Gather pattern: one thread per (token, side, head, 2 groups) of the output, reading 16 code
 // bytes and 2 scale bytes from the token's page (random page order) and writing 64 B of bf16.
 __global__ void __launch_bounds__(256) gather_pattern(const uint8_t* __restrict__ cache, const int32_t* __restrict__ pages,
@@ -129,8 +160,9 @@ __global__ void stream_ratio(const uint4* __restrict__ src, uint4* __restrict__ 
   }
 }
 
+// Median over `reps` samples of `inner` back-to-back launches each, per launch.
 template <class F>
-float median_us(F launch, int reps = 30) {
+float median_us(F launch, int reps = 30, int inner = 1) {
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
@@ -138,12 +170,12 @@ float median_us(F launch, int reps = 30) {
   std::vector<float> ts;
   for (int i = 0; i < reps; ++i) {
     cudaEventRecord(a);
-    launch();
+    for (int j = 0; j < inner; ++j) launch();
     cudaEventRecord(b);
     cudaEventSynchronize(b);
     float ms;
     cudaEventElapsedTime(&ms, a, b);
-    ts.push_back(ms * 1000.0f);
+    ts.push_back(ms * 1000.0f / inner);
   }
   std::sort(ts.begin(), ts.end());
   return ts[ts.size() / 2];
@@ -216,6 +248,42 @@ int main() {
     cudaFree(slots);
     cudaFree(slots_seq);
     (void)pages;
+  }
+  // Random slots in the store's order against the same bytes written in page order, ten launches
+  // per sample (no launch latency in the time).
+  for (int n : {16384, 65536, 262144}) {
+    const int pages = n / T;
+    std::vector<int32_t> perm(n), inv(n);
+    for (int i = 0; i < n; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int i = 0; i < n; ++i) inv[perm[i]] = i;
+    int32_t *slots, *dinv, *scratch;
+    CHECK(cudaMalloc(&slots, n * 4));
+    CHECK(cudaMalloc(&dinv, n * 4));
+    CHECK(cudaMalloc(&scratch, n * 4));
+    CHECK(cudaMemcpy(slots, perm.data(), n * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dinv, inv.data(), n * 4, cudaMemcpyHostToDevice));
+    const uint8_t* k = x;
+    const uint8_t* v = x + (int64_t)n * kTokenIn;
+    uint8_t* cache = y;
+    const double bytes = n * (2.0 * kTokenIn + 2.0 * H * (D / 2 + D / 16) + 8);
+    const int blocks = (n + 3) / 4;
+    const int page_blocks = (int)(((int64_t)pages * 2 * H * T * 4 + 255) / 256);
+    char name[96];
+    snprintf(name, sizeof name, "x10 store %d: random slots, token order", n);
+    report(name, bytes, median_us([&] { store_pattern<false, 2, 2><<<blocks, 256>>>(k, v, slots, cache, n); }, 30, 10));
+    snprintf(name, sizeof name, "x10 store %d: page order", n);
+    report(name, bytes, median_us([&] { store_page_order<<<page_blocks, 256>>>(k, v, dinv, cache, pages); }, 30, 10));
+    snprintf(name, sizeof name, "x10 store %d: invert + page order", n);
+    report(name, bytes, median_us([&] {
+             invert_slots<<<(n + 255) / 256, 256>>>(slots, scratch, n);
+             store_page_order<<<page_blocks, 256>>>(k, v, scratch, cache, pages);
+           }, 30, 10));
+    snprintf(name, sizeof name, "x10 copy of the same bytes %d", n);
+    report(name, bytes, median_us([&] { cudaMemcpyAsync(y + (int64_t)2 * n * kTokenIn, x, (size_t)(bytes / 2), cudaMemcpyDeviceToDevice); }, 30, 10));
+    cudaFree(slots);
+    cudaFree(dinv);
+    cudaFree(scratch);
   }
   for (int n : {65536, 262144, 1 << 20}) {
     const int pages = n / T;
