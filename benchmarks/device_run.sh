@@ -49,6 +49,16 @@ try:
 except Exception as e:
     print(type(e).__name__ + ':', e)
 print('cache untouched:', int(kv.sum()) == 0)
+nvfp4kv._C._set_store_order('page')  # the sorted store checks too, before touching its workspace
+k2 = torch.randn(2000, 8, 128, device='cuda', dtype=torch.bfloat16)
+kv2 = nvfp4kv.allocate_kv_cache(nvfp4kv.KVCacheSpec(block_size=16, num_kv_heads=8, head_size=128), 200, device='cuda').zero_()
+ws = nvfp4kv.store_workspace(kv2)
+try:
+    nvfp4kv.store(k2, k2, kv2, torch.arange(2000, device='cuda'), 1.0, 1.0, workspace=ws)
+    print('sorted: NO ERROR (unexpected)')
+except Exception as e:
+    print('sorted:', type(e).__name__ + ':', e)
+print('sorted: cache and workspace untouched:', int(kv2.sum()) == 0 and int(ws.sum()) == 0)
 out = torch.zeros(3, 8, 128, dtype=torch.bfloat16, device='cuda')
 try:  # the gather's fast kernel (bf16, D 128) goes through the same check
     nvfp4kv.gather_dequant(kv, torch.zeros(1, 2, dtype=torch.int32, device='cuda'), torch.tensor([3], dtype=torch.int32, device='cuda'),

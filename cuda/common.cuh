@@ -149,8 +149,9 @@ inline bool aligned(int64_t to, const void* ptr, std::initializer_list<int64_t> 
   return true;
 }
 
-// Multiprocessors of a device (cached per device).
+// Multiprocessors of a device, and its L2 cache in bytes (cached per device).
 int sm_count(int device);
+int64_t l2_bytes(int device);
 
 // Blocks for a grid-stride kernel: enough to fill every SM, never more than the work needs.
 int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm);

@@ -10,6 +10,9 @@ namespace nvfp4kv {
 
 // device: the CUDA ordinal of the tensors; the launcher switches to it and back.
 int cuda_store(const StoreParams& p, int device, void* stream, const char** message);
+// Which store kernels take calls given a workspace, process-wide (nvfp4kv_set_store_order).
+constexpr int kStoreOrderAuto = 0, kStoreOrderPage = 1, kStoreOrderToken = 2;
+void cuda_set_store_order(int order);
 int cuda_dequantize(const DequantParams& p, int device, void* stream, const char** message);
 int cuda_gather(const GatherParams& p, int device, void* stream, const char** message);
 // Number of devices, or -1 with *reason on failure.

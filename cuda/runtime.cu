@@ -32,6 +32,11 @@ int sm_count(int device) {
   return device_attribute(counts, cudaDevAttrMultiProcessorCount, device, 1);
 }
 
+int64_t l2_bytes(int device) {
+  static std::atomic<int> sizes[64];
+  return device_attribute(sizes, cudaDevAttrL2CacheSize, device, 50 << 20);
+}
+
 bool pdl_supported(int device) {
   // Once per process: NVFP4KV_PDL=0 turns it off; and the driver must be able to capture such
   // launches in CUDA graphs (programmatic graph edges came with CUDA 12.3).

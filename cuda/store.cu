@@ -14,6 +14,10 @@
 // variant without the table: one token per block, one group per thread, out scales computed per
 // group (kDirect).
 // Rows of more than kMaxRow items are split over gridDim.y.
+// Large calls given a workspace whose rows overflow L2 (kSortedL2Multiple) go in page order:
+// claim_pages_kernel and order_tokens_kernel list the targeted pages and each slot's token, then
+// the kSorted kernel writes whole runs of each page's head rows (its scattered 64-byte rows in
+// token order reach DRAM as partial lines once the pages no longer fit in L2).
 #include <algorithm>
 
 #include "common.cuh"
@@ -30,9 +34,30 @@ constexpr int kMaxRow = 512;  // most threads of one block (one token row, or a 
 // with H 8, D 128.
 constexpr int64_t kSmallPerSm = 8;
 constexpr int64_t kSmallPerSm4over6 = 2;
+// With a workspace, calls whose rows add up to at least this many times the L2 go in page order,
+// if their head rows are narrower than a 128-byte line (RESULTS.md run 95: random slots, H 8 or
+// 32: page order 7-14 % slower at 1.5 times the L2, 4-7 % faster at 3 times, 24-31 % at 6-12
+// times; D 256, whose rows are whole lines, 10 % slower at 3 times, even at 6).
+constexpr int64_t kSortedL2Multiple = 3;
+std::atomic<int> g_store_order{0};  // nvfp4kv_set_store_order
+
+// The workspace's parts (params.h, store_workspace_words).
+struct WorkspaceParts {
+  int32_t* header;  // [0] count of listed pages, [1] blocks done (the sorted kernel's last resets both)
+  int32_t* claim;   // [N]: the token that listed each page
+  int32_t* index;   // [N]: where each listed page is in `pages`
+  int32_t* pages;   // [N]: the listed pages
+  int32_t* token;   // [N * T]: the last token of each slot
+  int32_t* order;   // [N * T]: token of position p of the i-th listed page at i * T + p, or -1
+
+  static WorkspaceParts of(int32_t* base, int64_t N, int64_t T) {
+    return WorkspaceParts{base, base + 4, base + 4 + N, base + 4 + 2 * N, base + 4 + 3 * N, base + 4 + 3 * N + N * T};
+  }
+};
 
 struct StoreLaunch {
   StoreParams p;
+  WorkspaceParts ws;          // the sorted kernels' (p.workspace)
   RowItems items;             // decode of a work item within a token row
   FastDiv row_slice;          // items of a token row each block covers (the row, or a slice)
   uint32_t tokens_per_block;  // tokens one block covers per step
@@ -138,6 +163,22 @@ struct Item {
 
   __device__ __forceinline__ void load(const StoreParams& p, const Lane& lane, int64_t token) {
     slot = load_index(p.slots, token);
+    load_input(lane, token);
+  }
+
+  // Page order (the sorted kernel): step t is position t % T of the (t / T)-th listed page, and
+  // `token` (read ahead from the workspace's order) its token, or -1 for a position no token
+  // targets. The page number is only needed by the stores, so its load is not waited for here.
+  __device__ __forceinline__ void load_sorted(const StoreLaunch& L, const Lane& lane, uint32_t t, int32_t token) {
+    const uint32_t li = L.block_size.div(t);
+    slot = -1;
+    if (token >= 0) {
+      slot = static_cast<int64_t>(L.ws.pages[li]) * L.block_size.d + (t - li * L.block_size.d);
+      load_input(lane, token);
+    }
+  }
+
+  __device__ __forceinline__ void load_input(const Lane& lane, int64_t token) {
     const char* src = lane.src + token * lane.token_stride;
 #pragma unroll
     for (int k = 0; k < kG; ++k) raw[k].load(src, k * kGroupSize);
@@ -199,7 +240,12 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lan
 // The first item's loads overlap the global scales and the out-scale table.
 // kDirect: no table; each group's out scale is computed where it is needed (small calls, whose
 // blocks make one step or few, where building a table costs more than it saves).
-template <DType kDType, Recipe kRecipe, bool kVec, int kG, bool kDirect = false>
+// kSorted: the page-order kernel (after claim_pages_kernel and order_tokens_kernel; HND, two
+// groups per item, K and V rows of one size): a warp holds (position, item) lanes of one (side,
+// head), so its 16-byte code stores cover a run of 32 / units positions of one head row (512
+// contiguous bytes for D 128), and a block's step covers those positions of one page for every
+// (side, head) of its slice.
+template <DType kDType, Recipe kRecipe, bool kVec, int kG, bool kDirect = false, bool kSorted = false>
 __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ StoreLaunch L) {
   // Per side, per scale byte: out, and for nvfp4_4over6 candidate_rcp(out).
   constexpr bool kScored = kRecipe == Recipe::kNvfp4_4over6;
@@ -208,8 +254,15 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
   const StoreParams& p = L.p;
   constexpr int64_t esize = dtype_bytes(kDType);
   // Parameter arithmetic only, until the grids before this one are done (wait_for_prior_grids).
-  const uint32_t in_block = L.row_slice.div(threadIdx.x);  // token of this thread in the block's step
-  const uint32_t r = blockIdx.y * L.row_slice.d + threadIdx.x - in_block * L.row_slice.d;
+  uint32_t in_block, r;  // token (or position) of this thread in the block's step; item of the row
+  if constexpr (kSorted) {
+    const uint32_t lane_id = threadIdx.x & 31, units = L.items.k_units.d;
+    in_block = L.items.k_units.div(lane_id);
+    r = blockIdx.y * L.row_slice.d + (threadIdx.x >> 5) * units + lane_id - in_block * units;
+  } else {
+    in_block = L.row_slice.div(threadIdx.x);
+    r = blockIdx.y * L.row_slice.d + threadIdx.x - in_block * L.row_slice.d;
+  }
   const uint32_t step = gridDim.x * L.tokens_per_block;
   uint32_t t = blockIdx.x * L.tokens_per_block + in_block;
   // Idle: past the row in the last slice of a split row, or past the block's tokens.
@@ -219,15 +272,30 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
   if (active) L.items.decode(r, side, h, unit);
   Lane lane;
   lane.init(side ? p.v : p.k, L.off[side], h, unit * kG, esize);
-  const uint32_t n = active ? L.num_tokens : 0;
   wait_for_prior_grids();
   allow_next_grids();
+  // Steps of this launch: its tokens, or in page order T per listed page.
+  const uint32_t n = !active ? 0u
+                     : kSorted ? static_cast<uint32_t>(L.ws.header[0]) * L.block_size.d
+                               : L.num_tokens;
+  // In page order each item's token comes from the workspace: read one step ahead of the item's
+  // own loads (so two steps ahead of its use), no load waits on another within a step.
+  int32_t ahead = -1;  // token of step t + step (sorted)
+  const auto fetch = [&](Item<kDType, kVec, kG>& it, uint32_t u) {
+    if constexpr (kSorted) {
+      it.load_sorted(L, lane, u, ahead);
+      ahead = u + step < n ? __ldcs(L.ws.order + u + step) : -1;
+    } else {
+      it.load(p, lane, L.token0 + u);
+    }
+  };
 
   // Global scales first: on a small call the kernel is one dependent chain (scale -> out scale
   // -> quantize; slot, input -> quantize -> store), so its loads start before anything else.
   const float g_k = read_scale(p.k.scale), g_v = read_scale(p.v.scale);
   Item<kDType, kVec, kG> a, b;
-  if (t < n) a.load(p, lane, L.token0 + t);
+  if constexpr (kSorted) ahead = t < n ? __ldcs(L.ws.order + t) : -1;
+  if (t < n) fetch(a, t);
 
   const float* table = nullptr;
   const float* rcp_table = nullptr;
@@ -249,14 +317,108 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
   }
 
   while (t < n) {
-    if (t + step < n) b.load(p, lane, L.token0 + t + step);
+    if (t + step < n) fetch(b, t + step);
     store_item<kDType, kRecipe, kVec, kG, kDirect>(L, lane, table, rcp_table, a);
     t += step;
     if (t >= n) break;
-    if (t + step < n) a.load(p, lane, L.token0 + t + step);
+    if (t + step < n) fetch(a, t + step);
     store_item<kDType, kRecipe, kVec, kG, kDirect>(L, lane, table, rcp_table, b);
     t += step;
   }
+
+  if constexpr (kSorted) {
+    // The last block to finish leaves the workspace's header at zero for the next call: every
+    // block read the page count before it counts itself done.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      if (atomicAdd(&L.ws.header[1], 1) == static_cast<int>(gridDim.x * gridDim.y) - 1) {
+        L.ws.header[0] = 0;
+        L.ws.header[1] = 0;
+      }
+    }
+  }
+}
+
+// A sorted store is three kernels. First: for each token with a valid slot, record it as the
+// slot's token (the last token wins, as on the CPU) and list the slot's page once, its order
+// entries set to -1. Claim and token entries already in the workspace count only where the
+// call's own slot_mapping confirms them (see WorkspaceParts), so nothing needs clearing between
+// calls. One atomic add on the page count per block.
+__device__ __forceinline__ int64_t call_slot(const StoreLaunch& L, int32_t token) {
+  if (token < 0 || token >= L.p.num_tokens) return -1;
+  const int64_t s = load_index(L.p.slots, token);
+  return s >= 0 && s < L.p.num_slots ? s : -1;
+}
+
+__global__ void __launch_bounds__(kThreads) claim_pages_kernel(const __grid_constant__ StoreLaunch L) {
+  __shared__ int32_t warp_base[kThreads / 32];
+  __shared__ int32_t block_base;
+  const int32_t i = static_cast<int32_t>(blockIdx.x * kThreads + threadIdx.x);
+  wait_for_prior_grids();
+  allow_next_grids();
+  const int64_t s = call_slot(L, i);
+  bool listed = false;
+  int32_t page = 0;
+  if (s >= 0) {
+    page = static_cast<int32_t>(L.block_size.div_any(s));
+    // A valid entry is only ever replaced by a later token of the same slot, so one seen here,
+    // even a stale copy, that is valid and >= i means i is not the last.
+    int32_t cur = __ldcg(L.ws.token + s);
+    while (!(call_slot(L, cur) == s && cur >= i)) {
+      const int32_t prev = atomicCAS(L.ws.token + s, cur, i);
+      if (prev == cur) break;
+      cur = prev;
+    }
+    // A valid claim (a token of this call in this page) is never replaced: exactly one token
+    // lists the page, the one whose index the claim holds.
+    int32_t m = __ldcg(L.ws.claim + page);
+    for (;;) {
+      const int64_t ms = call_slot(L, m);
+      if (ms >= 0 && L.block_size.div_any(ms) == page) {
+        listed = m == i;
+        break;
+      }
+      const int32_t prev = atomicCAS(L.ws.claim + page, m, i);
+      if (prev == m) {
+        listed = true;
+        break;
+      }
+      m = prev;
+    }
+  }
+  const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint32_t ballot = __ballot_sync(0xffffffffu, listed);
+  if (lane == 0) warp_base[warp] = __popc(ballot);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t total = 0;
+    for (int w = 0; w < kThreads / 32; ++w) {
+      const int32_t c = warp_base[w];
+      warp_base[w] = total;
+      total += c;
+    }
+    block_base = total ? atomicAdd(L.ws.header, total) : 0;
+  }
+  __syncthreads();
+  if (listed) {
+    const int32_t li = block_base + warp_base[warp] + __popc(ballot & ((1u << lane) - 1));
+    L.ws.pages[li] = page;
+    L.ws.index[page] = li;
+    for (uint32_t pos = 0; pos < L.block_size.d; ++pos) L.ws.order[static_cast<int64_t>(li) * L.block_size.d + pos] = -1;
+  }
+}
+
+// Second: each slot's last token writes itself into the page order. Third: the page-order
+// store_kernel (kSorted).
+__global__ void __launch_bounds__(kThreads) order_tokens_kernel(const __grid_constant__ StoreLaunch L) {
+  const int32_t i = static_cast<int32_t>(blockIdx.x * kThreads + threadIdx.x);
+  wait_for_prior_grids();
+  allow_next_grids();
+  const int64_t s = call_slot(L, i);
+  if (s < 0 || L.ws.token[s] != i) return;
+  const int64_t page = L.block_size.div_any(s);
+  L.ws.order[static_cast<int64_t>(L.ws.index[page]) * L.block_size.d + (s - page * L.block_size.d)] = i;
 }
 
 // Launches one kernel instantiation: reads its occupancy once per device and block size, then
@@ -282,15 +444,44 @@ cudaError_t launch_kernel(StoreLaunch L, int threads, uint32_t slices, int devic
   return cudaSuccess;
 }
 
-// The four kernels: small calls (kDirect); vector loads with two groups per item; vector loads
-// with one; scalar loads (unaligned inputs or cache sides).
-enum class Variant { kSmall, kPairs, kVec, kScalar };
+// A sorted store: the claim and order kernels, then the page-order kernel on a grid of the
+// blocks that are resident at once (fewer if the pages that can be listed need fewer). The
+// occupancy reads come first, so a GPU without code in this build fails before anything touches
+// the workspace.
+template <auto kernel>
+cudaError_t launch_sorted(StoreLaunch L, int threads, uint32_t slices, int device, cudaStream_t stream) {
+  int blocks_per_sm = 0;
+  cudaError_t err = resident_per_sm<kernel>(device, threads, &blocks_per_sm);
+  if (err != cudaSuccess) return err;
+  int unused = 0;
+  err = resident_per_sm<claim_pages_kernel>(device, kThreads, &unused);
+  if (err == cudaSuccess) err = resident_per_sm<order_tokens_kernel>(device, kThreads, &unused);
+  if (err != cudaSuccess) return err;
+  L.token0 = 0;
+  L.num_tokens = static_cast<uint32_t>(L.p.num_tokens);
+  const dim3 per_token((L.num_tokens + kThreads - 1) / kThreads);
+  err = launch_pdl(claim_pages_kernel, per_token, dim3(kThreads), device, stream, L);
+  if (err == cudaSuccess) err = launch_pdl(order_tokens_kernel, per_token, dim3(kThreads), device, stream, L);
+  if (err != cudaSuccess) return err;
+  const int64_t resident = std::max<int64_t>(1, static_cast<int64_t>(sm_count(device)) * blocks_per_sm / slices);
+  const int64_t pages = std::min<int64_t>(L.p.num_tokens, L.p.num_slots / L.p.T);  // listed at most
+  const int64_t needed = (pages * L.p.T + L.tokens_per_block - 1) / L.tokens_per_block;
+  const dim3 grid(static_cast<uint32_t>(std::max<int64_t>(1, std::min(resident, needed))), slices);
+  return launch_pdl(kernel, grid, dim3(threads), device, stream, L);
+}
+
+// The five kernels: small calls (kDirect); vector loads with two groups per item (in token
+// order, or sorted into page order); vector loads with one; scalar loads (unaligned inputs or
+// cache sides).
+enum class Variant { kSmall, kPairs, kSorted, kVec, kScalar };
 
 template <DType kDType, Recipe kRecipe>
 cudaError_t launch(const StoreLaunch& L, Variant v, int threads, uint32_t slices, int device, cudaStream_t stream) {
   switch (v) {
     case Variant::kSmall: return launch_kernel<store_kernel<kDType, kRecipe, true, 1, true>>(L, threads, slices, device, stream);
     case Variant::kPairs: return launch_kernel<store_kernel<kDType, kRecipe, true, 2>>(L, threads, slices, device, stream);
+    case Variant::kSorted:
+      return launch_sorted<store_kernel<kDType, kRecipe, true, 2, false, true>>(L, threads, slices, device, stream);
     case Variant::kVec: return launch_kernel<store_kernel<kDType, kRecipe, true, 1>>(L, threads, slices, device, stream);
     case Variant::kScalar: return launch_kernel<store_kernel<kDType, kRecipe, false, 1>>(L, threads, slices, device, stream);
   }
@@ -304,6 +495,8 @@ cudaError_t launch_recipe(const StoreLaunch& L, Variant v, int threads, uint32_t
 }
 
 }  // namespace
+
+void cuda_set_store_order(int order) { g_store_order.store(order, std::memory_order_relaxed); }
 
 int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** message) {
   *message = nullptr;
@@ -334,17 +527,32 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   const int64_t sms = sm_count(device);
   const int64_t per_sm = p.recipe == Recipe::kNvfp4 ? kSmallPerSm : kSmallPerSm4over6;
   const bool small = vec && p.num_tokens <= per_sm * sms;
-  const Variant variant = small ? Variant::kSmall : pairs ? Variant::kPairs : vec ? Variant::kVec : Variant::kScalar;
-  const int g = variant == Variant::kPairs ? 2 : 1;
+  // Page order, with a workspace: HND pages (rows of one head are contiguous there), K and V
+  // rows of one size whose items tile a warp; by default only where it pays (kSortedL2Multiple).
+  const uint32_t units = gk / 2;  // items of two groups per head row
+  const bool can_sort = p.workspace != nullptr && pairs && !small && p.layout == Layout::kHND && gk == gv &&
+                        32 % units == 0 && p.num_tokens <= (int64_t{1} << 30) && p.num_slots < (int64_t{1} << 31);
+  const int order = g_store_order.load(std::memory_order_relaxed);
+  const int64_t rows = p.num_tokens * p.H * (full_dim(p.k.cache.D) + full_dim(p.v.cache.D));
+  const bool sorted = can_sort && (order == kStoreOrderPage ||
+                                   (order == kStoreOrderAuto && data_bytes(p.k.cache.D) < 128 &&
+                                    rows >= kSortedL2Multiple * l2_bytes(device)));
+  const Variant variant = small    ? Variant::kSmall
+                          : sorted ? Variant::kSorted
+                          : pairs  ? Variant::kPairs
+                          : vec    ? Variant::kVec
+                                   : Variant::kScalar;
+  const int g = variant == Variant::kPairs || variant == Variant::kSorted ? 2 : 1;
   StoreLaunch L;
   L.p = p;
+  L.ws = WorkspaceParts::of(p.workspace, p.num_slots / p.T, p.T);
   L.items = RowItems(p.H, p.k.cache.D, p.v.cache.D, g);
   L.block_size = FastDiv(static_cast<uint32_t>(p.T));
   L.off[0] = SideOffsets::make(p.k.cache, p.layout, p.H, p.T);
   L.off[1] = SideOffsets::make(p.v.cache, p.layout, p.H, p.T);
   // Block shape: whole token rows side by side (about 256 threads), or a long row in slices.
   const uint32_t row = L.items.per_row.d;
-  const uint32_t slices = (row + kMaxRow - 1) / kMaxRow;
+  uint32_t slices = (row + kMaxRow - 1) / kMaxRow;
   const uint32_t row_slice = (row + slices - 1) / slices;
   L.row_slice = FastDiv(row_slice);
   // The table kernels' calls with fewer tokens per SM than a full block holds (unaligned inputs,
@@ -355,7 +563,14 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   const uint32_t full = rows_per_block(row_slice);
   const int64_t spread = (p.num_tokens + sms - 1) / sms;
   L.tokens_per_block = small ? 1 : static_cast<uint32_t>(spread < full ? (spread > 1 ? spread : 1) : full);
-  const int threads = static_cast<int>(row_slice * (small ? 1 : full));
+  int threads = static_cast<int>(row_slice * (small ? 1 : full));
+  if (sorted) {  // a warp per (side, head), up to kMaxRow threads; 32 / units positions per step
+    const uint32_t warps = std::min<uint32_t>(2 * p.H, kMaxRow / 32);
+    slices = (2 * p.H + warps - 1) / warps;
+    L.row_slice = FastDiv(warps * units);
+    L.tokens_per_block = 32 / units;
+    threads = static_cast<int>(warps * 32);
+  }
   cudaError_t err;
   switch (p.dtype) {
     case DType::kFloat32: err = launch_recipe<DType::kFloat32>(L, variant, threads, slices, device, stream); break;

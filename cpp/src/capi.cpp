@@ -440,10 +440,42 @@ void run(const Cache& c, const Params& p, void (*cpu)(const Params&),
 #endif
 }
 
+int64_t store_workspace_bytes(int64_t num_blocks, int64_t block_size) {
+  if (num_blocks < 0 || block_size <= 0 || num_blocks > (int64_t{1} << 40) / block_size)
+    fail(NVFP4KV_ERROR_INVALID_VALUE,
+         "num_blocks %lld, block_size %lld received; expected num_blocks >= 0, block_size > 0 "
+         "and at most 2^40 slots",
+         static_cast<long long>(num_blocks), static_cast<long long>(block_size));
+  return 4 * store_workspace_words(num_blocks, block_size);
+}
+
+// The workspace's words, checked: uint8, one contiguous run, 4-byte aligned, on the cache's
+// device, large enough for this cache.
+int32_t* store_workspace(const Tensor& w, const Tensor& cache_ref, const Cache& c) {
+  expect_same_device(w, cache_ref);
+  if (!is_dtype(w.t->dtype, kDLUInt, 8))
+    fail(NVFP4KV_ERROR_INVALID_DTYPE, "workspace: dtype %s received; expected uint8",
+         dtype_name(w.t->dtype).c_str());
+  w.expect_ndim(1, "(bytes,)");
+  if (w.size(0) > 1 && w.stride(0) != 1)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "workspace: stride %lld; expected one contiguous run (stride 1)",
+         static_cast<long long>(w.stride(0)));
+  const int64_t need = store_workspace_bytes(c.N, c.T);
+  if (w.size(0) < need)
+    fail(NVFP4KV_ERROR_INVALID_VALUE,
+         "workspace: %lld bytes, but a cache of %lld blocks of %lld tokens needs %lld "
+         "(nvfp4kv.store_workspace_bytes)",
+         static_cast<long long>(w.size(0)), static_cast<long long>(c.N),
+         static_cast<long long>(c.T), static_cast<long long>(need));
+  if (reinterpret_cast<uintptr_t>(w.ptr()) % 4 != 0)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "workspace: address not a multiple of 4 bytes");
+  return reinterpret_cast<int32_t*>(w.ptr());
+}
+
 void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_cache,
            const DLTensor* value_cache, const DLTensor* slot_t, const DLTensor* k_scale,
            const DLTensor* v_scale, nvfp4kv_recipe recipe, nvfp4kv_scale_profile profile,
-           void* stream) {
+           const DLTensor* workspace, void* stream) {
   Tensor key(key_t, "key"), value(value_t, "value"), slots(slot_t, "slot_mapping");
   if (!kv_cache) fail(NVFP4KV_ERROR_INVALID_VALUE, "kv_cache: NULL tensor");
   Cache c = resolve_cache(kv_cache, value_cache);
@@ -492,6 +524,7 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
   p.dtype = dtype;
   p.layout = c.layout;
   p.recipe = recipe == NVFP4KV_RECIPE_NVFP4 ? Recipe::kNvfp4 : Recipe::kNvfp4_4over6;
+  if (workspace) p.workspace = store_workspace(Tensor(workspace, "workspace"), cache_ref, c);
 
   run(c, p, cpu_store, CUDA_OR_NULL(cuda_store), stream);
 }
@@ -694,7 +727,37 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_store(const DLTensor* key, const DLTensor* va
                                          nvfp4kv_scale_profile profile, void* stream) {
   return guarded("nvfp4kv_store", [&] {
     nvfp4kv::store(key, value, kv_cache, value_cache, slot_mapping, k_scale, v_scale, recipe,
-                   profile, stream);
+                   profile, nullptr, stream);
+  });
+}
+
+NVFP4KV_API nvfp4kv_status nvfp4kv_store_with_workspace(
+    const DLTensor* key, const DLTensor* value, const DLTensor* kv_cache,
+    const DLTensor* value_cache, const DLTensor* slot_mapping, const DLTensor* k_scale,
+    const DLTensor* v_scale, nvfp4kv_recipe recipe, nvfp4kv_scale_profile profile,
+    const DLTensor* workspace, void* stream) {
+  return guarded("nvfp4kv_store_with_workspace", [&] {
+    nvfp4kv::store(key, value, kv_cache, value_cache, slot_mapping, k_scale, v_scale, recipe,
+                   profile, workspace, stream);
+  });
+}
+
+NVFP4KV_API nvfp4kv_status nvfp4kv_set_store_order(int order) {
+  return guarded("nvfp4kv_set_store_order", [&] {
+    if (order < 0 || order > 2)
+      nvfp4kv::fail(NVFP4KV_ERROR_INVALID_VALUE, "order: %d received; expected 0 (auto), 1 (page) or 2 (token)",
+                    order);
+#if defined(NVFP4KV_WITH_CUDA)
+    nvfp4kv::cuda_set_store_order(order);
+#endif
+  });
+}
+
+NVFP4KV_API nvfp4kv_status nvfp4kv_store_workspace_size(int64_t num_blocks, int64_t block_size,
+                                                        size_t* bytes) {
+  return guarded("nvfp4kv_store_workspace_size", [&] {
+    if (!bytes) nvfp4kv::fail(NVFP4KV_ERROR_INVALID_VALUE, "bytes: NULL pointer");
+    *bytes = static_cast<size_t>(nvfp4kv::store_workspace_bytes(num_blocks, block_size));
   });
 }
 

@@ -44,6 +44,15 @@ NVFP4KV_HD int64_t load_index(const IndexVec& v, int64_t i) {
                     : static_cast<const int32_t*>(v.ptr)[i * v.stride];
 }
 
+// The store's workspace (nvfp4kv_store_with_workspace): int32 words
+//   [count, done, 0, 0 | claim: N | index: N | pages: N | token: N * T | order: N * T]
+// with which the CUDA store of a large batch first lists the pages its tokens target and the
+// token of each targeted slot, then writes page by page (cuda/store.cu). Between calls only
+// count and done must be 0, and every call leaves them so; the other words may hold anything
+// (an earlier call's entries, or whatever the memory held): claim and token entries are checked
+// against the call's own slot_mapping before they are used, the rest is written before it is read.
+NVFP4KV_HD int64_t store_workspace_words(int64_t N, int64_t T) { return 4 + 3 * N + 2 * N * T; }
+
 struct StoreParams {
   StoreSide k, v;
   IndexVec slots;         // [num_tokens]
@@ -53,6 +62,7 @@ struct StoreParams {
   DType dtype;
   Layout layout;
   Recipe recipe;
+  int32_t* workspace;     // store_workspace_words(N, T) words on the cache's device, or nullptr
 };
 
 struct DequantSide {

@@ -17,7 +17,8 @@ _RECIPES = {name: i for i, name in enumerate(_C.RECIPES)}
 _SCALE_LAYOUTS = {name: i for i, name in enumerate(_C.SCALE_LAYOUTS)}
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
-__all__ = ["store", "reshape_and_cache_flash", "dequantize", "gather_dequant", "build_info"]
+__all__ = ["store", "store_workspace", "store_workspace_bytes", "reshape_and_cache_flash", "dequantize",
+           "gather_dequant", "build_info"]
 
 
 def _choice(value: Any, table: dict, arg: str) -> int:
@@ -88,6 +89,7 @@ def store(
     recipe: str = "nvfp4",
     scale_layout: str = "vllm",
     stream: Any = None,
+    workspace: Any = None,
 ) -> None:
     """Quantize ``key``/``value`` to NVFP4 and write them into the paged cache, in place.
 
@@ -112,13 +114,48 @@ def store(
         "linear": both linear.
     stream : optional
         CUDA stream; default: the current stream of the tensors' framework. Never synchronized.
+    workspace : uint8 array, optional
+        From :func:`store_workspace`. With it, a large CUDA store into HND pages sorts its tokens
+        by page first and writes each page whole (much faster for scattered slots; the same
+        bytes, and duplicate slots keep the last token as on the CPU). Reuse one workspace for
+        every layer and step; stores sharing it must not run concurrently (one stream).
 
     Raises
     ------
     TypeError, ValueError, RuntimeError
         Bad dtype; bad shape/value/device; CUDA failure. The cache is untouched on error.
     """
-    _C.store(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cache, recipe, scale_layout, stream)
+    _C.store(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cache, recipe, scale_layout, stream,
+             workspace)
+
+
+def store_workspace_bytes(num_blocks: int, block_size: int) -> int:
+    """Bytes of a :func:`store` workspace for caches of up to ``num_blocks`` blocks of ``block_size`` tokens."""
+    return _C.store_workspace_bytes(num_blocks, block_size)
+
+
+def store_workspace(kv_cache: Any, value_cache: Any = None) -> Any:
+    """A zeroed :func:`store` workspace on the cache's device, for caches up to this one's size.
+
+    Same framework as the cache (torch, cupy or numpy). Its size is
+    ``store_workspace_bytes(N, T)``: 8 bytes per slot and 12 per block (14 MB for 100 000 blocks
+    of 16 tokens), against 18 KB per block of an H 8, D 128 cache layer.
+    """
+    n, t = _cache_geometry(kv_cache, value_cache)[:2]
+    nbytes = store_workspace_bytes(n, t)
+    fw = _framework(kv_cache)
+    if fw == "torch":
+        import torch
+
+        return torch.zeros(nbytes, dtype=torch.uint8, device=kv_cache.device)
+    if fw == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(kv_cache.device.id):
+            return cupy.zeros(nbytes, dtype=cupy.uint8)
+    import numpy as np
+
+    return np.zeros(nbytes, dtype=np.uint8)
 
 
 def reshape_and_cache_flash(
@@ -133,12 +170,13 @@ def reshape_and_cache_flash(
     *,
     scale_layout: str = "vllm",
     stream: Any = None,
+    workspace: Any = None,
 ) -> None:
     """vLLM's ``reshape_and_cache_flash`` for ``kv_cache_dtype`` "nvfp4" / "nvfp4_4over6".
 
     Same arguments and semantics as vLLM's op (``key_cache``/``value_cache`` are the two sides
     ``kv_cache[:, 0]``, ``kv_cache[:, 1]``), except that out-of-range slots are skipped instead
-    of written out of bounds. See :func:`store` for shapes and dtypes.
+    of written out of bounds. See :func:`store` for shapes, dtypes and ``workspace``.
     """
     if kv_cache_dtype not in _RECIPES:
         raise ValueError(
@@ -147,7 +185,7 @@ def reshape_and_cache_flash(
         )
     # Straight to the binding, as store() does (one Python call less per layer and step).
     _C.store(key, value, key_cache, slot_mapping, k_scale, v_scale, value_cache, kv_cache_dtype,
-             scale_layout, stream)
+             scale_layout, stream, workspace)
 
 
 def _cache_geometry(kv_cache: Any, value_cache: Any) -> Tuple[int, int, int, int, int]:

@@ -172,7 +172,7 @@ def _case_bytes(n: int, H: int, D: int, elem: int, slot_bytes: int = 8) -> int:
 def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 16,
                      dtype: str = "bfloat16", layout: str = "HND", recipe: str = "nvfp4",
                      scale_layout: str = "vllm", quick: bool = False, graph: bool = False,
-                     slots: str = "random", scales: str = "device") -> Dict:
+                     slots: str = "random", scales: str = "device", workspace: bool = False) -> Dict:
     tdtype = getattr(torch, dtype)
     pages = (n + T - 1) // T
     spec = nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D, cache_dtype="nvfp4")
@@ -194,12 +194,15 @@ def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 
     # "host": Python floats, passed by value.
     k_scale = torch.tensor([0.02], device="cuda") if scales == "device" else 0.02
     v_scale = torch.tensor([0.02], device="cuda") if scales == "device" else 0.02
+    # One workspace for every input set, as an engine keeps one for all layers.
+    ws = nvfp4kv.store_workspace(inputs[0][2]) if workspace else None
     state = {"i": 0}
 
     def call():
         key, value, kv, slot_mapping = inputs[state["i"] % sets]
         state["i"] += 1
-        nvfp4kv.store(key, value, kv, slot_mapping, k_scale, v_scale, recipe=recipe, scale_layout=scale_layout)
+        nvfp4kv.store(key, value, kv, slot_mapping, k_scale, v_scale, recipe=recipe, scale_layout=scale_layout,
+                      workspace=ws)
 
     for _ in range(3):
         call()
@@ -208,7 +211,7 @@ def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 
     us, launch_us, gpu_us = _time_case(torch, call, total, quick)
     row = {"tokens": n, "launch_us": launch_us, "H": H, "D": D, "T": T, "dtype": dtype, "layout": layout, "recipe": recipe,
            "scale_layout": scale_layout, "slots": slots, "scales": scales, "us": us, "gpu_us": gpu_us, "bytes": total,
-           "sets": sets}
+           "sets": sets, "workspace": workspace}
     if graph:
         row["graph_us"] = _graph_per_call(torch, call, GRAPH_NODES, 5 if quick else 10)
     return row
@@ -258,10 +261,13 @@ def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = T
     for n in tokens:
         cases.append(dict(n=n, graph=n <= 1024))
     if not quick:
-        for extra in (dict(D=64), dict(D=256), dict(H=32), dict(dtype="float16"),
+        for extra in (dict(D=64), dict(D=256), dict(H=32), dict(H=32, workspace=True), dict(dtype="float16"),
                       dict(layout="NHD", scale_layout="linear"), dict(recipe="nvfp4_4over6")):
             for n in (16384, 65536):
                 cases.append(dict(n=n, **extra))
+    # Batches whose rows overflow L2 several times, without and with a store workspace (which
+    # takes them in page order from 3 times the L2: here 65536 tokens of H 32, 262144 of H 8).
+    cases += [dict(n=1 << 18), dict(n=1 << 18, workspace=True)]
     ceil = measure_ceilings(torch, quick=quick)
     rows = []
     t0 = time.time()
@@ -314,16 +320,16 @@ def format_table(result: Dict) -> str:
         f"{c['empty_launch_us']:.2f} us back to back, {c['empty_graph_node_us']:.2f} us per graph node",
         "us: back-to-back calls from Python; xlaunch: us / an empty kernel's launch timed alternately "
         "with it; gpu us: the same calls queued with the host ahead (device time); %sized: a copy of "
-        "the case's bytes (same device timing) over gpu us",
+        "the case's bytes (same device timing) over gpu us; ws: with a store workspace (page order)",
         "",
-        f"{'tokens':>7} {'H':>3} {'D':>4} {'dtype':>9} {'layout':>6} {'recipe':>13} {'us':>8} "
+        f"{'tokens':>7} {'H':>3} {'D':>4} {'dtype':>9} {'layout':>6} {'recipe':>13} {'ws':>2} {'us':>8} "
         f"{'%copy':>6} {'xlaunch':>7} {'gpu us':>8} {'GB/s':>6} {'%copy':>6} {'%sized':>6} {'graph us':>8}",
     ]
     for r in result["store"]:
         g = f"{r['graph_us']:.2f}" if "graph_us" in r else ""
         lines.append(
             f"{r['tokens']:>7} {r['H']:>3} {r['D']:>4} {r['dtype']:>9} {r['layout']:>6} "
-            f"{r['recipe']:>13} {r['us']:>8.2f} {100 * r['frac_copy']:>5.1f}% {r['x_launch']:>7.2f} "
+            f"{r['recipe']:>13} {'ws' if r.get('workspace') else '':>2} {r['us']:>8.2f} {100 * r['frac_copy']:>5.1f}% {r['x_launch']:>7.2f} "
             f"{r['gpu_us']:>8.2f} {r['GBps_gpu']:>6.0f} {100 * r['frac_copy_gpu']:>5.1f}% "
             f"{_pct(r, 'frac_size_copy'):>6} {g:>8}"
         )

@@ -358,11 +358,11 @@ const char* const kScaleLayoutNames[] = {"vllm", "linear"};           // enum or
 
 void store(nb::handle key, nb::handle value, nb::handle kv_cache, nb::handle slot_mapping,
            nb::handle k_scale, nb::handle v_scale, nb::handle value_cache, nb::handle recipe,
-           nb::handle scale_layout, nb::handle stream) {
+           nb::handle scale_layout, nb::handle stream, nb::handle workspace) {
   const int r = choice(recipe, kRecipeNames, 2, "_RECIPES", "recipe");
   const int profile = choice(scale_layout, kScaleLayoutNames, 2, "_SCALE_LAYOUTS", "scale_layout");
   const nb::object ksc = scale_arg(k_scale), vsc = scale_arg(v_scale);
-  Arg k, v, c, vc, s, ks, vs;
+  Arg k, v, c, vc, s, ks, vs, ws;
   import_array(k, key, "key", false);
   import_array(v, value, "value", false);
   import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", true);
@@ -370,13 +370,15 @@ void store(nb::handle key, nb::handle value, nb::handle kv_cache, nb::handle slo
   import_array(s, slot_mapping, "slot_mapping", false);
   import_scale(ks, ksc, "k_scale");
   import_scale(vs, vsc, "v_scale");
+  import_optional(ws, workspace, "workspace", true);
   const uintptr_t st_handle = stream_handle(stream, kv_cache, c);
   nvfp4kv_status st;
   {
     nb::gil_scoped_release release;
-    st = nvfp4kv_store(k.get(), v.get(), c.get(), vc.get(), s.get(), ks.get(), vs.get(),
-                       static_cast<nvfp4kv_recipe>(r), static_cast<nvfp4kv_scale_profile>(profile),
-                       reinterpret_cast<void*>(st_handle));
+    st = nvfp4kv_store_with_workspace(k.get(), v.get(), c.get(), vc.get(), s.get(), ks.get(), vs.get(),
+                                      static_cast<nvfp4kv_recipe>(r),
+                                      static_cast<nvfp4kv_scale_profile>(profile), ws.get(),
+                                      reinterpret_cast<void*>(st_handle));
   }
   raise_for(st);
 }
@@ -468,7 +470,12 @@ NB_MODULE(_C, m) {
   m.def("store", &store, nb::arg("key"), nb::arg("value"), nb::arg("kv_cache"),
         nb::arg("slot_mapping"), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
         nb::arg("value_cache").none(), nb::arg("recipe").none(), nb::arg("scale_layout").none(),
-        nb::arg("stream").none());
+        nb::arg("stream").none(), nb::arg("workspace").none() = nb::none());
+  m.def("store_workspace_bytes", [](int64_t num_blocks, int64_t block_size) {
+    size_t bytes = 0;
+    raise_for(nvfp4kv_store_workspace_size(num_blocks, block_size, &bytes));
+    return bytes;
+  }, nb::arg("num_blocks"), nb::arg("block_size"));
   m.def("dequantize", &dequantize, nb::arg("kv_cache"), nb::arg("value_cache").none(),
         nb::arg("pages").none(), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
         nb::arg("scale_layout").none(), nb::arg("key_out"), nb::arg("value_out"),
@@ -478,6 +485,14 @@ NB_MODULE(_C, m) {
         nb::arg("k_scale").none(), nb::arg("v_scale").none(), nb::arg("scale_layout").none(),
         nb::arg("key_out"), nb::arg("value_out"), nb::arg("stream").none());
   m.def("cuda_info", &cuda_info);
+  // Tests and benchmarks only: which store takes calls given a workspace ("auto", "page",
+  // "token"; nvfp4kv_set_store_order). Process-wide.
+  m.def("_set_store_order", [](const std::string& which) {
+    const char* names[] = {"auto", "page", "token"};
+    for (int i = 0; i < 3; ++i)
+      if (which == names[i]) return raise_for(nvfp4kv_set_store_order(i));
+    throw nb::value_error("expected 'auto', 'page' or 'token'");
+  });
   // Tests only: whether torch's C exchange table was found (torch imported and >= 2.10).
   m.def("_torch_exchange_found", [] {
     const TorchInfo* info = torch_info();

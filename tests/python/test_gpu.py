@@ -97,14 +97,26 @@ def make_slots(n, N, T, gen, slot_dtype):
     return slots.to(slot_dtype)
 
 
+def garbage_workspace(N, T, gen):
+    """A store workspace for (N, T) on the GPU holding random bytes, but for its zero header."""
+    ws = torch.randint(0, 256, (nvfp4kv.store_workspace_bytes(N, T),), dtype=torch.uint8, generator=gen)
+    ws[:8] = 0
+    return ws.cuda()
+
+
 def run_both(N, T, H, D, view, layout, dtype, recipe, scale_layout, slot_dtype, n, seed,
-             fused=False, pad=0, device_scales=False, scales=None):
+             fused=False, pad=0, device_scales=False, scales=None, workspace=None, slots=None):
+    """workspace (GPU call only): None, or a store workspace, or "garbage" for a fresh one of
+    random bytes. slots: given, or random distinct ones with padding and out-of-range entries."""
     gen = torch.Generator().manual_seed(seed)
     random.seed(seed)
     F = full_dim(D)
     raw = make_raw(N, H * T * F, pad, gen)
     key, value = make_inputs(n, H, D, DTYPES[dtype], gen, fused=fused)
-    slots = make_slots(n, N, T, gen, slot_dtype)
+    if slots is None:
+        slots = make_slots(n, N, T, gen, slot_dtype)
+    if isinstance(workspace, str):
+        workspace = garbage_workspace(N, T, gen)
     ks, vs = scales if scales is not None else (0.5 + random.random(), 0.01 + random.random() / 10)
 
     raw_cpu = raw.clone()
@@ -121,12 +133,14 @@ def run_both(N, T, H, D, view, layout, dtype, recipe, scale_layout, slot_dtype, 
     gk = torch.tensor([ks], dtype=torch.float32, device="cuda") if device_scales else ks
     gv = torch.tensor([vs], dtype=torch.float32, device="cuda") if device_scales else vs
     nvfp4kv.store(kd, vd, slot_mapping=sd, k_scale=gk, v_scale=gv, recipe=recipe,
-                  scale_layout=scale_layout, **cache_views(raw_gpu, N, T, H, D, view, layout))
+                  scale_layout=scale_layout, workspace=workspace, **cache_views(raw_gpu, N, T, H, D, view, layout))
     torch.cuda.synchronize()
     got = raw_gpu.cpu()
     if not torch.equal(got, raw_cpu):
         diff = (got != raw_cpu).nonzero()
         pytest.fail(f"{diff.shape[0]} bytes differ, first at {diff[:5].tolist()}")
+    if workspace is not None:  # left ready for the next call
+        assert torch.all(workspace[:8].cpu() == 0)
     # Sanity: the call did write something where valid slots exist.
     valid = ((slots >= 0) & (slots < N * T)).sum().item()
     if valid:
@@ -259,6 +273,150 @@ def test_invalid_device_scale_writes_nan_groups(bad, many):
     assert torch.all(k_side[page[:, None, None], data] == 0)
     assert torch.all(k_side[page[:, None, None], scale] == 0x7F)
     assert not torch.all(v_side[page[:, None, None], scale] == 0x7F)  # V, with a valid scale
+
+
+# With a workspace, large stores into HND pages list the pages they target and write them in
+# page order (cuda/store.cu: claim_pages_kernel, order_tokens_kernel, the kSorted store_kernel).
+# By default only batches writing 3 times the L2 do; the tests below make every eligible call do
+# so, at sizes the CPU path checks quickly.
+SORTED_MIN = 8192
+
+
+@pytest.fixture(autouse=True)
+def _store_order(request):
+    if "sorted" in request.node.name:
+        nvfp4kv._C._set_store_order("page")
+        yield
+        nvfp4kv._C._set_store_order("auto")
+    else:
+        yield
+
+
+def _sorted_matrix():
+    rng = random.Random(4321)
+    cases = []
+    for dtype, recipe, view in itertools.product(DTYPES, ("nvfp4", "nvfp4_4over6"), ("5d", "packed4d", "sides")):
+        D = rng.choice((32, 64, 128, 256))
+        H = rng.choice([h for h in (1, 2, 3, 8, 12) if h * D <= 1024])
+        T = rng.choice((8, 16, 32))
+        scale_layout = "vllm" if D % 64 == 0 and rng.random() < 0.7 else "linear"
+        slot_dtype = rng.choice((torch.int64, torch.int32))
+        n = SORTED_MIN + rng.randrange(0, 2000)
+        N = -(-(n * 4 // 3) // T)  # about a quarter of the slots stay free: partly filled pages
+        cases.append((N, T, H, D, view, "HND", dtype, recipe, scale_layout, slot_dtype, n))
+    # Where the page order does not apply, the workspace is ignored: NHD, 3 items per head row.
+    cases.append((700, 16, 4, 128, "5d", "NHD", "bfloat16", "nvfp4", "linear", torch.int64, SORTED_MIN))
+    cases.append((700, 16, 4, 96, "5d", "HND", "bfloat16", "nvfp4", "linear", torch.int64, SORTED_MIN))
+    return cases
+
+
+@pytest.mark.parametrize("case", _sorted_matrix(), ids=lambda c: "-".join(map(str, c[:11])).replace("torch.", ""))
+def test_sorted_store_equals_cpu(case):
+    """A workspace of random bytes (but its header): stale entries must not be taken."""
+    run_both(*case, seed=stable_seed(case), workspace="garbage")
+
+
+@pytest.mark.parametrize("recipe", ("nvfp4", "nvfp4_4over6"))
+def test_sorted_store_duplicate_slots_keep_the_last_token(recipe):
+    N, T, H, D = 400, 16, 2, 64
+    n = SORTED_MIN + 100
+    gen = torch.Generator().manual_seed(7)
+    slots = torch.randint(0, N * T, (n,), generator=gen)  # about 1 in 1.4 collides
+    slots[::97] = -1
+    run_both(N, T, H, D, "5d", "HND", "bfloat16", recipe, "vllm", torch.int64, n, seed=8,
+             workspace="garbage", slots=slots)
+
+
+def test_sorted_store_reuses_one_workspace():
+    """One workspace for calls on caches of several sizes; each call leaves entries behind
+    that the next one must not take, including slots a token index of the next call maps to."""
+    gen = torch.Generator().manual_seed(11)
+    ws = garbage_workspace(1200, 16, gen)
+    n = SORTED_MIN + 50
+    for step, (N, T, H) in enumerate([(1200, 16, 1), (1200, 16, 2), (1100, 16, 1), (700, 16, 1), (1600, 8, 1)]):
+        # Step 1: the same cache size, so every entry of step 0 sits where step 1 looks.
+        run_both(N, T, H, 64, "5d", "HND", "bfloat16", "nvfp4", "vllm", torch.int64, n, seed=20 + step,
+                 workspace=ws)
+
+
+def test_sorted_store_cuda_graph_replay():
+    T, H, D = 16, 4, 128
+    n = SORTED_MIN + 300
+    N = -(-(n + 500) // T)
+    gen = torch.Generator().manual_seed(3)
+    raw = make_raw(N, H * T * full_dim(D), 0, gen).cuda()
+    kv = cache_views(raw, N, T, H, D, "5d", "HND")["kv_cache"]
+    ws = nvfp4kv.store_workspace(kv)
+    key = torch.randn(n, H, D, device="cuda", dtype=torch.bfloat16)
+    value = torch.randn(n, H, D, device="cuda", dtype=torch.bfloat16)
+    slots = torch.randperm(N * T, device="cuda")[:n]
+    ks = torch.tensor([0.1], device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        nvfp4kv.store(key, value, kv, slots, ks, ks, workspace=ws)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        nvfp4kv.store(key, value, kv, slots, ks, ks, workspace=ws)
+    for step in range(3):
+        key.copy_(torch.randn(n, H, D, generator=gen).to(torch.bfloat16))
+        value.copy_(torch.randn(n, H, D, generator=gen).to(torch.bfloat16))
+        slots.copy_(torch.randperm(N * T, generator=gen)[:n])
+        ks.fill_(0.05 * (step + 1))
+        expect = raw.cpu()
+        nvfp4kv.store(key.cpu(), value.cpu(), cache_views(expect, N, T, H, D, "5d", "HND")["kv_cache"],
+                      slots.cpu(), ks.item(), ks.item())
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(raw.cpu(), expect), f"replay {step} differs from the CPU path"
+        assert torch.all(ws[:8].cpu() == 0)
+
+
+def test_store_order_default_takes_page_order_only_for_large_batches():
+    """Auto: the same bytes either way; page order (visible as the workspace's page count being
+    reset, a claim entry written) only where the rows add up to 3 times the L2."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    T, H, D = 16, 1, 32
+    row = 2 * H * full_dim(D)  # 36 bytes of rows per token
+    for n, expect_sorted in ((SORTED_MIN, False), (-(-3 * l2 // row) + 16, True)):
+        N = -(-n // T)
+        kv = nvfp4kv.allocate_kv_cache(nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D), N,
+                                       device="cuda")
+        ws = nvfp4kv.store_workspace(kv)
+        ws.fill_(0xFF)
+        ws[:8] = 0
+        key = torch.randn(n, H, D, device="cuda", dtype=torch.bfloat16)
+        nvfp4kv.store(key, key, kv, torch.randperm(N * T, device="cuda")[:n], 0.1, 0.1, workspace=ws,
+                      scale_layout="linear")
+        torch.cuda.synchronize()
+        touched = not torch.all(ws[16:].view(torch.int32)[:N] == -1)  # the claim entries
+        assert touched == expect_sorted, (n, touched)
+
+
+def test_sorted_store_bad_workspace_rejected_and_cache_untouched():
+    N, T, H, D = 600, 16, 1, 64
+    n = SORTED_MIN
+    kv = nvfp4kv.allocate_kv_cache(nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D), N,
+                                   device="cuda")
+    kv.fill_(0xA5)
+    key = torch.randn(n, H, D, device="cuda", dtype=torch.bfloat16)
+    slots = torch.randperm(N * T, device="cuda")[:n]
+    good = nvfp4kv.store_workspace(kv)
+    assert good.numel() == nvfp4kv.store_workspace_bytes(N, T) == 16 + 4 * N * (2 * T + 3)
+    bad = [
+        (good[:-1], ValueError, "needs"),
+        (good.view(torch.int32), TypeError, "uint8"),
+        (good.cpu(), ValueError, "one device"),
+        (torch.zeros(2 * good.numel(), dtype=torch.uint8, device="cuda")[::2], ValueError, "stride"),
+        (torch.zeros(good.numel() + 1, dtype=torch.uint8, device="cuda")[1:], ValueError, "multiple of 4"),
+        (good.view(-1, 4), ValueError, "rank"),
+    ]
+    for ws, err, text in bad:
+        with pytest.raises(err, match=text):
+            nvfp4kv.store(key, key, kv, slots, 0.1, 0.1, workspace=ws)
+    torch.cuda.synchronize()
+    assert torch.all(kv == 0xA5)
 
 
 @pytest.mark.parametrize("many", (False, True))  # both store kernels (see many_tokens)

@@ -216,6 +216,34 @@ def test_padding_and_out_of_range_slots(nv, backend, slot_dtype):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("view", ["5d", "sides"])
+def test_workspace_on_the_cpu_is_checked_and_changes_nothing(nv, backend, view):
+    """The CPU path needs no workspace; one given is validated like on the GPU, then unused."""
+    rng = np.random.default_rng(33)
+    N, T, H, D = 3, 4, 2, 64
+    cache = make_cache(N, T, H, D, view, "HND", backend, seed=11)
+    ws = nv.store_workspace(cache.kv_cache, cache.value_cache)
+    assert type(ws) is type(cache.kv_cache) and ws.shape == (nv.store_workspace_bytes(N, T),)
+    assert nv.store_workspace_bytes(N, T) == 16 + 4 * N * (2 * T + 3)
+    k, v = mixed_tokens(rng, 5, H, D), mixed_tokens(rng, 5, H, D)
+    key, value, k32, v32 = make_kv(k, v, "float32", backend)
+    slots = make_slots(scatter_slots(rng, 5, N, T), backend=backend)
+    before = cache.snapshot()
+    with pytest.raises(ValueError, match="needs"):
+        nv.store(key, value, slot_mapping=slots, workspace=ws[:-1], **cache.kwargs())
+    assert_bytes_equal(cache.snapshot(), before, cache)
+    run_store(nv, cache, key, value, k32, v32, slots, workspace=ws)
+    assert not ws.any()
+
+
+def test_workspace_bytes_rejects_bad_sizes(nv):
+    for args in [(-1, 16), (4, 0), (2**40, 16)]:
+        with pytest.raises(ValueError, match="num_blocks"):
+            nv.store_workspace_bytes(*args)
+    assert nv.store_workspace_bytes(0, 16) == 16
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_all_slots_skipped(nv, backend):
     rng = np.random.default_rng(32)
     N, T, H, D = 2, 4, 2, 64

@@ -101,6 +101,35 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_store(const DLTensor* key, const DLTensor* va
                                          const DLTensor* v_scale, nvfp4kv_recipe recipe,
                                          nvfp4kv_scale_profile profile, void* stream);
 
+/* nvfp4kv_store with a workspace (NULL: the same as nvfp4kv_store). With one, the CUDA store of
+ * a batch too large for L2 to gather its scattered rows (HND pages, head size 32, 64 or 128,
+ * rows adding up to 3 times the L2) first lists the pages its tokens target and then writes each
+ * page whole, instead of writing rows of 16-64 bytes in token order: random slots then cost about
+ * what sequential ones do (docs/performance.md). The bytes written are the same, except that
+ * duplicate slots keep the last token, as on the CPU. Other calls ignore the workspace.
+ *
+ * workspace:    uint8 [bytes] on the cache's device, contiguous, 4-byte aligned, at least
+ *               nvfp4kv_store_workspace_size(N, T) bytes for a cache of N blocks of T tokens (one
+ *               workspace serves every cache up to that size). Zero it once before its first use;
+ *               each call leaves it ready for the next. Calls that share a workspace must not run
+ *               at the same time (use it from one stream, or order the streams). After a call that
+ *               failed with NVFP4KV_ERROR_CUDA, zero it again. */
+NVFP4KV_API nvfp4kv_status nvfp4kv_store_with_workspace(
+    const DLTensor* key, const DLTensor* value, const DLTensor* kv_cache,
+    const DLTensor* value_cache, const DLTensor* slot_mapping, const DLTensor* k_scale,
+    const DLTensor* v_scale, nvfp4kv_recipe recipe, nvfp4kv_scale_profile profile,
+    const DLTensor* workspace, void* stream);
+
+/* Which CUDA store takes the calls given a workspace, for the whole process (for tests and
+ * benchmarks): 0 (default) page order where it measured faster (head rows under 128 bytes, a
+ * batch writing at least 3 times the GPU's L2), 1 page order wherever it applies, 2 never. */
+NVFP4KV_API nvfp4kv_status nvfp4kv_set_store_order(int order);
+
+/* Bytes of a store workspace for caches of up to num_blocks blocks of block_size tokens
+ * (16 + 4 * num_blocks * (2 * block_size + 3)). */
+NVFP4KV_API nvfp4kv_status nvfp4kv_store_workspace_size(int64_t num_blocks, int64_t block_size,
+                                                        size_t* bytes);
+
 /* Dequantize every page of a cache (FORMAT.md §6).
  *
  * kv_cache, value_cache, k_scale, v_scale, profile: as for nvfp4kv_store.
