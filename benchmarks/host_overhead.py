@@ -16,10 +16,11 @@ for path in ("exchange", "attributes", "dlpack"):
     try:
         rows = [bench.bench_store_case(torch, nvfp4kv, n) for n in (1, 64)]
         rows += [bench.bench_store_case(torch, nvfp4kv, 1, scales="host")]
+        rows += [bench.bench_store_case(torch, nvfp4kv, n, prepared=True) for n in (1, 64)]
         g = bench.bench_gather_case(torch, nvfp4kv, 4096)
     finally:
         _C._set_torch_paths(prev)
-    cells = [f"store {r['tokens']} ({r['scales']} scales) {r['us']:.2f} us "
+    cells = [f"{'prepared' if r['prepared'] else 'store'} {r['tokens']} ({r['scales']} scales) {r['us']:.2f} us "
              f"({r['us'] / r['launch_us']:.2f}x launch)" for r in rows]
     print(f"{path:>10}: " + "; ".join(cells) + f"; gather 4096 {g['us']:.2f} us")
 

@@ -17,7 +17,7 @@ _RECIPES = {name: i for i, name in enumerate(_C.RECIPES)}
 _SCALE_LAYOUTS = {name: i for i, name in enumerate(_C.SCALE_LAYOUTS)}
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
-__all__ = ["store", "store_workspace", "store_workspace_bytes", "reshape_and_cache_flash", "dequantize",
+__all__ = ["store", "prepare_store", "store_workspace", "store_workspace_bytes", "reshape_and_cache_flash", "dequantize",
            "gather_dequant", "build_info"]
 
 
@@ -127,6 +127,27 @@ def store(
     """
     _C.store(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cache, recipe, scale_layout, stream,
              workspace)
+
+
+def prepare_store(
+    kv_cache: Any,
+    k_scale: Any = 1.0,
+    v_scale: Any = 1.0,
+    *,
+    value_cache: Any = None,
+    recipe: str = "nvfp4",
+    scale_layout: str = "vllm",
+    workspace: Any = None,
+) -> Any:
+    """A store for one layer's cache: ``prepared(key, value, slot_mapping, stream=None)``.
+
+    The same operation and checks as :func:`store` with these arguments, but the cache, the two
+    global scales and the workspace are imported once, here, instead of at every call: a
+    decode step's store of a few tokens costs mostly this host work. The object keeps the tensors
+    alive and reads them at each call (so in-place updates of a scale tensor are seen); do not
+    resize or reallocate them. Arguments are validated at each call, as by :func:`store`.
+    """
+    return _C.PreparedStore(kv_cache, k_scale, v_scale, value_cache, recipe, scale_layout, workspace)
 
 
 def store_workspace_bytes(num_blocks: int, block_size: int) -> int:

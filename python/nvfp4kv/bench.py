@@ -172,7 +172,8 @@ def _case_bytes(n: int, H: int, D: int, elem: int, slot_bytes: int = 8) -> int:
 def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 16,
                      dtype: str = "bfloat16", layout: str = "HND", recipe: str = "nvfp4",
                      scale_layout: str = "vllm", quick: bool = False, graph: bool = False,
-                     slots: str = "random", scales: str = "device", workspace: bool = False) -> Dict:
+                     slots: str = "random", scales: str = "device", workspace: bool = False,
+                     prepared: bool = False) -> Dict:
     tdtype = getattr(torch, dtype)
     pages = (n + T - 1) // T
     spec = nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D, cache_dtype="nvfp4")
@@ -196,13 +197,19 @@ def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 
     v_scale = torch.tensor([0.02], device="cuda") if scales == "device" else 0.02
     # One workspace for every input set, as an engine keeps one for all layers.
     ws = nvfp4kv.store_workspace(inputs[0][2]) if workspace else None
+    # prepared: one prepare_store per cache (an engine keeps one per layer), called per step.
+    stores = [nvfp4kv.prepare_store(kv, k_scale, v_scale, recipe=recipe, scale_layout=scale_layout, workspace=ws)
+              for _, _, kv, _ in inputs] if prepared else None
     state = {"i": 0}
 
     def call():
         key, value, kv, slot_mapping = inputs[state["i"] % sets]
+        if stores:
+            stores[state["i"] % sets](key, value, slot_mapping)
+        else:
+            nvfp4kv.store(key, value, kv, slot_mapping, k_scale, v_scale, recipe=recipe, scale_layout=scale_layout,
+                          workspace=ws)
         state["i"] += 1
-        nvfp4kv.store(key, value, kv, slot_mapping, k_scale, v_scale, recipe=recipe, scale_layout=scale_layout,
-                      workspace=ws)
 
     for _ in range(3):
         call()
@@ -211,7 +218,7 @@ def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 
     us, launch_us, gpu_us = _time_case(torch, call, total, quick)
     row = {"tokens": n, "launch_us": launch_us, "H": H, "D": D, "T": T, "dtype": dtype, "layout": layout, "recipe": recipe,
            "scale_layout": scale_layout, "slots": slots, "scales": scales, "us": us, "gpu_us": gpu_us, "bytes": total,
-           "sets": sets, "workspace": workspace}
+           "sets": sets, "workspace": workspace, "prepared": prepared}
     if graph:
         row["graph_us"] = _graph_per_call(torch, call, GRAPH_NODES, 5 if quick else 10)
     return row
@@ -260,6 +267,8 @@ def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = T
     tokens = (1, 64, 4096, 65536) if quick else TOKENS
     for n in tokens:
         cases.append(dict(n=n, graph=n <= 1024))
+    # Small stores through prepare_store (cache, scales imported once): the host's share of a call.
+    cases += [dict(n=n, prepared=True) for n in ((1,) if quick else (1, 16, 64))]
     if not quick:
         for extra in (dict(D=64), dict(D=256), dict(H=32), dict(H=32, workspace=True), dict(dtype="float16"),
                       dict(layout="NHD", scale_layout="linear"), dict(recipe="nvfp4_4over6")):
@@ -312,6 +321,10 @@ def _pct(row: Dict, key: str) -> str:
     return f"{100 * row[key]:.1f}%" if key in row else ""
 
 
+def _api(row: Dict) -> str:
+    return "prep" if row.get("prepared") else "ws" if row.get("workspace") else ""
+
+
 def format_table(result: Dict) -> str:
     c = result["ceilings"]
     lines = [
@@ -320,16 +333,17 @@ def format_table(result: Dict) -> str:
         f"{c['empty_launch_us']:.2f} us back to back, {c['empty_graph_node_us']:.2f} us per graph node",
         "us: back-to-back calls from Python; xlaunch: us / an empty kernel's launch timed alternately "
         "with it; gpu us: the same calls queued with the host ahead (device time); %sized: a copy of "
-        "the case's bytes (same device timing) over gpu us; ws: with a store workspace (page order)",
+        "the case's bytes (same device timing) over gpu us; api: ws with a store workspace, prep through "
+        "prepare_store",
         "",
-        f"{'tokens':>7} {'H':>3} {'D':>4} {'dtype':>9} {'layout':>6} {'recipe':>13} {'ws':>2} {'us':>8} "
+        f"{'tokens':>7} {'H':>3} {'D':>4} {'dtype':>9} {'layout':>6} {'recipe':>13} {'api':>4} {'us':>8} "
         f"{'%copy':>6} {'xlaunch':>7} {'gpu us':>8} {'GB/s':>6} {'%copy':>6} {'%sized':>6} {'graph us':>8}",
     ]
     for r in result["store"]:
         g = f"{r['graph_us']:.2f}" if "graph_us" in r else ""
         lines.append(
             f"{r['tokens']:>7} {r['H']:>3} {r['D']:>4} {r['dtype']:>9} {r['layout']:>6} "
-            f"{r['recipe']:>13} {'ws' if r.get('workspace') else '':>2} {r['us']:>8.2f} {100 * r['frac_copy']:>5.1f}% {r['x_launch']:>7.2f} "
+            f"{r['recipe']:>13} {_api(r):>4} {r['us']:>8.2f} {100 * r['frac_copy']:>5.1f}% {r['x_launch']:>7.2f} "
             f"{r['gpu_us']:>8.2f} {r['GBps_gpu']:>6.0f} {100 * r['frac_copy_gpu']:>5.1f}% "
             f"{_pct(r, 'frac_size_copy'):>6} {g:>8}"
         )

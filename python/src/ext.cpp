@@ -383,6 +383,48 @@ void store(nb::handle key, nb::handle value, nb::handle kv_cache, nb::handle slo
   raise_for(st);
 }
 
+// A store with its per-layer arguments imported once (nvfp4kv.prepare_store): each call imports
+// only key, value and slot_mapping (a decode step's store is bound by this host work, and the
+// cache, scales and workspace are the same tensors at every step). The imported views point into
+// the members, so the object is built in place and never copied; it keeps the tensors alive.
+struct PreparedStore {
+  Arg cache, value_cache, k_scale, v_scale, workspace;
+  int recipe = 0, profile = 0;
+  nb::object cache_obj;
+
+  PreparedStore(nb::handle kv_cache, nb::handle k_scale_, nb::handle v_scale_, nb::handle value_cache_,
+                nb::handle recipe_, nb::handle scale_layout, nb::handle workspace_) {
+    recipe = choice(recipe_, kRecipeNames, 2, "_RECIPES", "recipe");
+    profile = choice(scale_layout, kScaleLayoutNames, 2, "_SCALE_LAYOUTS", "scale_layout");
+    const nb::object ksc = scale_arg(k_scale_), vsc = scale_arg(v_scale_);
+    import_array(cache, kv_cache, value_cache_.is_none() ? "kv_cache" : "key_cache", true);
+    import_optional(value_cache, value_cache_, "value_cache", true);
+    import_scale(k_scale, ksc, "k_scale");
+    import_scale(v_scale, vsc, "v_scale");
+    import_optional(workspace, workspace_, "workspace", true);
+    cache_obj = nb::borrow(kv_cache);
+  }
+  PreparedStore(const PreparedStore&) = delete;
+  PreparedStore& operator=(const PreparedStore&) = delete;
+
+  void operator()(nb::handle key, nb::handle value, nb::handle slot_mapping, nb::handle stream) {
+    Arg k, v, s;
+    import_array(k, key, "key", false);
+    import_array(v, value, "value", false);
+    import_array(s, slot_mapping, "slot_mapping", false);
+    const uintptr_t st_handle = stream_handle(stream, cache_obj, cache);
+    nvfp4kv_status st;
+    {
+      nb::gil_scoped_release release;
+      st = nvfp4kv_store_with_workspace(k.get(), v.get(), cache.get(), value_cache.get(), s.get(),
+                                        k_scale.get(), v_scale.get(), static_cast<nvfp4kv_recipe>(recipe),
+                                        static_cast<nvfp4kv_scale_profile>(profile), workspace.get(),
+                                        reinterpret_cast<void*>(st_handle));
+    }
+    raise_for(st);
+  }
+};
+
 void dequantize(nb::handle kv_cache, nb::handle value_cache, nb::handle pages, nb::handle k_scale,
                 nb::handle v_scale, nb::handle scale_layout, nb::handle key_out,
                 nb::handle value_out, nb::handle stream) {
@@ -471,6 +513,13 @@ NB_MODULE(_C, m) {
         nb::arg("slot_mapping"), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
         nb::arg("value_cache").none(), nb::arg("recipe").none(), nb::arg("scale_layout").none(),
         nb::arg("stream").none(), nb::arg("workspace").none() = nb::none());
+  nb::class_<PreparedStore>(m, "PreparedStore")
+      .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle>(),
+           nb::arg("kv_cache"), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
+           nb::arg("value_cache").none(), nb::arg("recipe").none(), nb::arg("scale_layout").none(),
+           nb::arg("workspace").none())
+      .def("__call__", &PreparedStore::operator(), nb::arg("key"), nb::arg("value"),
+           nb::arg("slot_mapping"), nb::arg("stream").none() = nb::none());
   m.def("store_workspace_bytes", [](int64_t num_blocks, int64_t block_size) {
     size_t bytes = 0;
     raise_for(nvfp4kv_store_workspace_size(num_blocks, block_size, &bytes));

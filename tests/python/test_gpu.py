@@ -105,9 +105,11 @@ def garbage_workspace(N, T, gen):
 
 
 def run_both(N, T, H, D, view, layout, dtype, recipe, scale_layout, slot_dtype, n, seed,
-             fused=False, pad=0, device_scales=False, scales=None, workspace=None, slots=None):
+             fused=False, pad=0, device_scales=False, scales=None, workspace=None, slots=None,
+             prepared=False):
     """workspace (GPU call only): None, or a store workspace, or "garbage" for a fresh one of
-    random bytes. slots: given, or random distinct ones with padding and out-of-range entries."""
+    random bytes. slots: given, or random distinct ones with padding and out-of-range entries.
+    prepared: the GPU call through prepare_store."""
     gen = torch.Generator().manual_seed(seed)
     random.seed(seed)
     F = full_dim(D)
@@ -132,8 +134,13 @@ def run_both(N, T, H, D, view, layout, dtype, recipe, scale_layout, slot_dtype, 
         vd.copy_(value)
     gk = torch.tensor([ks], dtype=torch.float32, device="cuda") if device_scales else ks
     gv = torch.tensor([vs], dtype=torch.float32, device="cuda") if device_scales else vs
-    nvfp4kv.store(kd, vd, slot_mapping=sd, k_scale=gk, v_scale=gv, recipe=recipe,
-                  scale_layout=scale_layout, workspace=workspace, **cache_views(raw_gpu, N, T, H, D, view, layout))
+    views = cache_views(raw_gpu, N, T, H, D, view, layout)
+    if prepared:
+        nvfp4kv.prepare_store(views.pop("kv_cache"), gk, gv, recipe=recipe, scale_layout=scale_layout,
+                              workspace=workspace, **views)(kd, vd, sd)
+    else:
+        nvfp4kv.store(kd, vd, slot_mapping=sd, k_scale=gk, v_scale=gv, recipe=recipe,
+                      scale_layout=scale_layout, workspace=workspace, **views)
     torch.cuda.synchronize()
     got = raw_gpu.cpu()
     if not torch.equal(got, raw_cpu):
@@ -175,6 +182,12 @@ def _matrix():
 @pytest.mark.parametrize("case", _matrix(), ids=lambda c: "-".join(map(str, c[:10])).replace("torch.", ""))
 def test_gpu_equals_cpu(case):
     run_both(*case, seed=stable_seed(case))
+
+
+@pytest.mark.parametrize("case", _matrix()[::3], ids=lambda c: "-".join(map(str, c[:10])).replace("torch.", ""))
+@pytest.mark.parametrize("device_scales", (False, True))
+def test_prepared_store_equals_cpu(case, device_scales):
+    run_both(*case, seed=stable_seed(case), prepared=True, device_scales=device_scales)
 
 
 # Calls of a few tokens per SM with aligned inputs (up to 8 per SM for nvfp4, 2 for
@@ -419,8 +432,9 @@ def test_sorted_store_bad_workspace_rejected_and_cache_untouched():
     assert torch.all(kv == 0xA5)
 
 
+@pytest.mark.parametrize("prepared", (False, True))
 @pytest.mark.parametrize("many", (False, True))  # both store kernels (see many_tokens)
-def test_cuda_graph_capture_and_replay(many):
+def test_cuda_graph_capture_and_replay(many, prepared):
     """Capture once, then change inputs, slots and the device scales in place and replay."""
     T, H, D = 16, 8, 128
     n = many_tokens() if many else 40
@@ -435,12 +449,14 @@ def test_cuda_graph_capture_and_replay(many):
     vs = torch.tensor([0.2], device="cuda")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
+    ps = nvfp4kv.prepare_store(kv, ks, vs)
+    store = (lambda: ps(key, value, slots)) if prepared else (lambda: nvfp4kv.store(key, value, kv, slots, ks, vs))
     with torch.cuda.stream(stream):
-        nvfp4kv.store(key, value, kv, slots, ks, vs)  # warm-up outside capture
+        store()  # warm-up outside capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        nvfp4kv.store(key, value, kv, slots, ks, vs)
+        store()
     for step in range(3):
         key.copy_(torch.randn(n, H, D, generator=gen).to(torch.bfloat16))
         value.copy_(torch.randn(n, H, D, generator=gen).to(torch.bfloat16))

@@ -244,6 +244,66 @@ def test_workspace_bytes_rejects_bad_sizes(nv):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("view,layout,scale_layout", view_combos())
+@pytest.mark.parametrize("recipe", ref.RECIPES)
+def test_prepared_store_equals_the_reference(nv, backend, view, layout, scale_layout, recipe):
+    """prepare_store(...)(key, value, slots): the bytes of store(), call after call."""
+    rng = np.random.default_rng(34)
+    N, T, H, D = 3, 4, 2, 64
+    cache = make_cache(N, T, H, D, view, layout, backend, seed=12)
+    ks = make_scale(0.37, "tensor") if backend == "torch" else 0.37
+    kw = cache.kwargs()
+    prepared = nv.prepare_store(kw.pop("kv_cache"), ks, 0.5, value_cache=kw.get("value_cache"), recipe=recipe,
+                                scale_layout=scale_layout)
+    for step in range(2):
+        k, v = mixed_tokens(rng, 5, H, D), mixed_tokens(rng, 5, H, D)
+        key, value, k32, v32 = make_kv(k, v, "float32", backend)
+        slots = make_slots(scatter_slots(rng, 5, N, T), backend=backend)
+        snap = cache.snapshot()
+        want = expected_store(cache, snap, k32, v32, slots, ks, 0.5, recipe, scale_layout)
+        prepared(key, value, slots)
+        assert_bytes_equal(cache.snapshot(), want, cache)
+
+
+def test_prepared_store_keeps_its_tensors_and_sees_scale_updates(nv):
+    import gc
+
+    rng = np.random.default_rng(35)
+    N, T, H, D = 2, 4, 2, 64
+    cache = make_cache(N, T, H, D, "5d", "HND", "torch", seed=13)
+    ks = torch.tensor([0.25])
+    prepared = nv.prepare_store(cache.kv_cache, ks, torch.tensor([0.5]))  # v_scale: only the object holds it
+    gc.collect()
+    k = mixed_tokens(rng, 3, H, D)
+    key, value, k32, v32 = make_kv(k, k, "float32", "torch")
+    slots = make_slots([0, 5, 7], backend="torch")
+    for g in (0.25, 2.0):
+        ks.fill_(g)  # read at each call, like store()'s scale arguments
+        snap = cache.snapshot()
+        want = expected_store(cache, snap, k32, v32, slots, g, 0.5)
+        prepared(key, value, slots)
+        assert_bytes_equal(cache.snapshot(), want, cache)
+
+
+def test_prepared_store_errors(nv):
+    N, T, H, D = 2, 4, 2, 64
+    cache = make_cache(N, T, H, D, "5d", "HND", "torch", seed=14)
+    with pytest.raises(ValueError, match="recipe"):
+        nv.prepare_store(cache.kv_cache, 1.0, 1.0, recipe="fp8")
+    with pytest.raises(TypeError, match="kv_cache"):
+        nv.prepare_store([1, 2, 3], 1.0, 1.0)
+    prepared = nv.prepare_store(cache.kv_cache, 1.0, 1.0)
+    before = cache.snapshot()
+    key = torch.zeros(2, H, D, dtype=torch.float64)
+    with pytest.raises(TypeError, match="key: dtype float64"):
+        prepared(key, key, torch.tensor([0, 1]))
+    key = torch.zeros(2, H + 1, D)
+    with pytest.raises(ValueError, match="heads"):
+        prepared(key, key, torch.tensor([0, 1]))
+    assert_bytes_equal(cache.snapshot(), before, cache)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_all_slots_skipped(nv, backend):
     rng = np.random.default_rng(32)
     N, T, H, D = 2, 4, 2, 64
