@@ -29,6 +29,12 @@ if os.environ.get("CASES") == "small":  # small stores in graphs, gathers from 4
         cases = [dict(n=int(n), graph=True, recipe=os.environ.get("CASES_RECIPE", "nvfp4"))
                  for n in os.environ["CASES_N"].split(",")]
     gathers = (4096, 16384, 65536, 1 << 20) if os.environ.get("GATHERS") != "none" else ()
+if os.environ.get("CASES") == "wide":  # large stores in both orders (page order forced where it applies)
+    cases = [dict(n=4096), dict(n=16384), dict(n=65536), dict(n=65536, slots="sequential"), dict(n=65536, D=64),
+             dict(n=65536, D=256), dict(n=65536, workspace=True), dict(n=65536, H=32, workspace=True),
+             dict(n=262144, workspace=True), dict(n=65536, recipe="nvfp4_4over6")]
+    nvfp4kv._C._set_store_order("page")
+    gathers = ()
 for cs in cases:
     r = B.bench_store_case(torch, nvfp4kv, quick=True, **cs)
     g = f" graph {r['graph_us']:.2f}" if "graph_us" in r else ""
