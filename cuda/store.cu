@@ -35,9 +35,10 @@ constexpr int kMaxRow = 512;  // most threads of one block (one token row, or a 
 constexpr int64_t kSmallPerSm = 8;
 constexpr int64_t kSmallPerSm4over6 = 2;
 // With a workspace, calls whose rows add up to at least this many times the L2 go in page order,
-// if their head rows are narrower than a 128-byte line (RESULTS.md run 95: random slots, H 8 or
-// 32: page order 7-14 % slower at 1.5 times the L2, 4-7 % faster at 3 times, 24-31 % at 6-12
-// times; D 256, whose rows are whole lines, 10 % slower at 3 times, even at 6).
+// if their head rows are narrower than a 128-byte line (RESULTS.md run 94, on an H200 whose L2
+// is 54 MiB: random slots, H 8 or 32: page order 14 % slower at 1.3 times the L2, 4-7 % faster
+// at 2.7 times, 24-31 % at 5-11 times; D 256, whose rows are whole lines, 10 % slower at 2.7
+// times, 2 % faster at 5.3).
 constexpr int64_t kSortedL2Multiple = 3;
 std::atomic<int> g_store_order{0};  // nvfp4kv_set_store_order
 
@@ -49,9 +50,11 @@ struct WorkspaceParts {
   int32_t* pages;   // [N]: the listed pages
   int32_t* token;   // [N * T]: the last token of each slot
   int32_t* order;   // [N * T]: token of position p of the i-th listed page at i * T + p, or -1
+  uint32_t N;       // pages the lists hold (a count beyond it is a header that was not zero)
 
   static WorkspaceParts of(int32_t* base, int64_t N, int64_t T) {
-    return WorkspaceParts{base, base + 4, base + 4 + N, base + 4 + 2 * N, base + 4 + 3 * N, base + 4 + 3 * N + N * T};
+    return WorkspaceParts{base, base + 4, base + 4 + N, base + 4 + 2 * N, base + 4 + 3 * N, base + 4 + 3 * N + N * T,
+                          static_cast<uint32_t>(N)};
   }
 };
 
@@ -169,12 +172,17 @@ struct Item {
   // Page order (the sorted kernel): step t is position t % T of the (t / T)-th listed page, and
   // `token` (read ahead from the workspace's order) its token, or -1 for a position no token
   // targets. The page number is only needed by the stores, so its load is not waited for here.
+  // Both are range-checked: workspace words left by a call that failed half-way, or a header
+  // that was not zero, can then misplace rows but never reach outside the inputs or the cache.
+  // (Checking each token against slot_mapping instead cost 7-15 %: RESULTS.md run 103.)
   __device__ __forceinline__ void load_sorted(const StoreLaunch& L, const Lane& lane, uint32_t t, int32_t token) {
-    const uint32_t li = L.block_size.div(t);
     slot = -1;
-    if (token >= 0) {
-      slot = static_cast<int64_t>(L.ws.pages[li]) * L.block_size.d + (t - li * L.block_size.d);
+    if (token >= 0 && token < L.p.num_tokens) {
+      const uint32_t li = L.block_size.div(t);
+      const int32_t page = L.ws.pages[li];
       load_input(lane, token);
+      if (page >= 0 && static_cast<uint32_t>(page) < L.ws.N)
+        slot = static_cast<int64_t>(page) * L.block_size.d + (t - li * L.block_size.d);
     }
   }
 
@@ -276,7 +284,7 @@ __global__ void __launch_bounds__(kMaxRow) store_kernel(const __grid_constant__ 
   allow_next_grids();
   // Steps of this launch: its tokens, or in page order T per listed page.
   const uint32_t n = !active ? 0u
-                     : kSorted ? static_cast<uint32_t>(L.ws.header[0]) * L.block_size.d
+                     : kSorted ? min(static_cast<uint32_t>(L.ws.header[0]), L.ws.N) * L.block_size.d
                                : L.num_tokens;
   // In page order each item's token comes from the workspace: read one step ahead of the item's
   // own loads (so two steps ahead of its use), no load waits on another within a step.
@@ -401,8 +409,8 @@ __global__ void __launch_bounds__(kThreads) claim_pages_kernel(const __grid_cons
     block_base = total ? atomicAdd(L.ws.header, total) : 0;
   }
   __syncthreads();
-  if (listed) {
-    const int32_t li = block_base + warp_base[warp] + __popc(ballot & ((1u << lane) - 1));
+  const int32_t li = block_base + warp_base[warp] + __popc(ballot & ((1u << lane) - 1));
+  if (listed && static_cast<uint32_t>(li) < L.ws.N) {  // always, unless the header was not zero
     L.ws.pages[li] = page;
     L.ws.index[page] = li;
     for (uint32_t pos = 0; pos < L.block_size.d; ++pos) L.ws.order[static_cast<int64_t>(li) * L.block_size.d + pos] = -1;
@@ -418,7 +426,9 @@ __global__ void __launch_bounds__(kThreads) order_tokens_kernel(const __grid_con
   const int64_t s = call_slot(L, i);
   if (s < 0 || L.ws.token[s] != i) return;
   const int64_t page = L.block_size.div_any(s);
-  L.ws.order[static_cast<int64_t>(L.ws.index[page]) * L.block_size.d + (s - page * L.block_size.d)] = i;
+  const int32_t li = L.ws.index[page];
+  if (li >= 0 && static_cast<uint32_t>(li) < L.ws.N)  // always, unless the header was not zero
+    L.ws.order[static_cast<int64_t>(li) * L.block_size.d + (s - page * L.block_size.d)] = i;
 }
 
 // Launches one kernel instantiation: reads its occupancy once per device and block size, then
@@ -545,7 +555,7 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   const int g = variant == Variant::kPairs || variant == Variant::kSorted ? 2 : 1;
   StoreLaunch L;
   L.p = p;
-  L.ws = WorkspaceParts::of(p.workspace, p.num_slots / p.T, p.T);
+  L.ws = sorted ? WorkspaceParts::of(p.workspace, p.num_slots / p.T, p.T) : WorkspaceParts{};
   L.items = RowItems(p.H, p.k.cache.D, p.v.cache.D, g);
   L.block_size = FastDiv(static_cast<uint32_t>(p.T));
   L.off[0] = SideOffsets::make(p.k.cache, p.layout, p.H, p.T);
@@ -565,8 +575,8 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   L.tokens_per_block = small ? 1 : static_cast<uint32_t>(spread < full ? (spread > 1 ? spread : 1) : full);
   int threads = static_cast<int>(row_slice * (small ? 1 : full));
   if (sorted) {  // a warp per (side, head), up to kMaxRow threads; 32 / units positions per step
-    const uint32_t warps = std::min<uint32_t>(2 * p.H, kMaxRow / 32);
-    slices = (2 * p.H + warps - 1) / warps;
+    slices = (2 * p.H + kMaxRow / 32 - 1) / (kMaxRow / 32);
+    const uint32_t warps = (2 * p.H + slices - 1) / slices;  // the (side, head) rows spread evenly
     L.row_slice = FastDiv(warps * units);
     L.tokens_per_block = 32 / units;
     threads = static_cast<int>(warps * 32);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include <exception>
+#include <initializer_list>
 #include <string>
 
 #include "cpu.h"
@@ -440,6 +441,24 @@ void run(const Cache& c, const Params& p, void (*cpu)(const Params&),
 #endif
 }
 
+// Whether two tensors' byte ranges (from their lowest to their highest element) intersect.
+bool overlap(const Tensor& a, const Tensor& b) {
+  const auto range = [](const Tensor& x, uintptr_t& lo, uintptr_t& hi) {
+    int64_t first = 0, last = 0;
+    for (int i = 0; i < x.ndim(); ++i) {
+      if (x.size(i) == 0) return false;
+      const int64_t span = (x.size(i) - 1) * x.stride(i);
+      (span < 0 ? first : last) += span;
+    }
+    const int64_t bytes = (x.t->dtype.bits * x.t->dtype.lanes + 7) / 8;
+    lo = reinterpret_cast<uintptr_t>(x.ptr()) + first * bytes;
+    hi = reinterpret_cast<uintptr_t>(x.ptr()) + last * bytes + bytes;
+    return true;
+  };
+  uintptr_t alo, ahi, blo, bhi;
+  return range(a, alo, ahi) && range(b, blo, bhi) && alo < bhi && blo < ahi;
+}
+
 int64_t store_workspace_bytes(int64_t num_blocks, int64_t block_size) {
   if (num_blocks < 0 || block_size <= 0 || num_blocks > (int64_t{1} << 40) / block_size)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
@@ -524,7 +543,16 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
   p.dtype = dtype;
   p.layout = c.layout;
   p.recipe = recipe == NVFP4KV_RECIPE_NVFP4 ? Recipe::kNvfp4 : Recipe::kNvfp4_4over6;
-  if (workspace) p.workspace = store_workspace(Tensor(workspace, "workspace"), cache_ref, c);
+  if (workspace) {
+    const Tensor w(workspace, "workspace");
+    p.workspace = store_workspace(w, cache_ref, c);
+    // The kernels write the workspace while they read the inputs and write the cache.
+    for (const Tensor* x : std::initializer_list<const Tensor*>{&key, &value, &slots, &cache_ref})
+      if (overlap(w, *x))
+        fail(NVFP4KV_ERROR_INVALID_VALUE, "workspace: overlaps %s; it must be memory of its own", x->name);
+    if (value_cache && overlap(w, Tensor(value_cache, c.v_name)))
+      fail(NVFP4KV_ERROR_INVALID_VALUE, "workspace: overlaps %s; it must be memory of its own", c.v_name);
+  }
 
   run(c, p, cpu_store, CUDA_OR_NULL(cuda_store), stream);
 }

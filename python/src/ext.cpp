@@ -356,6 +356,18 @@ nb::object scale_arg(nb::handle x) {
 const char* const kRecipeNames[] = {"nvfp4", "nvfp4_4over6"};          // enum order
 const char* const kScaleLayoutNames[] = {"vllm", "linear"};           // enum order
 
+// nvfp4kv_store, or nvfp4kv_store_with_workspace when there is a workspace (so that errors of
+// calls without one keep the name of the plain entry point). Called without the GIL.
+nvfp4kv_status store_call(const Arg& k, const Arg& v, const Arg& c, const Arg& vc, const Arg& s, const Arg& ks,
+                          const Arg& vs, int recipe, int profile, const Arg& ws, uintptr_t stream) {
+  const auto r = static_cast<nvfp4kv_recipe>(recipe);
+  const auto p = static_cast<nvfp4kv_scale_profile>(profile);
+  void* st = reinterpret_cast<void*>(stream);
+  return ws.present ? nvfp4kv_store_with_workspace(k.get(), v.get(), c.get(), vc.get(), s.get(), ks.get(), vs.get(),
+                                                   r, p, ws.get(), st)
+                    : nvfp4kv_store(k.get(), v.get(), c.get(), vc.get(), s.get(), ks.get(), vs.get(), r, p, st);
+}
+
 void store(nb::handle key, nb::handle value, nb::handle kv_cache, nb::handle slot_mapping,
            nb::handle k_scale, nb::handle v_scale, nb::handle value_cache, nb::handle recipe,
            nb::handle scale_layout, nb::handle stream, nb::handle workspace) {
@@ -375,10 +387,7 @@ void store(nb::handle key, nb::handle value, nb::handle kv_cache, nb::handle slo
   nvfp4kv_status st;
   {
     nb::gil_scoped_release release;
-    st = nvfp4kv_store_with_workspace(k.get(), v.get(), c.get(), vc.get(), s.get(), ks.get(), vs.get(),
-                                      static_cast<nvfp4kv_recipe>(r),
-                                      static_cast<nvfp4kv_scale_profile>(profile), ws.get(),
-                                      reinterpret_cast<void*>(st_handle));
+    st = store_call(k, v, c, vc, s, ks, vs, r, profile, ws, st_handle);
   }
   raise_for(st);
 }
@@ -416,10 +425,7 @@ struct PreparedStore {
     nvfp4kv_status st;
     {
       nb::gil_scoped_release release;
-      st = nvfp4kv_store_with_workspace(k.get(), v.get(), cache.get(), value_cache.get(), s.get(),
-                                        k_scale.get(), v_scale.get(), static_cast<nvfp4kv_recipe>(recipe),
-                                        static_cast<nvfp4kv_scale_profile>(profile), workspace.get(),
-                                        reinterpret_cast<void*>(st_handle));
+      st = store_call(k, v, cache, value_cache, s, k_scale, v_scale, recipe, profile, workspace, st_handle);
     }
     raise_for(st);
   }

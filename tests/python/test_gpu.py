@@ -317,6 +317,10 @@ def _sorted_matrix():
         n = SORTED_MIN + rng.randrange(0, 2000)
         N = -(-(n * 4 // 3) // T)  # about a quarter of the slots stay free: partly filled pages
         cases.append((N, T, H, D, view, "HND", dtype, recipe, scale_layout, slot_dtype, n))
+    # Several block slices (2H > 16 warps), unevenly (H 9), and 16 items per head row (D 512).
+    cases.append((900, 16, 12, 64, "5d", "HND", "bfloat16", "nvfp4", "vllm", torch.int64, SORTED_MIN + 5))
+    cases.append((900, 16, 9, 32, "packed4d", "HND", "float16", "nvfp4_4over6", "linear", torch.int32, SORTED_MIN))
+    cases.append((700, 16, 1, 512, "sides", "HND", "bfloat16", "nvfp4", "vllm", torch.int64, SORTED_MIN + 1))
     # Where the page order does not apply, the workspace is ignored: NHD, 3 items per head row.
     cases.append((700, 16, 4, 128, "5d", "NHD", "bfloat16", "nvfp4", "linear", torch.int64, SORTED_MIN))
     cases.append((700, 16, 4, 96, "5d", "HND", "bfloat16", "nvfp4", "linear", torch.int64, SORTED_MIN))
@@ -340,6 +344,17 @@ def test_sorted_store_duplicate_slots_keep_the_last_token(recipe):
              workspace="garbage", slots=slots)
 
 
+@pytest.mark.parametrize("N", (0, 40))
+def test_sorted_store_without_valid_slots(N):
+    """Every slot padding or out of range (or no pages at all): nothing written, header reset."""
+    n = SORTED_MIN
+    slots = torch.where(torch.arange(n) % 2 == 0, torch.tensor(-1), torch.tensor(N * 16 + 3))
+    gen = torch.Generator().manual_seed(9)
+    ws = garbage_workspace(N, 16, gen)
+    run_both(N, 16, 2, 64, "5d", "HND", "bfloat16", "nvfp4", "vllm", torch.int64, n, seed=10,
+             workspace=ws, slots=slots)
+
+
 def test_sorted_store_reuses_one_workspace():
     """One workspace for calls on caches of several sizes; each call leaves entries behind
     that the next one must not take, including slots a token index of the next call maps to."""
@@ -350,40 +365,6 @@ def test_sorted_store_reuses_one_workspace():
         # Step 1: the same cache size, so every entry of step 0 sits where step 1 looks.
         run_both(N, T, H, 64, "5d", "HND", "bfloat16", "nvfp4", "vllm", torch.int64, n, seed=20 + step,
                  workspace=ws)
-
-
-def test_sorted_store_cuda_graph_replay():
-    T, H, D = 16, 4, 128
-    n = SORTED_MIN + 300
-    N = -(-(n + 500) // T)
-    gen = torch.Generator().manual_seed(3)
-    raw = make_raw(N, H * T * full_dim(D), 0, gen).cuda()
-    kv = cache_views(raw, N, T, H, D, "5d", "HND")["kv_cache"]
-    ws = nvfp4kv.store_workspace(kv)
-    key = torch.randn(n, H, D, device="cuda", dtype=torch.bfloat16)
-    value = torch.randn(n, H, D, device="cuda", dtype=torch.bfloat16)
-    slots = torch.randperm(N * T, device="cuda")[:n]
-    ks = torch.tensor([0.1], device="cuda")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        nvfp4kv.store(key, value, kv, slots, ks, ks, workspace=ws)  # warm-up outside capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        nvfp4kv.store(key, value, kv, slots, ks, ks, workspace=ws)
-    for step in range(3):
-        key.copy_(torch.randn(n, H, D, generator=gen).to(torch.bfloat16))
-        value.copy_(torch.randn(n, H, D, generator=gen).to(torch.bfloat16))
-        slots.copy_(torch.randperm(N * T, generator=gen)[:n])
-        ks.fill_(0.05 * (step + 1))
-        expect = raw.cpu()
-        nvfp4kv.store(key.cpu(), value.cpu(), cache_views(expect, N, T, H, D, "5d", "HND")["kv_cache"],
-                      slots.cpu(), ks.item(), ks.item())
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(raw.cpu(), expect), f"replay {step} differs from the CPU path"
-        assert torch.all(ws[:8].cpu() == 0)
 
 
 def test_store_order_default_takes_page_order_only_for_large_batches():
@@ -432,12 +413,12 @@ def test_sorted_store_bad_workspace_rejected_and_cache_untouched():
     assert torch.all(kv == 0xA5)
 
 
+@pytest.mark.parametrize("kernel", ("small", "many", "sorted"))  # the store kernels (see many_tokens, SORTED_MIN)
 @pytest.mark.parametrize("prepared", (False, True))
-@pytest.mark.parametrize("many", (False, True))  # both store kernels (see many_tokens)
-def test_cuda_graph_capture_and_replay(many, prepared):
+def test_cuda_graph_capture_and_replay(kernel, prepared):
     """Capture once, then change inputs, slots and the device scales in place and replay."""
     T, H, D = 16, 8, 128
-    n = many_tokens() if many else 40
+    n = {"small": 40, "many": many_tokens(), "sorted": SORTED_MIN + 300}[kernel]
     N = max(16, -(-(n + 20) // T))
     gen = torch.Generator().manual_seed(0)
     raw = make_raw(N, H * T * full_dim(D), 0, gen).cuda()
@@ -449,8 +430,10 @@ def test_cuda_graph_capture_and_replay(many, prepared):
     vs = torch.tensor([0.2], device="cuda")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    ps = nvfp4kv.prepare_store(kv, ks, vs)
-    store = (lambda: ps(key, value, slots)) if prepared else (lambda: nvfp4kv.store(key, value, kv, slots, ks, vs))
+    ws = nvfp4kv.store_workspace(kv) if kernel == "sorted" else None
+    ps = nvfp4kv.prepare_store(kv, ks, vs, workspace=ws)
+    store = ((lambda: ps(key, value, slots)) if prepared
+             else (lambda: nvfp4kv.store(key, value, kv, slots, ks, vs, workspace=ws)))
     with torch.cuda.stream(stream):
         store()  # warm-up outside capture
     torch.cuda.current_stream().wait_stream(stream)
@@ -469,6 +452,8 @@ def test_cuda_graph_capture_and_replay(many, prepared):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(raw.cpu(), expect), f"replay {step} differs from the CPU path"
+        if ws is not None:
+            assert torch.all(ws[:8].cpu() == 0)
 
 
 def _chain(key, value, kv, slots, ks, vs, key_out, value_out, bt, sl, cu, src_k, src_v):

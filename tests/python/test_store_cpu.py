@@ -236,6 +236,40 @@ def test_workspace_on_the_cpu_is_checked_and_changes_nothing(nv, backend, view):
     assert not ws.any()
 
 
+def test_workspace_overlapping_the_cache_or_inputs_rejected(nv):
+    N, T, H, D = 3, 4, 2, 64
+    F = D // 2 + D // 16
+    side, nbytes = H * T * F, nv.store_workspace_bytes(N, T)
+    raw = torch.zeros(N * 2 * side + nbytes, dtype=torch.uint8)
+    kv = raw[:N * 2 * side].view(N, 2, H, T, F).transpose(2, 3)  # HND 5-D, the workspace's room after it
+    big = torch.zeros(nbytes + 4 * H * D * 4, dtype=torch.uint8)
+    key = big[nbytes:].view(torch.float32).view(4, H, D)  # right after a workspace's room
+    key.copy_(torch.randn(4, H, D))
+    slots = make_slots([0, 1, 2, 3], backend="torch")
+    before = raw.clone()
+    with pytest.raises(ValueError, match="workspace: overlaps key"):
+        nv.store(key, key.clone(), kv, slots, workspace=big[:nbytes + 4])
+    with pytest.raises(ValueError, match="workspace: overlaps kv_cache"):
+        nv.store(key.clone(), key.clone(), kv, slots, workspace=raw[-nbytes - 4:-4])
+    assert torch.equal(raw, before)
+    nv.store(key.clone(), key.clone(), kv, slots, workspace=raw[-nbytes:])  # adjacent is fine
+    assert not torch.equal(raw, before)
+
+
+def test_error_names_the_entry_point(nv):
+    N, T, H, D = 2, 4, 2, 64
+    cache = make_cache(N, T, H, D, "5d", "HND", "torch", seed=16)
+    key = torch.zeros(2, H, D, dtype=torch.float64)
+    slots = make_slots([0, 1], backend="torch")
+    with pytest.raises(TypeError, match="^nvfp4kv_store: key"):
+        nv.store(key, key, slot_mapping=slots, **cache.kwargs())
+    ws = nv.store_workspace(cache.kv_cache)
+    with pytest.raises(TypeError, match="^nvfp4kv_store_with_workspace: key"):
+        nv.store(key, key, slot_mapping=slots, workspace=ws, **cache.kwargs())
+    with pytest.raises(ValueError, match="auto"):
+        nv._C._set_store_order("fastest")
+
+
 def test_workspace_bytes_rejects_bad_sizes(nv):
     for args in [(-1, 16), (4, 0), (2**40, 16)]:
         with pytest.raises(ValueError, match="num_blocks"):

@@ -106,14 +106,17 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_store(const DLTensor* key, const DLTensor* va
  * rows adding up to 3 times the L2) first lists the pages its tokens target and then writes each
  * page whole, instead of writing rows of 16-64 bytes in token order: random slots then cost about
  * what sequential ones do (docs/performance.md). The bytes written are the same, except that
- * duplicate slots keep the last token, as on the CPU. Other calls ignore the workspace.
+ * such a call keeps the last token of duplicate slots, as on the CPU. Other calls ignore the
+ * workspace.
  *
  * workspace:    uint8 [bytes] on the cache's device, contiguous, 4-byte aligned, at least
  *               nvfp4kv_store_workspace_size(N, T) bytes for a cache of N blocks of T tokens (one
- *               workspace serves every cache up to that size). Zero it once before its first use;
+ *               workspace serves every cache up to that size; it must not overlap the cache or
+ *               an input). Zero it once before its first use;
  *               each call leaves it ready for the next. Calls that share a workspace must not run
  *               at the same time (use it from one stream, or order the streams). After a call that
- *               failed with NVFP4KV_ERROR_CUDA, zero it again. */
+ *               failed with NVFP4KV_ERROR_CUDA, zero it again (one in another state can misplace
+ *               rows within the cache, never reach outside it or the inputs). */
 NVFP4KV_API nvfp4kv_status nvfp4kv_store_with_workspace(
     const DLTensor* key, const DLTensor* value, const DLTensor* kv_cache,
     const DLTensor* value_cache, const DLTensor* slot_mapping, const DLTensor* k_scale,
