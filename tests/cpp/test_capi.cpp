@@ -111,6 +111,43 @@ int main() {
   CHECK(st == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "recipe"), "%s", nvfp4kv_last_error());
   CHECK(cache == before, "a rejected call changed the cache");
 
+  // The store workspace: its size, a call with one (the CPU path checks it and needs none), and
+  // rejected workspaces.
+  size_t ws_bytes = 0;
+  st = nvfp4kv_store_workspace_size(N, T, &ws_bytes);
+  CHECK(st == NVFP4KV_SUCCESS && ws_bytes == static_cast<size_t>(16 + 4 * N * (2 * T + 3)), "size %zu", ws_bytes);
+  CHECK(nvfp4kv_store_workspace_size(N, T, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
+            strstr(nvfp4kv_last_error(), "bytes"), "%s", nvfp4kv_last_error());
+  CHECK(nvfp4kv_store_workspace_size(-1, T, &ws_bytes) == NVFP4KV_ERROR_INVALID_VALUE, "negative num_blocks");
+  CHECK(nvfp4kv_set_store_order(3) == NVFP4KV_ERROR_INVALID_VALUE, "store order 3");
+  CHECK(nvfp4kv_set_store_order(0) == NVFP4KV_SUCCESS, "store order 0");
+  std::vector<uint32_t> ws_words(ws_bytes / 4 + 1, 0);  // 4-byte aligned storage
+  View ws(ws_words.data(), kU8, {static_cast<int64_t>(ws_bytes)}),
+      ws_small(ws_words.data(), kU8, {static_cast<int64_t>(ws_bytes) - 1}),
+      ws_odd(reinterpret_cast<uint8_t*>(ws_words.data()) + 1, kU8, {static_cast<int64_t>(ws_bytes)}),
+      ws_f32(ws_words.data(), kF32, {static_cast<int64_t>(ws_bytes / 4)}),
+      ws_in_cache(cache.data(), kU8, {static_cast<int64_t>(ws_bytes)});
+  const struct {
+    const View* w;
+    const char* text;
+  } bad_ws[] = {{&ws_small, "needs"}, {&ws_odd, "multiple of 4"}, {&ws_f32, "uint8"}, {&ws_in_cache, "overlaps kv_cache"}};
+  for (const auto& b : bad_ws) {
+    st = nvfp4kv_store_with_workspace(&k.t, &v.t, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                                      NVFP4KV_SCALES_LINEAR, &b.w->t, nullptr);
+    CHECK(st != NVFP4KV_SUCCESS && strstr(nvfp4kv_last_error(), b.text) &&
+              strstr(nvfp4kv_last_error(), "nvfp4kv_store_with_workspace: workspace"),
+          "%s", nvfp4kv_last_error());
+  }
+  CHECK(cache == before, "a rejected workspace changed the cache");
+  std::vector<uint8_t> plain = cache;
+  st = nvfp4kv_store_with_workspace(&k.t, &v.t, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                                    NVFP4KV_SCALES_LINEAR, &ws.t, nullptr);
+  CHECK(st == NVFP4KV_SUCCESS, "store with workspace failed: %s", nvfp4kv_last_error());
+  View cp(plain.data(), kU8, {N, 2, T, H, F});
+  st = nvfp4kv_store_with_workspace(&k.t, &v.t, &cp.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                                    NVFP4KV_SCALES_LINEAR, nullptr, nullptr);
+  CHECK(st == NVFP4KV_SUCCESS && cache == plain, "a workspace changed the CPU path's bytes");
+
   if (g_failures) {
     fprintf(stderr, "test_capi: %d failures\n", g_failures);
     return 1;
