@@ -102,8 +102,8 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_store(const DLTensor* key, const DLTensor* va
                                          nvfp4kv_scale_profile profile, void* stream);
 
 /* nvfp4kv_store with a workspace (NULL: the same as nvfp4kv_store). With one, the CUDA store of
- * a batch too large for L2 to gather its scattered rows (HND pages, head size 32, 64 or 128,
- * rows adding up to 3 times the L2) first lists the pages its tokens target and then writes each
+ * a batch too large for L2 to gather its scattered rows (recipe nvfp4, HND pages, head size
+ * 32, 64 or 128, rows adding up to 3 times the L2) first lists the pages its tokens target and then writes each
  * page whole, instead of writing rows of 16-64 bytes in token order: random slots then cost about
  * what sequential ones do (docs/performance.md). The bytes written are the same, except that
  * such a call keeps the last token of duplicate slots, as on the CPU. Other calls ignore the
