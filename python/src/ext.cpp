@@ -368,30 +368,6 @@ nvfp4kv_status store_call(const Arg& k, const Arg& v, const Arg& c, const Arg& v
                     : nvfp4kv_store(k.get(), v.get(), c.get(), vc.get(), s.get(), ks.get(), vs.get(), r, p, st);
 }
 
-void store(nb::handle key, nb::handle value, nb::handle kv_cache, nb::handle slot_mapping,
-           nb::handle k_scale, nb::handle v_scale, nb::handle value_cache, nb::handle recipe,
-           nb::handle scale_layout, nb::handle stream, nb::handle workspace) {
-  const int r = choice(recipe, kRecipeNames, 2, "_RECIPES", "recipe");
-  const int profile = choice(scale_layout, kScaleLayoutNames, 2, "_SCALE_LAYOUTS", "scale_layout");
-  const nb::object ksc = scale_arg(k_scale), vsc = scale_arg(v_scale);
-  Arg k, v, c, vc, s, ks, vs, ws;
-  import_array(k, key, "key", false);
-  import_array(v, value, "value", false);
-  import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", true);
-  import_optional(vc, value_cache, "value_cache", true);
-  import_array(s, slot_mapping, "slot_mapping", false);
-  import_scale(ks, ksc, "k_scale");
-  import_scale(vs, vsc, "v_scale");
-  import_optional(ws, workspace, "workspace", true);
-  const uintptr_t st_handle = stream_handle(stream, kv_cache, c);
-  nvfp4kv_status st;
-  {
-    nb::gil_scoped_release release;
-    st = store_call(k, v, c, vc, s, ks, vs, r, profile, ws, st_handle);
-  }
-  raise_for(st);
-}
-
 // A store with its per-layer arguments imported once (nvfp4kv.prepare_store): each call imports
 // only key, value and slot_mapping (a decode step's store is bound by this host work, and the
 // cache, scales and workspace are the same tensors at every step). The imported views point into
@@ -430,6 +406,14 @@ struct PreparedStore {
     raise_for(st);
   }
 };
+
+// store(): a PreparedStore used once (the same imports, checks and call).
+void store(nb::handle key, nb::handle value, nb::handle kv_cache, nb::handle slot_mapping,
+           nb::handle k_scale, nb::handle v_scale, nb::handle value_cache, nb::handle recipe,
+           nb::handle scale_layout, nb::handle stream, nb::handle workspace) {
+  PreparedStore(kv_cache, k_scale, v_scale, value_cache, recipe, scale_layout, workspace)(key, value, slot_mapping,
+                                                                                         stream);
+}
 
 void dequantize(nb::handle kv_cache, nb::handle value_cache, nb::handle pages, nb::handle k_scale,
                 nb::handle v_scale, nb::handle scale_layout, nb::handle key_out,
