@@ -115,10 +115,12 @@ def store(
     stream : optional
         CUDA stream; default: the current stream of the tensors' framework. Never synchronized.
     workspace : uint8 array, optional
-        From :func:`store_workspace`. With it, a large CUDA store into HND pages sorts its tokens
-        by page first and writes each page whole (much faster for scattered slots; the same
-        bytes, and duplicate slots keep the last token as on the CPU). Reuse one workspace for
-        every layer and step; stores sharing it must not run concurrently (one stream).
+        From :func:`store_workspace`. With it, a CUDA store whose rows overflow the GPU's L2
+        three times (recipe nvfp4, HND, head size 32-128) sorts its tokens by page first and
+        writes each page whole (24-31 % faster for scattered slots on an H200; the same bytes,
+        and such a call keeps the last token of duplicate slots, as on the CPU); other calls
+        ignore it. Reuse one workspace for every layer and step; stores sharing it must not run
+        concurrently (one stream).
 
     Raises
     ------
@@ -144,8 +146,9 @@ def prepare_store(
     The same operation and checks as :func:`store` with these arguments, but the cache, the two
     global scales and the workspace are imported once, here, instead of at every call: a
     decode step's store of a few tokens costs mostly this host work. The object keeps the tensors
-    alive and reads them at each call (so in-place updates of a scale tensor are seen); do not
-    resize or reallocate them. Arguments are validated at each call, as by :func:`store`.
+    alive and reads them at each call (so in-place updates of a scale tensor are seen; scales
+    given as Python or numpy numbers are taken by value, here); do not resize or reallocate
+    them. Arguments are validated at each call, as by :func:`store`.
     """
     return _C.PreparedStore(kv_cache, k_scale, v_scale, value_cache, recipe, scale_layout, workspace)
 
@@ -160,7 +163,8 @@ def store_workspace(kv_cache: Any, value_cache: Any = None) -> Any:
 
     Same framework as the cache (torch, cupy or numpy). Its size is
     ``store_workspace_bytes(N, T)``: 8 bytes per slot and 12 per block (14 MB for 100 000 blocks
-    of 16 tokens), against 18 KB per block of an H 8, D 128 cache layer.
+    of 16 tokens), against 18 KB per block of an H 8, D 128 cache layer. For a cache given as
+    two sides pass both (one 4-D side alone reads as a packed cache).
     """
     n, t = _cache_geometry(kv_cache, value_cache)[:2]
     nbytes = store_workspace_bytes(n, t)
