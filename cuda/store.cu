@@ -42,7 +42,7 @@ constexpr int64_t kSmallPerSm4over6 = 2;
 constexpr int64_t kSortedL2Multiple = 3;
 std::atomic<int> g_store_order{0};  // nvfp4kv_set_store_order
 
-// The workspace's parts (params.h, store_workspace_words).
+// The workspace's parts (params.h, StoreWorkspaceLayout).
 struct WorkspaceParts {
   int32_t* header;  // [0] count of listed pages, [1] blocks done (the sorted kernel's last resets both)
   int32_t* claim;   // [N]: the token that listed each page
@@ -53,7 +53,8 @@ struct WorkspaceParts {
   uint32_t N;       // pages the lists hold (a count beyond it is a header that was not zero)
 
   static WorkspaceParts of(int32_t* base, int64_t N, int64_t T) {
-    return WorkspaceParts{base, base + 4, base + 4 + N, base + 4 + 2 * N, base + 4 + 3 * N, base + 4 + 3 * N + N * T,
+    const StoreWorkspaceLayout at = StoreWorkspaceLayout::of(N, T);
+    return WorkspaceParts{base, base + at.claim, base + at.index, base + at.pages, base + at.token, base + at.order,
                           static_cast<uint32_t>(N)};
   }
 };

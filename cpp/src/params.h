@@ -51,7 +51,15 @@ NVFP4KV_HD int64_t load_index(const IndexVec& v, int64_t i) {
 // count and done must be 0, and every call leaves them so; the other words may hold anything
 // (an earlier call's entries, or whatever the memory held): claim and token entries are checked
 // against the call's own slot_mapping before they are used, the rest is written before it is read.
-NVFP4KV_HD int64_t store_workspace_words(int64_t N, int64_t T) { return 4 + 3 * N + 2 * N * T; }
+struct StoreWorkspaceLayout {
+  int64_t claim, index, pages, token, order, words;  // word offsets of the parts, and the total
+
+  NVFP4KV_HD static StoreWorkspaceLayout of(int64_t N, int64_t T) {
+    return StoreWorkspaceLayout{4, 4 + N, 4 + 2 * N, 4 + 3 * N, 4 + 3 * N + N * T, 4 + 3 * N + 2 * N * T};
+  }
+};
+
+NVFP4KV_HD int64_t store_workspace_words(int64_t N, int64_t T) { return StoreWorkspaceLayout::of(N, T).words; }
 
 struct StoreParams {
   StoreSide k, v;

@@ -124,8 +124,9 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_store_with_workspace(
     const DLTensor* workspace, void* stream);
 
 /* Which CUDA store takes the calls given a workspace, for the whole process (for tests and
- * benchmarks): 0 (default) page order where it measured faster (head rows under 128 bytes, a
- * batch writing at least 3 times the GPU's L2), 1 page order wherever it applies, 2 never. */
+ * benchmarks): 0 (default) page order where it measured faster (recipe nvfp4, head rows under
+ * 128 bytes, a batch writing at least 3 times the GPU's L2), 1 page order wherever it applies,
+ * 2 never. */
 NVFP4KV_API nvfp4kv_status nvfp4kv_set_store_order(int order);
 
 /* Bytes of a store workspace for caches of up to num_blocks blocks of block_size tokens
