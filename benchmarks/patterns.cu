@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <random>
+#include <string>
 #include <vector>
 
 #define CHECK(x)                                                                    \
@@ -113,6 +114,31 @@ __global__ void __launch_bounds__(256) store_page_order(const uint8_t* __restric
   *reinterpret_cast<uint16_t*>(base + H * T * (D / 2) + 2 * r) = static_cast<uint16_t>((a ^ b) | ((c ^ d) << 8));
 }
 
+// The store's pattern (scales evict-last, codes streaming) with the tokens taken in a given order:
+// token order[t] at step t. With tokens ordered by slot window (a window's pages fitting in L2),
+// each window's rows fill up in L2 before they are written back ("windows" below).
+__global__ void __launch_bounds__(256) store_in_order(const uint8_t* __restrict__ k, const uint8_t* __restrict__ v,
+                                                      const int32_t* __restrict__ order,
+                                                      const int32_t* __restrict__ slots, uint8_t* cache, int n) {
+  const int i = blockIdx.x * 4 + threadIdx.x / kItems;
+  if (i >= n) return;
+  const int t = order[i];
+  const int item = threadIdx.x % kItems;
+  const int side = item / (kItems / 2), h = (item / 4) % H, u = item % 4;
+  const uint4* s = reinterpret_cast<const uint4*>((side ? v : k) + (int64_t)t * kTokenIn + h * kRowBytes + u * 64);
+  uint4 w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) w[j] = __ldcs(s + j);
+  const int slot = slots[t];
+  const int page = slot / T, pos = slot % T;
+  uint8_t* base = cache + (int64_t)page * kPage + side * kSide;
+  const uint32_t a = fold(w[0]), b = fold(w[1]), c = fold(w[2]), d = fold(w[3]);
+  __stcs(reinterpret_cast<uint4*>(base + (h * T + pos) * (D / 2) + u * 16), make_uint4(a, b, c, d));
+  uint8_t* sc = base + H * T * (D / 2) + (h * T + pos) * (D / 16) + 2 * u;
+  asm volatile("st.global.L2::cache_hint.u8 [%0], %1, %2;" ::"l"(sc), "r"(a ^ b), "l"(evict_last()) : "memory");
+  asm volatile("st.global.L2::cache_hint.u8 [%0], %1, %2;" ::"l"(sc + 1), "r"(c ^ d), "l"(evict_last()) : "memory");
+}
+
 // The pass that such a store needs first: slot -> token.
 __global__ void invert_slots(const int32_t* __restrict__ slots, int32_t* inv, int n) {
   const int i = blockIdx.x * 256 + threadIdx.x;
@@ -181,7 +207,9 @@ float median_us(F launch, int reps = 30, int inner = 1) {
   return ts[ts.size() / 2];
 }
 
-int main() {
+int main(int argc, char** argv) {
+  // "windows": only the rows of random slots taken window by window (the rest is skipped).
+  const bool windows_only = argc > 1 && std::string(argv[1]) == "windows";
   const int64_t copy_bytes = int64_t{1} << 30;
   uint8_t *x, *y;
   CHECK(cudaMalloc(&x, 4 * copy_bytes));
@@ -210,6 +238,33 @@ int main() {
   }
 
   std::mt19937 rng(0);
+  // Random unique slots, the tokens taken in order of their slot's window of pages (stable: by
+  // token within a window), for K windows: K = 1 is plain token order. Ten launches per sample.
+  for (int n : {16384, 65536, 262144}) {
+    const int pages = n / T;
+    std::vector<int32_t> perm(n);
+    for (int i = 0; i < n; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    int32_t *slots, *order;
+    CHECK(cudaMalloc(&slots, n * 4));
+    CHECK(cudaMalloc(&order, n * 4));
+    CHECK(cudaMemcpy(slots, perm.data(), n * 4, cudaMemcpyHostToDevice));
+    const double bytes = n * (2.0 * kTokenIn + 2.0 * H * (D / 2 + D / 16) + 8);
+    for (int K : {1, 2, 3, 4, 6, 8, 12, 16}) {
+      const int per = (pages + K - 1) / K;
+      std::vector<int32_t> ord(n);
+      for (int i = 0; i < n; ++i) ord[i] = i;
+      std::stable_sort(ord.begin(), ord.end(), [&](int a, int b) { return perm[a] / T / per < perm[b] / T / per; });
+      CHECK(cudaMemcpy(order, ord.data(), n * 4, cudaMemcpyHostToDevice));
+      char name[96];
+      snprintf(name, sizeof name, "x10 store %d: %d windows of %.0f MB rows", n, K,
+               (double)per * T * 2 * H * (D / 2 + D / 16) / 1e6);
+      report(name, bytes, median_us([&] { store_in_order<<<(n + 3) / 4, 256>>>(x, x + (int64_t)n * kTokenIn, order, slots, y, n); }, 30, 10));
+    }
+    cudaFree(slots);
+    cudaFree(order);
+  }
+  if (windows_only) return 0;
   for (int n : {65536, 262144}) {
     const int pages = n / T;
     std::vector<int32_t> perm(n);

@@ -35,6 +35,10 @@ if os.environ.get("CASES") == "wide":  # large stores in both orders (page order
              dict(n=262144, workspace=True), dict(n=65536, recipe="nvfp4_4over6")]
     nvfp4kv._C._set_store_order("page")
     gathers = ()
+if os.environ.get("CASES") == "sorted":  # the page-order rows of "wide" alone
+    cases = [dict(n=65536, workspace=True), dict(n=65536, H=32, workspace=True), dict(n=262144, workspace=True)]
+    nvfp4kv._C._set_store_order("page")
+    gathers = ()
 for cs in cases:
     r = B.bench_store_case(torch, nvfp4kv, quick=True, **cs)
     g = f" graph {r['graph_us']:.2f}" if "graph_us" in r else ""
