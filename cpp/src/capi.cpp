@@ -781,6 +781,17 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_set_store_order(int order) {
   });
 }
 
+NVFP4KV_API nvfp4kv_status nvfp4kv_set_cpu_threads(int threads) {
+  return guarded("nvfp4kv_set_cpu_threads", [&] {
+    if (threads < 0)
+      nvfp4kv::fail(NVFP4KV_ERROR_INVALID_VALUE, "threads: %d received; expected >= 1, or 0 for one per hardware thread",
+                    threads);
+    nvfp4kv::cpu_set_threads(threads);
+  });
+}
+
+NVFP4KV_API int nvfp4kv_cpu_threads(void) { return nvfp4kv::cpu_threads(); }
+
 NVFP4KV_API nvfp4kv_status nvfp4kv_store_workspace_size(int64_t num_blocks, int64_t block_size,
                                                         size_t* bytes) {
   return guarded("nvfp4kv_store_workspace_size", [&] {

@@ -2,12 +2,65 @@
 // A real, shipped path (engines without a GPU, tests' oracle for the kernels), not a helper.
 #include "cpu.h"
 
+#include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
+#include <atomic>
 #include <initializer_list>
+#include <thread>
+#include <vector>
 
 namespace nvfp4kv {
 namespace {
+
+// Threads of a CPU call (cpu_set_threads; 0: auto). Each thread takes a share of the pages
+// (store, dequantize) or of the output tokens (gather), so it writes bytes no other thread
+// writes, and takes its tokens in order: the bytes are those of one thread, duplicate slots
+// included (the last token wins; a slot's page has one thread). A call spawns its threads and
+// joins them before it returns; calls of less than kMinWork elements per thread use fewer
+// threads (spawning one costs tens of microseconds).
+constexpr int64_t kMinWork = int64_t{1} << 17;
+constexpr int kMaxAutoThreads = 16;
+std::atomic<int> g_threads{-1};  // -1: not set yet (NVFP4KV_CPU_THREADS, else auto)
+
+int configured_threads() {
+  int n = g_threads.load(std::memory_order_relaxed);
+  if (n < 0) {
+    const char* env = getenv("NVFP4KV_CPU_THREADS");
+    n = env && *env ? atoi(env) : 0;
+    if (n < 0) n = 0;
+  }
+  if (n == 0) {
+    const unsigned hw = std::thread::hardware_concurrency();
+    n = std::min<int>(hw ? static_cast<int>(hw) : 1, kMaxAutoThreads);
+  }
+  return n;
+}
+
+// fn(k, n) for k in [0, n), share k of n, on n threads: n = configured_threads(), fewer when
+// `work` (elements in all) is small.
+template <class Fn>
+void for_shares(int64_t work, const Fn& fn) {
+  const int n = static_cast<int>(std::min<int64_t>(configured_threads(), std::max<int64_t>(1, work / kMinWork)));
+  if (n <= 1) return fn(0, 1);
+  std::vector<std::thread> pool;
+  pool.reserve(n - 1);
+  for (int k = 1; k < n; ++k) {
+    try {
+      pool.emplace_back(fn, k, n);
+    } catch (...) {  // no thread could be started (resources): this thread takes that share too
+      fn(k, n);
+    }
+  }
+  fn(0, n);
+  for (std::thread& t : pool) t.join();
+}
+
+// Whether page (store, dequantize) or run of 64 output tokens (gather) i is in share k of n. A
+// page listed twice, or an output token that two sequences write, stays with one thread, which
+// takes them in the single-threaded order.
+inline bool in_share(int64_t i, int k, int n) { return i % n == k; }
 
 template <DType kDType>
 inline float load_elem(const void* base, int64_t idx) {
@@ -69,13 +122,16 @@ void store_impl(const StoreParams& p) {
   const GlobalScale gk = make_global_scale(p.k.scale.value);
   const GlobalScale gv = make_global_scale(p.v.scale.value);
   const OutTable tk(gk.inv_enc), tv(gv.inv_enc);
-  for (int64_t i = 0; i < p.num_tokens; ++i) {
-    const int64_t slot = load_index(p.slots, i);
-    if (slot < 0 || slot >= p.num_slots) continue;  // padding or out of range: skipped
-    const int64_t page = slot / p.T, pos = slot % p.T;
-    store_token_side<kDType, kRecipe>(p, p.k, gk, tk, i, page, pos);
-    store_token_side<kDType, kRecipe>(p, p.v, gv, tv, i, page, pos);
-  }
+  for_shares(p.num_tokens * p.H * (p.k.cache.D + p.v.cache.D), [&](int k, int n) {
+    for (int64_t i = 0; i < p.num_tokens; ++i) {
+      const int64_t slot = load_index(p.slots, i);
+      if (slot < 0 || slot >= p.num_slots) continue;  // padding or out of range: skipped
+      const int64_t page = slot / p.T, pos = slot % p.T;
+      if (!in_share(page, k, n)) continue;
+      store_token_side<kDType, kRecipe>(p, p.k, gk, tk, i, page, pos);
+      store_token_side<kDType, kRecipe>(p, p.v, gv, tv, i, page, pos);
+    }
+  });
 }
 
 // One row (token, head) of one side into `out` (D elements); zeros when `side` is null (a
@@ -103,41 +159,50 @@ void dequant_row(const DequantSide& s, const uint8_t* side, int64_t h, int64_t t
 
 template <DType kDType>
 void dequant_impl(const DequantParams& p) {
-  for (int64_t i = 0; i < p.num_pages; ++i) {
-    const int64_t n = p.pages.ptr ? load_index(p.pages, i) : i;
-    if (n < 0 || n >= p.N) continue;  // a page id out of range: nothing to read or write
-    for (const DequantSide* s : {&p.k, &p.v}) {
-      const uint8_t* side = s->cache.base + n * s->cache.page_stride;
-      for (int64_t t = 0; t < p.T; ++t)
-        for (int64_t h = 0; h < p.H; ++h)
-          dequant_row<kDType>(*s, side, h, t, p.H, p.T, p.layout,
-                              n * s->out_stride[0] + t * s->out_stride[1] + h * s->out_stride[2]);
+  for_shares(p.num_pages * p.T * p.H * (p.k.cache.D + p.v.cache.D), [&](int k, int n) {
+    for (int64_t i = 0; i < p.num_pages; ++i) {
+      const int64_t page = p.pages.ptr ? load_index(p.pages, i) : i;
+      if (page < 0 || page >= p.N) continue;  // a page id out of range: nothing to read or write
+      if (!in_share(page, k, n)) continue;
+      for (const DequantSide* s : {&p.k, &p.v}) {
+        const uint8_t* side = s->cache.base + page * s->cache.page_stride;
+        for (int64_t t = 0; t < p.T; ++t)
+          for (int64_t h = 0; h < p.H; ++h)
+            dequant_row<kDType>(*s, side, h, t, p.H, p.T, p.layout,
+                                page * s->out_stride[0] + t * s->out_stride[1] + h * s->out_stride[2]);
+      }
     }
-  }
+  });
 }
 
 template <DType kDType>
 void gather_impl(const GatherParams& p) {
-  for (int64_t b = 0; b < p.B; ++b) {
-    const int64_t len = load_index(p.seq_lens, b), start = load_index(p.cu_seqlens, b);
-    const IndexVec row = block_table_row(p, b);
-    for (int64_t j = 0; j < len; ++j) {
-      const int64_t out_tok = start + j;
-      if (out_tok < 0 || out_tok >= p.total_tokens) continue;  // never write outside the output
-      const int64_t blk = j / p.T;
-      const int64_t page = blk < p.max_blocks ? load_index(row, blk) : -1;
-      const bool valid = page >= 0 && page < p.N;  // a bad block-table entry reads as zeros
-      for (const DequantSide* s : {&p.k, &p.v}) {
-        const uint8_t* side = valid ? s->cache.base + page * s->cache.page_stride : nullptr;
-        for (int64_t h = 0; h < p.H; ++h)
-          dequant_row<kDType>(*s, side, h, j % p.T, p.H, p.T, p.layout,
-                              out_tok * s->out_stride[0] + h * s->out_stride[1]);
+  for_shares(p.total_tokens * p.H * (p.k.cache.D + p.v.cache.D), [&](int k, int n) {
+    for (int64_t b = 0; b < p.B; ++b) {
+      const int64_t len = load_index(p.seq_lens, b), start = load_index(p.cu_seqlens, b);
+      const IndexVec row = block_table_row(p, b);
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t out_tok = start + j;
+        if (out_tok < 0 || out_tok >= p.total_tokens) continue;  // never write outside the output
+        if (!in_share(out_tok / 64, k, n)) continue;
+        const int64_t blk = j / p.T;
+        const int64_t page = blk < p.max_blocks ? load_index(row, blk) : -1;
+        const bool valid = page >= 0 && page < p.N;  // a bad block-table entry reads as zeros
+        for (const DequantSide* s : {&p.k, &p.v}) {
+          const uint8_t* side = valid ? s->cache.base + page * s->cache.page_stride : nullptr;
+          for (int64_t h = 0; h < p.H; ++h)
+            dequant_row<kDType>(*s, side, h, j % p.T, p.H, p.T, p.layout,
+                                out_tok * s->out_stride[0] + h * s->out_stride[1]);
+        }
       }
     }
-  }
+  });
 }
 
 }  // namespace
+
+void cpu_set_threads(int threads) { g_threads.store(threads, std::memory_order_relaxed); }
+int cpu_threads() { return configured_threads(); }
 
 void cpu_store(const StoreParams& p) {
   // dtype x recipe dispatch, the only place it happens on the CPU.

@@ -6,6 +6,9 @@
 namespace nvfp4kv {
 
 void cpu_store(const StoreParams& p);
+// Most threads a CPU call uses (>= 1; 0: one per hardware thread, at most 16): nvfp4kv_set_cpu_threads.
+void cpu_set_threads(int threads);
+int cpu_threads();
 void cpu_dequantize(const DequantParams& p);
 void cpu_gather(const GatherParams& p);
 

@@ -5,8 +5,8 @@ Byte-compatible with vLLM's ``kv_cache_dtype="nvfp4"`` layout; CPU path and CUDA
 """
 
 from ._C import __version__
-from .api import (build_info, dequantize, gather_dequant, prepare_store, reshape_and_cache_flash, store,
-                  store_workspace, store_workspace_bytes)
+from .api import (build_info, cpu_threads, dequantize, gather_dequant, prepare_store, reshape_and_cache_flash,
+                  set_cpu_threads, store, store_workspace, store_workspace_bytes)
 from .paths import cmake_dir, get_include, get_library_dir
 from .spec import (
     MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP,
@@ -34,6 +34,8 @@ __all__ = [
     "store_workspace_bytes",
     "dequantize",
     "gather_dequant",
+    "set_cpu_threads",
+    "cpu_threads",
     "reshape_and_cache_flash",
     "KVCacheSpec",
     "KVQuantMode",

@@ -524,6 +524,8 @@ NB_MODULE(_C, m) {
         nb::arg("k_scale").none(), nb::arg("v_scale").none(), nb::arg("scale_layout").none(),
         nb::arg("key_out"), nb::arg("value_out"), nb::arg("stream").none());
   m.def("cuda_info", &cuda_info);
+  m.def("set_cpu_threads", [](int threads) { raise_for(nvfp4kv_set_cpu_threads(threads)); }, nb::arg("threads"));
+  m.def("cpu_threads", [] { return nvfp4kv_cpu_threads(); });
   // Tests and benchmarks only: which store takes calls given a workspace ("auto", "page",
   // "token"; nvfp4kv_set_store_order). Process-wide.
   m.def("_set_store_order", [](const std::string& which) {

@@ -121,6 +121,10 @@ int main() {
   CHECK(nvfp4kv_store_workspace_size(-1, T, &ws_bytes) == NVFP4KV_ERROR_INVALID_VALUE, "negative num_blocks");
   CHECK(nvfp4kv_set_store_order(3) == NVFP4KV_ERROR_INVALID_VALUE, "store order 3");
   CHECK(nvfp4kv_set_store_order(0) == NVFP4KV_SUCCESS, "store order 0");
+  CHECK(nvfp4kv_set_cpu_threads(-1) == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "threads"),
+        "%s", nvfp4kv_last_error());
+  CHECK(nvfp4kv_set_cpu_threads(3) == NVFP4KV_SUCCESS && nvfp4kv_cpu_threads() == 3, "cpu threads 3");
+  CHECK(nvfp4kv_set_cpu_threads(0) == NVFP4KV_SUCCESS && nvfp4kv_cpu_threads() >= 1, "cpu threads auto");
   std::vector<uint32_t> ws_words(ws_bytes / 4 + 1, 0);  // 4-byte aligned storage
   View ws(ws_words.data(), kU8, {static_cast<int64_t>(ws_bytes)}),
       ws_small(ws_words.data(), kU8, {static_cast<int64_t>(ws_bytes) - 1}),
