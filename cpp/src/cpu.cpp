@@ -25,17 +25,19 @@ constexpr int kMaxAutoThreads = 16;
 std::atomic<int> g_threads{-1};  // -1: not set yet (NVFP4KV_CPU_THREADS, else auto)
 
 int configured_threads() {
-  int n = g_threads.load(std::memory_order_relaxed);
-  if (n < 0) {
-    const char* env = getenv("NVFP4KV_CPU_THREADS");
-    n = env && *env ? atoi(env) : 0;
-    if (n < 0) n = 0;
-  }
-  if (n == 0) {
-    const unsigned hw = std::thread::hardware_concurrency();
-    n = std::min<int>(hw ? static_cast<int>(hw) : 1, kMaxAutoThreads);
-  }
-  return n;
+  // The environment and the hardware are read once per process.
+  static const int env = [] {
+    const char* v = getenv("NVFP4KV_CPU_THREADS");
+    const int n = v && *v ? atoi(v) : 0;
+    return n > 0 ? n : 0;
+  }();
+  static const int hw = [] {
+    const unsigned c = std::thread::hardware_concurrency();
+    return std::min<int>(c ? static_cast<int>(c) : 1, kMaxAutoThreads);
+  }();
+  const int n = g_threads.load(std::memory_order_relaxed);
+  const int want = n < 0 ? env : n;
+  return want > 0 ? want : hw;
 }
 
 // fn(k, n) for k in [0, n), share k of n, on n threads: n = configured_threads(), fewer when
