@@ -396,10 +396,17 @@ NVFP4KV_HD float candidate_error(const float (&x)[kGroupSize], const uint32_t (&
   return add_rn(sum[0], sum[1]);
 }
 
-// Amax of a group; NaN when the group holds a NaN. A pairwise tree, so the 15 max operations are
-// 4 dependent steps instead of 15 (max is exact: the order does not change the result).
+// Amax of a group; NaN when the group holds a NaN (max is exact: any order gives the same value).
 NVFP4KV_HD float group_amax(const float (&x)[kGroupSize]) {
-#if !defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__)
+  // A pairwise tree: the 15 max operations are 4 dependent steps instead of 15.
+  float m[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m[i] = max_nan(abs_f(x[i]), abs_f(x[i + 8]));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) m[i] = max_nan(m[i], m[i + 4]);
+  return max_nan(max_nan(m[0], m[2]), max_nan(m[1], m[3]));
+#else
   // On the host, without branches: non-negative floats order like their bits, and NaN bits
   // (above 0x7F800000) exceed every other magnitude, so the integer max is the amax, or a NaN
   // when the group holds one (its payload may differ from quiet_nan(): callers only test it).
@@ -410,16 +417,6 @@ NVFP4KV_HD float group_amax(const float (&x)[kGroupSize]) {
   }
   return bits_float(b);
 #endif
-  float m[8];
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-  for (int i = 0; i < 8; ++i) m[i] = max_nan(abs_f(x[i]), abs_f(x[i + 8]));
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-  for (int i = 0; i < 4; ++i) m[i] = max_nan(m[i], m[i + 4]);
-  return max_nan(max_nan(m[0], m[2]), max_nan(m[1], m[3]));
 }
 
 // One candidate of nvfp4_4over6 as FORMAT.md §2 states it: the codes at `out`, then their error.
