@@ -783,9 +783,10 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_set_store_order(int order) {
 
 NVFP4KV_API nvfp4kv_status nvfp4kv_set_cpu_threads(int threads) {
   return guarded("nvfp4kv_set_cpu_threads", [&] {
-    if (threads < 0)
-      nvfp4kv::fail(NVFP4KV_ERROR_INVALID_VALUE, "threads: %d received; expected >= 1, or 0 for one per hardware thread",
-                    threads);
+    if (threads < 0 || threads > nvfp4kv::kMaxCpuThreads)
+      nvfp4kv::fail(NVFP4KV_ERROR_INVALID_VALUE,
+                    "threads: %d received; expected 1 to %d, or 0 for one per usable CPU (at most 16)", threads,
+                    nvfp4kv::kMaxCpuThreads);
     nvfp4kv::cpu_set_threads(threads);
   });
 }

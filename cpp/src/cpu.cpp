@@ -2,6 +2,9 @@
 // A real, shipped path (engines without a GPU, tests' oracle for the kernels), not a helper.
 #include "cpu.h"
 
+#include <errno.h>
+#include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,34 +20,52 @@ namespace {
 // Threads of a CPU call (cpu_set_threads; 0: auto). Each thread takes a share of the pages
 // (store, dequantize) or of the output tokens (gather), so it writes bytes no other thread
 // writes, and takes its tokens in order: the bytes are those of one thread, duplicate slots
-// included (the last token wins; a slot's page has one thread). A call spawns its threads and
+// included (the last token wins; a slot's page has one thread). That holds while the tensors a
+// call writes share no bytes with the others or across shares (separable() below); a call whose
+// tensors overlap otherwise runs on one thread, as before threads. A call spawns its threads and
 // joins them before it returns; calls of less than kMinWork elements per thread use fewer
 // threads (spawning one costs tens of microseconds).
 constexpr int64_t kMinWork = int64_t{1} << 17;
 constexpr int kMaxAutoThreads = 16;
 std::atomic<int> g_threads{-1};  // -1: not set yet (NVFP4KV_CPU_THREADS, else auto)
 
-int configured_threads() {
-  // The environment and the hardware are read once per process.
-  static const int env = [] {
-    const char* v = getenv("NVFP4KV_CPU_THREADS");
-    const int n = v && *v ? atoi(v) : 0;
-    return n > 0 ? n : 0;
-  }();
-  static const int hw = [] {
-    const unsigned c = std::thread::hardware_concurrency();
-    return std::min<int>(c ? static_cast<int>(c) : 1, kMaxAutoThreads);
-  }();
-  const int n = g_threads.load(std::memory_order_relaxed);
-  const int want = n < 0 ? env : n;
-  return want > 0 ? want : hw;
+// CPUs this process may run on (its affinity mask: taskset, numactl, a container's cpuset).
+int usable_cpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+#endif
+  const unsigned c = std::thread::hardware_concurrency();
+  return c ? static_cast<int>(c) : 1;
 }
 
-// fn(k, n) for k in [0, n), share k of n, on n threads: n = configured_threads(), fewer when
-// `work` (elements in all) is small.
+int configured_threads() {
+  // The environment and the CPUs are read once per process. A value of NVFP4KV_CPU_THREADS that
+  // is not a whole number in [0, kMaxCpuThreads] is ignored (auto).
+  static const int env = [] {
+    const char* v = getenv("NVFP4KV_CPU_THREADS");
+    if (!v || !*v) return 0;
+    char* end = nullptr;
+    errno = 0;
+    const long n = strtol(v, &end, 10);
+    return errno == 0 && *end == '\0' && n >= 0 && n <= kMaxCpuThreads ? static_cast<int>(n) : 0;
+  }();
+  static const int cpus = std::min(usable_cpus(), kMaxAutoThreads);
+  const int n = g_threads.load(std::memory_order_relaxed);
+  const int want = n < 0 ? env : n;
+  return want > 0 ? want : cpus;
+}
+
+// fn(k, n) for k in [0, n), share k of n, on n threads: configured_threads(), fewer when `work`
+// (elements in all) is small, one when the call's tensors are not `separate` (separable(),
+// apart() below).
 template <class Fn>
-void for_shares(int64_t work, const Fn& fn) {
-  const int n = static_cast<int>(std::min<int64_t>(configured_threads(), std::max<int64_t>(1, work / kMinWork)));
+void for_shares(double work, bool separate, const Fn& fn) {
+  const double by_work = std::max(1.0, std::floor(work / static_cast<double>(kMinWork)));
+  const int n = separate ? static_cast<int>(std::min<double>(configured_threads(), by_work)) : 1;
   if (n <= 1) return fn(0, 1);
   std::vector<std::thread> pool;
   pool.reserve(n - 1);
@@ -59,10 +80,46 @@ void for_shares(int64_t work, const Fn& fn) {
   for (std::thread& t : pool) t.join();
 }
 
-// Whether page (store, dequantize) or run of 64 output tokens (gather) i is in share k of n. A
-// page listed twice, or an output token that two sequences write, stays with one thread, which
-// takes them in the single-threaded order.
-inline bool in_share(int64_t i, int k, int n) { return i % n == k; }
+// Whether page (store, dequantize) or run of 64 output tokens (gather) i (>= 0) is in share k of
+// n. A page listed twice, or an output token that two sequences write, stays with one thread,
+// which takes them in the single-threaded order. Hashed, so that page ids with a common stride
+// still spread over all shares.
+inline bool in_share(int64_t i, int k, int n) {
+  return static_cast<int>(((static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull) >> 32) % static_cast<uint64_t>(n)) == k;
+}
+
+// Bytes [lo, hi) that `count` blocks of `bytes` bytes, `stride` bytes apart from `base`, cover
+// (stride >= 0; an empty span for count 0).
+struct Span {
+  uintptr_t lo = 0, hi = 0;
+};
+Span span_of(const void* base, int64_t count, int64_t stride, int64_t bytes) {
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(base);
+  return count <= 0 ? Span{} : Span{lo, lo + static_cast<uintptr_t>((count - 1) * stride + bytes)};
+}
+bool apart(Span a, Span b) { return a.hi <= a.lo || b.hi <= b.lo || a.hi <= b.lo || b.hi <= a.lo; }
+
+// Whether threads that own whole units (pages, or output tokens) can write two tensors laid out as
+// `count` units of a and b bytes, a_stride and b_stride bytes apart: no unit overlaps another
+// unit of its own tensor, and the two tensors either do not overlap at all or interleave unit by
+// unit (one allocation split in K and V: the same stride, unit u of b within reach of unit u of a
+// only).
+bool separable(const void* a, int64_t a_stride, int64_t a_bytes, const void* b, int64_t b_stride, int64_t b_bytes,
+               int64_t count) {
+  if (count <= 1) return true;
+  if (a_stride < a_bytes || b_stride < b_bytes) return false;
+  if (apart(span_of(a, count, a_stride, a_bytes), span_of(b, count, b_stride, b_bytes))) return true;
+  const int64_t d = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b) - reinterpret_cast<uintptr_t>(a));
+  return a_stride == b_stride && a_bytes - a_stride <= d && d <= a_stride - b_bytes;
+}
+
+// Bytes of an index vector's entries.
+Span span_of(const IndexVec& v, int64_t count) {
+  const int64_t e = v.is_int64 ? 8 : 4;
+  return v.ptr && v.stride >= 0 ? span_of(v.ptr, count, v.stride * e, e) : Span{};
+}
+
+int64_t side_bytes(const CacheSide& c, int64_t H, int64_t T) { return H * T * full_dim(c.D); }
 
 template <DType kDType>
 inline float load_elem(const void* base, int64_t idx) {
@@ -124,7 +181,21 @@ void store_impl(const StoreParams& p) {
   const GlobalScale gk = make_global_scale(p.k.scale.value);
   const GlobalScale gv = make_global_scale(p.v.scale.value);
   const OutTable tk(gk.inv_enc), tv(gv.inv_enc);
-  for_shares(p.num_tokens * p.H * (p.k.cache.D + p.v.cache.D), [&](int k, int n) {
+  // Threads only where the pages of K and V are separable and no input shares bytes with them.
+  const int64_t N = p.num_slots / p.T, e = dtype_bytes(p.dtype);
+  const int64_t kb = side_bytes(p.k.cache, p.H, p.T), vb = side_bytes(p.v.cache, p.H, p.T);
+  const Span ck = span_of(p.k.cache.base, N, p.k.cache.page_stride, kb);
+  const Span cv = span_of(p.v.cache.base, N, p.v.cache.page_stride, vb);
+  bool separate = separable(p.k.cache.base, p.k.cache.page_stride, kb, p.v.cache.base, p.v.cache.page_stride, vb, N);
+  for (const StoreSide* in : {&p.k, &p.v}) {
+    const bool forward = in->token_stride >= 0 && in->head_stride >= 0;
+    const Span x = span_of(in->src, p.num_tokens, in->token_stride * e, ((p.H - 1) * in->head_stride + in->cache.D) * e);
+    separate = separate && forward && apart(x, ck) && apart(x, cv);
+  }
+  const Span sl = span_of(p.slots, p.num_tokens);
+  separate = separate && p.slots.stride >= 0 && apart(sl, ck) && apart(sl, cv);
+  const double work = static_cast<double>(p.num_tokens) * p.H * (p.k.cache.D + p.v.cache.D);
+  for_shares(work, separate, [&](int k, int n) {
     for (int64_t i = 0; i < p.num_tokens; ++i) {
       const int64_t slot = load_index(p.slots, i);
       if (slot < 0 || slot >= p.num_slots) continue;  // padding or out of range: skipped
@@ -159,9 +230,38 @@ void dequant_row(const DequantSide& s, const uint8_t* side, int64_t h, int64_t t
   }
 }
 
+// Whether threads may write the outputs of dequantize (units: pages of (T, H, D)) or gather
+// (units: tokens of (H, D), T = 0): strides that keep units apart, K and V outputs separable,
+// and no byte shared with what the call reads (`reads`: the cache sides, the index vectors).
+bool outputs_separate(const DequantSide& k, const DequantSide& v, int64_t units, int64_t T, int64_t H, int64_t e,
+                      std::initializer_list<Span> reads) {
+  const DequantSide* sides[2] = {&k, &v};
+  int64_t stride[2], bytes[2];
+  for (int i = 0; i < 2; ++i) {
+    const int64_t* st = sides[i]->out_stride;
+    // Strides of T and H: out_stride[1], [2] for dequantize; gather (T = 0 here) has H at [1].
+    const int64_t s1 = T > 0 ? st[1] : 0, s2 = T > 0 ? st[2] : st[1];
+    if (st[0] < 0 || s1 < 0 || s2 < 0) return false;
+    stride[i] = st[0] * e;
+    bytes[i] = ((T > 0 ? T - 1 : 0) * s1 + (H - 1) * s2 + sides[i]->cache.D) * e;
+  }
+  if (!separable(k.out, stride[0], bytes[0], v.out, stride[1], bytes[1], units)) return false;
+  for (int i = 0; i < 2; ++i) {
+    const Span o = span_of(sides[i]->out, units, stride[i], bytes[i]);
+    for (const Span r : reads)
+      if (!apart(o, r)) return false;
+  }
+  return true;
+}
+
 template <DType kDType>
 void dequant_impl(const DequantParams& p) {
-  for_shares(p.num_pages * p.T * p.H * (p.k.cache.D + p.v.cache.D), [&](int k, int n) {
+  const double work = static_cast<double>(p.num_pages) * p.T * p.H * (p.k.cache.D + p.v.cache.D);
+  const Span ck = span_of(p.k.cache.base, p.N, p.k.cache.page_stride, side_bytes(p.k.cache, p.H, p.T));
+  const Span cv = span_of(p.v.cache.base, p.N, p.v.cache.page_stride, side_bytes(p.v.cache, p.H, p.T));
+  const bool separate = outputs_separate(p.k, p.v, p.N, p.T, p.H, dtype_bytes(p.dtype),
+                                         {ck, cv, span_of(p.pages, p.num_pages)});
+  for_shares(work, separate, [&](int k, int n) {
     for (int64_t i = 0; i < p.num_pages; ++i) {
       const int64_t page = p.pages.ptr ? load_index(p.pages, i) : i;
       if (page < 0 || page >= p.N) continue;  // a page id out of range: nothing to read or write
@@ -179,7 +279,16 @@ void dequant_impl(const DequantParams& p) {
 
 template <DType kDType>
 void gather_impl(const GatherParams& p) {
-  for_shares(p.total_tokens * p.H * (p.k.cache.D + p.v.cache.D), [&](int k, int n) {
+  const double work = static_cast<double>(p.total_tokens) * p.H * (p.k.cache.D + p.v.cache.D);
+  const Span bt = p.bt_stride[0] >= 0 && p.bt_stride[1] >= 0
+                      ? span_of(p.block_table, p.B, p.bt_stride[0] * (p.bt_int64 ? 8 : 4),
+                                ((p.max_blocks - 1) * p.bt_stride[1] + 1) * (p.bt_int64 ? 8 : 4))
+                      : Span{0, ~uintptr_t{0}};
+  const Span ck = span_of(p.k.cache.base, p.N, p.k.cache.page_stride, side_bytes(p.k.cache, p.H, p.T));
+  const Span cv = span_of(p.v.cache.base, p.N, p.v.cache.page_stride, side_bytes(p.v.cache, p.H, p.T));
+  const bool separate = outputs_separate(p.k, p.v, p.total_tokens, 0, p.H, dtype_bytes(p.dtype),
+                                         {ck, cv, bt, span_of(p.seq_lens, p.B), span_of(p.cu_seqlens, p.B + 1)});
+  for_shares(work, separate, [&](int k, int n) {
     for (int64_t b = 0; b < p.B; ++b) {
       const int64_t len = load_index(p.seq_lens, b), start = load_index(p.cu_seqlens, b);
       const IndexVec row = block_table_row(p, b);

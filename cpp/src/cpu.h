@@ -6,7 +6,9 @@
 namespace nvfp4kv {
 
 void cpu_store(const StoreParams& p);
-// Most threads a CPU call uses (>= 1; 0: one per hardware thread, at most 16): nvfp4kv_set_cpu_threads.
+// Most threads a CPU call uses (1 to kMaxCpuThreads; 0: one per usable CPU, at most 16):
+// nvfp4kv_set_cpu_threads.
+constexpr int kMaxCpuThreads = 256;
 void cpu_set_threads(int threads);
 int cpu_threads();
 void cpu_dequantize(const DequantParams& p);

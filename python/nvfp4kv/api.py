@@ -383,11 +383,10 @@ def gather_dequant(
 def set_cpu_threads(threads: int) -> None:
     """Most threads one call on CPU tensors uses, for the whole process.
 
-    ``threads >= 1``, or 0 for one per hardware thread (at most 16). Until this is called, the
-    environment variable ``NVFP4KV_CPU_THREADS`` (read once, at the first CPU call) sets it
-    (default 0). Small calls use fewer (about 131072 elements per thread at least). Each thread
-    takes a share of the pages (store, dequantize) or of the output tokens (gather), so the bytes
-    are the same for every thread count, duplicate slots included. CUDA calls are not affected.
+    1 to 256, or 0 (the default) for one per CPU the process may run on, at most 16. Until this
+    is called, the environment variable ``NVFP4KV_CPU_THREADS`` sets it (read once). Small calls
+    use fewer threads; the bytes are the same for every count. CUDA calls are not affected.
+    See docs/python-api.md.
     """
     _C.set_cpu_threads(threads)
 

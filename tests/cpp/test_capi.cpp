@@ -123,6 +123,7 @@ int main() {
   CHECK(nvfp4kv_set_store_order(0) == NVFP4KV_SUCCESS, "store order 0");
   CHECK(nvfp4kv_set_cpu_threads(-1) == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "threads"),
         "%s", nvfp4kv_last_error());
+  CHECK(nvfp4kv_set_cpu_threads(257) == NVFP4KV_ERROR_INVALID_VALUE, "cpu threads 257");
   CHECK(nvfp4kv_set_cpu_threads(3) == NVFP4KV_SUCCESS && nvfp4kv_cpu_threads() == 3, "cpu threads 3");
   CHECK(nvfp4kv_set_cpu_threads(0) == NVFP4KV_SUCCESS && nvfp4kv_cpu_threads() >= 1, "cpu threads auto");
   std::vector<uint32_t> ws_words(ws_bytes / 4 + 1, 0);  // 4-byte aligned storage

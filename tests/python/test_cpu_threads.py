@@ -1,11 +1,13 @@
 """The CPU path on several threads (nvfp4kv.set_cpu_threads): the same bytes as the reference and
-as one thread, duplicate slots, padding, bad block-table entries and pages listed twice included.
+as one thread, duplicate slots, padding, bad block-table entries, pages listed twice and
+overlapping sequences included; tensors that share bytes run on one thread.
 
 The calls are large enough (about 2M elements) that every thread count tested gets its threads
 (a call takes one thread per 131072 elements at most)."""
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -14,7 +16,6 @@ from conftest import assert_bytes_equal, make_cache, make_kv, make_slots, run_st
 
 torch = pytest.importorskip("torch")
 
-THREADS = (1, 2, 3, 8)
 N, T, H, D = 160, 16, 4, 128
 n = 2048
 
@@ -22,7 +23,8 @@ n = 2048
 @pytest.fixture(autouse=True)
 def _restore_threads(nv):
     yield
-    nv.set_cpu_threads(int(os.environ.get("NVFP4KV_CPU_THREADS") or 0))
+    env = os.environ.get("NVFP4KV_CPU_THREADS", "")
+    nv.set_cpu_threads(int(env) if env.isdigit() and int(env) <= 256 else 0)
 
 
 def _slots(rng):
@@ -35,48 +37,131 @@ def _slots(rng):
     return slots
 
 
+# (view, layout, input dtype, scale layout, cache extras): every cache view and both layouts.
+CONFIGS = [
+    ("5d", "HND", "bfloat16", "vllm", {}),
+    ("5d", "NHD", "float16", "linear", {"pad": 48}),
+    ("sides", "HND", "float32", "vllm", {"v_gap": 32, "pad": 16}),
+    ("packed4d", "HND", "bfloat16", "linear", {}),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(c[:4]))
 @pytest.mark.parametrize("recipe", ref.RECIPES)
-@pytest.mark.parametrize("threads", THREADS)
-def test_store_equals_reference_on_threads(nv, recipe, threads):
+@pytest.mark.parametrize("threads", (1, 3, 8))
+def test_store_equals_reference_on_threads(nv, config, recipe, threads):
+    view, layout, dtype, scale_layout, extra = config
     rng = np.random.default_rng(threads)
     nv.set_cpu_threads(threads)
     assert nv.cpu_threads() == threads
-    cache = make_cache(N, T, H, D, "5d", "HND", "torch", seed=threads)
+    cache = make_cache(N, T, H, D, view, layout, "torch", seed=threads, **extra)
     k = rng.standard_normal((n, H, D)).astype(np.float32)
     v = rng.standard_normal((n, H, D)).astype(np.float32)
-    key, value, k32, v32 = make_kv(k, v, "bfloat16", "torch")
-    run_store(nv, cache, key, value, k32, v32, make_slots(_slots(rng), backend="torch"), 0.3, 0.7, recipe)
+    key, value, k32, v32 = make_kv(k, v, dtype, "torch", strided="qkv")
+    slots = make_slots(_slots(rng), "int32" if threads == 3 else "int64", backend="torch")
+    run_store(nv, cache, key, value, k32, v32, slots, 0.3, 0.7, recipe, scale_layout)
 
 
-def test_dequantize_and_gather_same_bytes_on_threads(nv):
+def _filled_cache(nv, view="5d", **extra):
     rng = np.random.default_rng(5)
-    cache = make_cache(N, T, H, D, "5d", "HND", "torch", seed=5)
+    cache = make_cache(N, T, H, D, view, "HND", "torch", seed=5, **extra)
     k = rng.standard_normal((N * T, H, D)).astype(np.float32)
     key, value, _, _ = make_kv(k, k[::-1].copy(), "bfloat16", "torch")
     nv.store(key, value, slot_mapping=make_slots(rng.permutation(N * T), backend="torch"), k_scale=0.3,
              v_scale=0.7, **cache.kwargs())
-    kv = cache.kwargs()["kv_cache"]
+    return cache, rng
+
+
+@pytest.mark.parametrize("view", ("5d", "sides"))
+def test_dequantize_and_gather_same_bytes_on_threads(nv, view):
+    cache, rng = _filled_cache(nv, view, **({"v_gap": 64} if view == "sides" else {}))
     # Pages 3 and 0 listed twice, bad ids; every page listed, so every output row is written.
     pages = torch.tensor([3, 7, -1, 3, N, 0] + list(rng.permutation(N)), dtype=torch.int64)
     table = torch.from_numpy(rng.integers(-2, N + 2, (6, 40))).to(torch.int32)  # bad entries give zeros
     seq_lens = torch.tensor([600, 0, 17, 640, 300, 500], dtype=torch.int32)
+    # Sequences 3 and 4 write over parts of 0 and 3: the later sequence wins, on any thread count.
+    cu = torch.tensor([0, 600, 600, 617, 400, 1257, 1757], dtype=torch.int32)
     got = []
-    for threads in THREADS:
+    for threads in (1, 2, 3, 8):
         nv.set_cpu_threads(threads)
-        deq = nv.dequantize(kv, 0.3, 0.7, pages=pages)
-        gat = nv.gather_dequant(kv, table, seq_lens, 0.3, 0.7)
-        got.append([t.contiguous().view(torch.uint8).numpy().copy() for t in (*deq, *gat[:2])])
+        deq = nv.dequantize(pages=pages, k_scale=0.3, v_scale=0.7, dtype="float16", **cache.kwargs())
+        outs = [torch.full((1757, H, D), 7.0, dtype=torch.bfloat16) for _ in range(2)]
+        nv.gather_dequant(block_table=table, seq_lens=seq_lens, cu_seqlens=cu, k_scale=0.3, v_scale=0.7,
+                          key_out=outs[0], value_out=outs[1], **cache.kwargs())
+        got.append([t.contiguous().view(torch.uint8).numpy().reshape(t.shape[0], -1).copy() for t in (*deq, *outs)])
     for other in got[1:]:
         for a, b in zip(got[0], other):
             assert_bytes_equal(b, a)
 
 
+def test_overlapping_tensors_run_on_one_thread(nv):
+    """A V cache that starts one page into the K cache's bytes, and a value_out one page into
+    key_out's: the single-threaded bytes (later writes win), whatever the thread count."""
+    rng = np.random.default_rng(9)
+    F = ref.full_dim(D)
+    page = T * H * F
+    raw = torch.from_numpy(rng.integers(0, 256, (N + 1) * page, dtype=np.uint8))
+    kc = torch.as_strided(raw, (N, T, H, F), (page, H * F, F, 1), 0)
+    vc = torch.as_strided(raw, (N, T, H, F), (page, H * F, F, 1), page)
+    k = torch.randn(n, H, D, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(1))
+    slots = torch.from_numpy(rng.permutation(N * T)[:n])
+    out = torch.zeros((N + 1) * T * H * D, dtype=torch.float32)
+    ko = torch.as_strided(out, (N, T, H, D), (T * H * D, H * D, D, 1), 0)
+    vo = torch.as_strided(out, (N, T, H, D), (T * H * D, H * D, D, 1), T * H * D)
+    got = []
+    for threads in (1, 8, 8):
+        nv.set_cpu_threads(threads)
+        raw_t = raw.clone()
+        kc_t = torch.as_strided(raw_t, kc.shape, kc.stride(), 0)
+        vc_t = torch.as_strided(raw_t, vc.shape, vc.stride(), page)
+        nv.store(k, k.flip(0), kc_t, slots, 0.3, 0.7, value_cache=vc_t, scale_layout="linear")
+        out.zero_()
+        nv.dequantize(kc_t, 0.3, 0.7, value_cache=vc_t, scale_layout="linear", key_out=ko, value_out=vo)
+        got.append((raw_t.numpy().reshape(N + 1, -1).copy(), out.view(torch.uint8).numpy().reshape(N + 1, -1).copy()))
+    for other in got[1:]:
+        assert_bytes_equal(other[0], got[0][0])
+        assert_bytes_equal(other[1], got[0][1])
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc (Linux)")
+def test_a_large_call_starts_its_threads(nv):
+    """While one large store runs, the process holds the threads it asked for (watched from
+    another Python thread; the call releases the GIL)."""
+    nv.set_cpu_threads(4)
+    tokens = 8192
+    cache = nv.allocate_kv_cache(nv.KVCacheSpec(block_size=16, num_kv_heads=8, head_size=128), tokens // 16,
+                                 device="cpu")
+    key = torch.randn(tokens, 8, 128, dtype=torch.bfloat16)
+    slots = torch.randperm(tokens)
+    seen, done = [], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.append(len(os.listdir("/proc/self/task")))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    while not seen:  # the watcher is counted in the baseline
+        pass
+    base = seen[0]
+    for _ in range(3):
+        nv.store(key, key, cache, slots, 0.1, 0.1)
+    done.set()
+    watcher.join()
+    assert max(seen) >= base + 3, (base, max(seen))
+
+
 def test_thread_setting_and_environment(nv):
-    with pytest.raises(ValueError, match="threads"):
-        nv.set_cpu_threads(-1)
+    for bad in (-1, 257):
+        with pytest.raises(ValueError, match="threads"):
+            nv.set_cpu_threads(bad)
     nv.set_cpu_threads(0)
     assert 1 <= nv.cpu_threads() <= 16
     code = "import nvfp4kv; print(nvfp4kv.cpu_threads())"
-    env = dict(os.environ, NVFP4KV_CPU_THREADS="3")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "3"
+    for env, want in (("3", "3"), ("1e3", None), ("-2", None), ("99999999999", None)):
+        out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, NVFP4KV_CPU_THREADS=env),
+                             capture_output=True, text=True, check=True)
+        auto = subprocess.run([sys.executable, "-c", code], env={k: v for k, v in os.environ.items()
+                                                                  if k != "NVFP4KV_CPU_THREADS"},
+                              capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == (want or auto.stdout.strip()), env

@@ -129,13 +129,15 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_store_with_workspace(
  * 2 never. */
 NVFP4KV_API nvfp4kv_status nvfp4kv_set_store_order(int order);
 
-/* Most threads one call on CPU tensors uses, for the whole process: threads >= 1, or 0 for one
- * per hardware thread (at most 16). Until it is called, the environment variable
- * NVFP4KV_CPU_THREADS (read once, at the first CPU call) sets it (default 0). Small calls use
- * fewer (about 131072 elements per thread at least). Each thread takes a share of the pages
- * (store, dequantize) or of the output tokens (gather): the bytes are the same for every thread
- * count, duplicate slots included. The threads are started by the call and joined before it
- * returns; CUDA calls are not affected. */
+/* Most threads one call on CPU tensors uses, for the whole process: 1 to 256, or 0 (the default)
+ * for one per CPU the process may run on (its affinity mask), at most 16. Until it is called,
+ * the environment variable NVFP4KV_CPU_THREADS sets it (read once, at the first CPU call or
+ * nvfp4kv_cpu_threads(); ignored unless a whole number from 0 to 256). Small calls use fewer
+ * (about 131072 elements per thread at least). Each thread takes a share of the pages (store,
+ * dequantize) or of the output tokens (gather): the bytes are the same for every thread count,
+ * duplicate slots included. A call whose tensors share bytes in other ways than a cache split
+ * page by page into K and V runs on one thread. The threads are started by the call and joined
+ * before it returns; CUDA calls are not affected. */
 NVFP4KV_API nvfp4kv_status nvfp4kv_set_cpu_threads(int threads);
 /* The thread count in force (nvfp4kv_set_cpu_threads; 0 resolved to the hardware's). */
 NVFP4KV_API int nvfp4kv_cpu_threads(void);
