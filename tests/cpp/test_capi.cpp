@@ -153,6 +153,54 @@ int main() {
                                     NVFP4KV_SCALES_LINEAR, nullptr, nullptr);
   CHECK(st == NVFP4KV_SUCCESS && cache == plain, "a workspace changed the CPU path's bytes");
 
+  // CPU threads: a store, a page dequantize and a gather large enough for 8 threads write the
+  // bytes of one thread (CI also runs this test under ThreadSanitizer).
+  {
+    const int64_t N2 = 64, T2 = 16, H2 = 4, D2 = 128, F2 = 72, n2 = 1024, B = 4;
+    std::vector<float> k2(n2 * H2 * D2), v2(n2 * H2 * D2);
+    uint32_t state = 12345;
+    for (size_t i = 0; i < k2.size(); ++i) {
+      state = state * 1664525u + 1013904223u;
+      k2[i] = static_cast<float>(static_cast<int32_t>(state)) * 1e-9f;
+      v2[i] = -0.5f * k2[i];
+    }
+    std::vector<int64_t> s2(n2), table(B * 16), lens(B, 256), cu(B + 1);
+    for (int64_t i = 0; i < n2; ++i) s2[i] = i % 50 == 49 ? s2[i - 1] : (i * 37) % (N2 * T2);  // duplicates
+    for (int64_t i = 0; i < B * 16; ++i) table[i] = (i * 5) % N2;
+    for (int64_t b = 0; b <= B; ++b) cu[b] = b * 256;
+    std::vector<uint8_t> cache_by[2];
+    std::vector<float> pages_by[2], seqs_by[2];
+    for (int run = 0; run < 2; ++run) {
+      CHECK(nvfp4kv_set_cpu_threads(run ? 8 : 1) == NVFP4KV_SUCCESS, "threads");
+      std::vector<uint8_t>& c2 = cache_by[run];
+      c2.assign(N2 * 2 * T2 * H2 * F2, 0);
+      std::vector<float>& po = pages_by[run];
+      std::vector<float>& so = seqs_by[run];
+      po.assign(2 * N2 * T2 * H2 * D2, 0.0f);
+      so.assign(2 * n2 * H2 * D2, 0.0f);
+      View kk(k2.data(), kF32, {n2, H2, D2}), vv(v2.data(), kF32, {n2, H2, D2}), cc(c2.data(), kU8, {N2, 2, T2, H2, F2}),
+          ss(s2.data(), kI64, {n2}), pk(po.data(), kF32, {N2, T2, H2, D2}),
+          pv(po.data() + N2 * T2 * H2 * D2, kF32, {N2, T2, H2, D2}), bt(table.data(), kI64, {B, 16}),
+          sl(lens.data(), kI64, {B}), cs(cu.data(), kI64, {B + 1}), ok(so.data(), kF32, {n2, H2, D2}),
+          ov(so.data() + n2 * H2 * D2, kF32, {n2, H2, D2});
+      CHECK(nvfp4kv_store(&kk.t, &vv.t, &cc.t, nullptr, &ss.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                          NVFP4KV_SCALES_LINEAR, nullptr) == NVFP4KV_SUCCESS,
+            "threaded store: %s", nvfp4kv_last_error());
+      CHECK(nvfp4kv_dequantize(&cc.t, nullptr, &kscale.t, &vscale.t, NVFP4KV_SCALES_LINEAR, &pk.t, &pv.t, nullptr) ==
+                NVFP4KV_SUCCESS,
+            "threaded dequantize: %s", nvfp4kv_last_error());
+      CHECK(nvfp4kv_gather_dequant(&cc.t, nullptr, &bt.t, &sl.t, &cs.t, &kscale.t, &vscale.t, NVFP4KV_SCALES_LINEAR,
+                                   &ok.t, &ov.t, nullptr) == NVFP4KV_SUCCESS,
+            "threaded gather: %s", nvfp4kv_last_error());
+    }
+    CHECK(cache_by[0] == cache_by[1], "store: 8 threads wrote other bytes than 1");
+    CHECK(memcmp(pages_by[0].data(), pages_by[1].data(), pages_by[0].size() * 4) == 0,
+          "dequantize: 8 threads wrote other bytes than 1");
+    CHECK(memcmp(seqs_by[0].data(), seqs_by[1].data(), seqs_by[0].size() * 4) == 0,
+          "gather: 8 threads wrote other bytes than 1");
+    CHECK(nvfp4kv_set_cpu_threads(0) == NVFP4KV_SUCCESS, "threads auto");
+  }
+
   if (g_failures) {
     fprintf(stderr, "test_capi: %d failures\n", g_failures);
     return 1;
