@@ -121,6 +121,11 @@ Span span_of(const IndexVec& v, int64_t count) {
 
 int64_t side_bytes(const CacheSide& c, int64_t H, int64_t T) { return H * T * full_dim(c.D); }
 
+// Bytes that the N pages of one cache side cover.
+Span cache_span(const CacheSide& c, int64_t N, int64_t H, int64_t T) {
+  return span_of(c.base, N, c.page_stride, side_bytes(c, H, T));
+}
+
 template <DType kDType>
 inline float load_elem(const void* base, int64_t idx) {
   if constexpr (kDType == DType::kFloat32) {
@@ -184,8 +189,7 @@ void store_impl(const StoreParams& p) {
   // Threads only where the pages of K and V are separable and no input shares bytes with them.
   const int64_t N = p.num_slots / p.T, e = dtype_bytes(p.dtype);
   const int64_t kb = side_bytes(p.k.cache, p.H, p.T), vb = side_bytes(p.v.cache, p.H, p.T);
-  const Span ck = span_of(p.k.cache.base, N, p.k.cache.page_stride, kb);
-  const Span cv = span_of(p.v.cache.base, N, p.v.cache.page_stride, vb);
+  const Span ck = cache_span(p.k.cache, N, p.H, p.T), cv = cache_span(p.v.cache, N, p.H, p.T);
   bool separate = separable(p.k.cache.base, p.k.cache.page_stride, kb, p.v.cache.base, p.v.cache.page_stride, vb, N);
   for (const StoreSide* in : {&p.k, &p.v}) {
     const bool forward = in->token_stride >= 0 && in->head_stride >= 0;
@@ -257,8 +261,7 @@ bool outputs_separate(const DequantSide& k, const DequantSide& v, int64_t units,
 template <DType kDType>
 void dequant_impl(const DequantParams& p) {
   const double work = static_cast<double>(p.num_pages) * p.T * p.H * (p.k.cache.D + p.v.cache.D);
-  const Span ck = span_of(p.k.cache.base, p.N, p.k.cache.page_stride, side_bytes(p.k.cache, p.H, p.T));
-  const Span cv = span_of(p.v.cache.base, p.N, p.v.cache.page_stride, side_bytes(p.v.cache, p.H, p.T));
+  const Span ck = cache_span(p.k.cache, p.N, p.H, p.T), cv = cache_span(p.v.cache, p.N, p.H, p.T);
   const bool separate = outputs_separate(p.k, p.v, p.N, p.T, p.H, dtype_bytes(p.dtype),
                                          {ck, cv, span_of(p.pages, p.num_pages)});
   for_shares(work, separate, [&](int k, int n) {
@@ -284,8 +287,7 @@ void gather_impl(const GatherParams& p) {
                       ? span_of(p.block_table, p.B, p.bt_stride[0] * (p.bt_int64 ? 8 : 4),
                                 ((p.max_blocks - 1) * p.bt_stride[1] + 1) * (p.bt_int64 ? 8 : 4))
                       : Span{0, ~uintptr_t{0}};
-  const Span ck = span_of(p.k.cache.base, p.N, p.k.cache.page_stride, side_bytes(p.k.cache, p.H, p.T));
-  const Span cv = span_of(p.v.cache.base, p.N, p.v.cache.page_stride, side_bytes(p.v.cache, p.H, p.T));
+  const Span ck = cache_span(p.k.cache, p.N, p.H, p.T), cv = cache_span(p.v.cache, p.N, p.H, p.T);
   const bool separate = outputs_separate(p.k, p.v, p.total_tokens, 0, p.H, dtype_bytes(p.dtype),
                                          {ck, cv, bt, span_of(p.seq_lens, p.B), span_of(p.cu_seqlens, p.B + 1)});
   for_shares(work, separate, [&](int k, int n) {
