@@ -164,6 +164,13 @@ __global__ void stream_ratio(const uint4* __restrict__ src, uint4* __restrict__ 
   }
 }
 
+// *out = a device copy of `v`.
+cudaError_t to_device(const std::vector<int32_t>& v, int32_t** out) {
+  cudaError_t e = cudaMalloc(out, v.size() * 4);
+  if (e == cudaSuccess) e = cudaMemcpy(*out, v.data(), v.size() * 4, cudaMemcpyHostToDevice);
+  return e;
+}
+
 // Median over `reps` samples of `inner` back-to-back launches each, per launch.
 template <class F>
 float median_us(F launch, int reps = 30, int inner = 1) {
@@ -225,9 +232,8 @@ int main(int argc, char** argv) {
     for (int i = 0; i < n; ++i) perm[i] = i;
     std::shuffle(perm.begin(), perm.end(), rng);
     int32_t *slots, *order;
-    CHECK(cudaMalloc(&slots, n * 4));
+    CHECK(to_device(perm, &slots));
     CHECK(cudaMalloc(&order, n * 4));
-    CHECK(cudaMemcpy(slots, perm.data(), n * 4, cudaMemcpyHostToDevice));
     const double bytes = n * (2.0 * kTokenIn + 2.0 * H * (D / 2 + D / 16) + 8);
     for (int K : {1, 2, 3, 4, 6, 8, 12, 16}) {
       const int per = (pages + K - 1) / K;
@@ -253,10 +259,8 @@ int main(int argc, char** argv) {
     std::vector<int32_t> seq = perm;
     std::shuffle(perm.begin(), perm.end(), rng);
     int32_t *slots, *slots_seq;
-    CHECK(cudaMalloc(&slots, n * 4));
-    CHECK(cudaMalloc(&slots_seq, n * 4));
-    CHECK(cudaMemcpy(slots, perm.data(), n * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(slots_seq, seq.data(), n * 4, cudaMemcpyHostToDevice));
+    CHECK(to_device(perm, &slots));
+    CHECK(to_device(seq, &slots_seq));
     const uint8_t* k = x;
     const uint8_t* v = x + (int64_t)n * kTokenIn;
     uint8_t* cache = y;
@@ -294,11 +298,9 @@ int main(int argc, char** argv) {
     std::shuffle(perm.begin(), perm.end(), rng);
     for (int i = 0; i < n; ++i) inv[perm[i]] = i;
     int32_t *slots, *dinv, *scratch;
-    CHECK(cudaMalloc(&slots, n * 4));
-    CHECK(cudaMalloc(&dinv, n * 4));
+    CHECK(to_device(perm, &slots));
+    CHECK(to_device(inv, &dinv));
     CHECK(cudaMalloc(&scratch, n * 4));
-    CHECK(cudaMemcpy(slots, perm.data(), n * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(dinv, inv.data(), n * 4, cudaMemcpyHostToDevice));
     const uint8_t* k = x;
     const uint8_t* v = x + (int64_t)n * kTokenIn;
     uint8_t* cache = y;
@@ -327,8 +329,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < pages; ++i) perm[i] = i;
     std::shuffle(perm.begin(), perm.end(), rng);
     int32_t* table;
-    CHECK(cudaMalloc(&table, pages * 4));
-    CHECK(cudaMemcpy(table, perm.data(), pages * 4, cudaMemcpyHostToDevice));
+    CHECK(to_device(perm, &table));
     const double bytes = n * (2.0 * H * (D / 2 + D / 16) + 2.0 * kTokenIn);
     const int64_t blocks = ((int64_t)n * kItems + 255) / 256;
     char name[96];
