@@ -207,8 +207,34 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
   const int64_t page_stride = s.cache.page_stride;
   uint4* out = reinterpret_cast<uint4*>(static_cast<uint16_t*>(s.out) + h * s.out_stride[1] + 32 * unit);
   const int64_t out_stride = s.out_stride[0] * 2 / 16;  // in uint4
+  const IndexVec bt_row = block_table_row(p, b);
+  // Codes and scale bytes of step j, or zeros (and read false) for a bad block-table entry.
+  struct Step {
+    uint4 c;
+    uint32_t sfb[2];
+    bool read;
+  };
+  const auto load_step = [&](int64_t j) {
+    Step r{make_uint4(0u, 0u, 0u, 0u), {0u, 0u}, false};
+    const uint32_t blk = static_cast<uint32_t>(L.block_size.div_any(j));
+    const uint32_t pos = static_cast<uint32_t>(j - static_cast<int64_t>(blk) * p.T);
+    const int64_t page = blk < p.max_blocks ? load_index(bt_row, blk) : -1;
+    if (page >= 0 && page < p.N) {  // a bad entry reads as zeros; nothing outside the cache is read
+      const uint8_t* base = cache + page * page_stride;
+      r.c = __ldg(reinterpret_cast<const uint4*>(base + at.data(pos)));
+      r.sfb[0] = base[at.scale(pos, 0)];
+      r.sfb[1] = base[at.scale(pos, 1)];
+      r.read = true;
+    }
+    return r;
+  };
+  const int64_t j0 = blockIdx.x * L.tokens_per_block + slot;
   wait_for_prior_grids();
   allow_next_grids();
+  // The first step's block-table entry and codes need neither the sequence's length nor its
+  // start: loaded beside them, the block's first stores wait on two dependent loads, not three.
+  Step first{make_uint4(0u, 0u, 0u, 0u), {0u, 0u}, false};
+  if (lane_used) first = load_step(j0);
   const int64_t len = load_index(p.seq_lens, b), start = load_index(p.cu_seqlens, b);
   const float g = read_scale(s.scale);  // before the test below, so the three loads overlap
   if (len <= 0) return;  // the whole block
@@ -217,38 +243,16 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
   extern __shared__ uint4 stages[];
   uint4* stage = stages + (threadIdx.x / 32) * kStageChunks;
   const uint32_t lane = threadIdx.x & 31;
-  const IndexVec bt_row = block_table_row(p, b);
 
-  for (int64_t j = blockIdx.x * L.tokens_per_block + slot;; j += gridDim.x * L.tokens_per_block) {
-    const bool active = lane_used && j < len;
-    if (!__any_sync(0xffffffffu, active)) break;  // warp-uniform: the shuffles see every lane
-    const int64_t out_tok = start + j;
-    const bool write = active && out_tok >= 0 && out_tok < p.total_tokens;
-    // Codes and scale bytes of this step. Where nothing is read (a bad block-table entry, or a
-    // lane with nothing to write) they stay zero and so does the scale, which decodes to +0:
-    // the zeros a bad entry must give, without a separate path.
-    uint4 c = make_uint4(0u, 0u, 0u, 0u);
-    uint32_t sfb[2] = {0u, 0u};
-    bool read = false;
-    if (write) {
-      const uint32_t blk = static_cast<uint32_t>(L.block_size.div_any(j));
-      const uint32_t pos = static_cast<uint32_t>(j - static_cast<int64_t>(blk) * p.T);
-      const int64_t page = blk < p.max_blocks ? load_index(bt_row, blk) : -1;
-      if (page >= 0 && page < p.N) {  // a bad entry reads as zeros; nothing outside the cache is read
-        const uint8_t* base = cache + page * page_stride;
-        c = __ldg(reinterpret_cast<const uint4*>(base + at.data(pos)));
-        sfb[0] = base[at.scale(pos, 0)];
-        sfb[1] = base[at.scale(pos, 1)];
-        read = true;
-      }
-    }
-    const float gk = read ? g : 0.0f, gk14 = read ? g14 : 0.0f;
-    const uint32_t codes[2][2] = {{c.x, c.y}, {c.z, c.w}};
+  // Decodes one step's codes and writes its outputs (dst: the lane's output row, or null).
+  const auto emit = [&](const Step& st, const uint4* dst) {
+    const float gk = st.read ? g : 0.0f, gk14 = st.read ? g14 : 0.0f;
+    const uint32_t codes[2][2] = {{st.c.x, st.c.y}, {st.c.z, st.c.w}};
     uint32_t w[16];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       float y[16];
-      const bool ok = fast ? dequantize_group_h(codes[k], sfb[k], gk14, y) : dequantize_group(codes[k], sfb[k], gk, y);
+      const bool ok = fast ? dequantize_group_h(codes[k], st.sfb[k], gk14, y) : dequantize_group(codes[k], st.sfb[k], gk, y);
       uint32_t wk[8];
       group_words<kDType>(y, !ok, wk);
 #pragma unroll
@@ -260,7 +264,6 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
     // store (a plain write of the 4K gather's output took 7.0 µs in this kernel's old pattern,
     // 5.2 µs in 512-byte runs; benchmarks/gather_diag.py). The stage's padding (kStageChunks)
     // keeps both its writes and its reads free of bank conflicts.
-    const uint4* dst = write ? out + out_tok * out_stride : nullptr;
 #pragma unroll
     for (int q = 0; q < 4; ++q)  // chunk 4 lane + q
       stage[4 * lane + lane / 2 + q] = make_uint4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]);
@@ -272,6 +275,18 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
       if (to != 0) __stcs(reinterpret_cast<uint4*>(to) + (lane & 3), v);
     }
     __syncwarp();  // the stage is rewritten in the next step
+  };
+
+  for (int64_t j = j0;; j += gridDim.x * L.tokens_per_block) {
+    const bool active = lane_used && j < len;
+    if (!__any_sync(0xffffffffu, active)) break;  // warp-uniform: the shuffles see every lane
+    const int64_t out_tok = start + j;
+    const bool write = active && out_tok >= 0 && out_tok < p.total_tokens;
+    // Codes and scale bytes of this step (the first step's were loaded above). Where nothing is
+    // read (a bad block-table entry, or a lane with nothing to write) they stay zero and so does
+    // the scale, which decodes to +0: the zeros a bad entry must give, without a separate path.
+    emit(j == j0 ? first : write ? load_step(j) : Step{make_uint4(0u, 0u, 0u, 0u), {0u, 0u}, false},
+         write ? out + out_tok * out_stride : nullptr);
   }
 }
 
