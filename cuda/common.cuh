@@ -214,6 +214,10 @@ __device__ __forceinline__ void allow_next_grids() {
 // cached per device).
 bool pdl_supported(int device);
 
+// Whether the device has bulk asynchronous copies and transaction-count mbarriers
+// (cp.async.bulk, compute capability 9.0 and later; cached per device).
+bool bulk_copies_supported(int device);
+
 // kernel<<<grid, block, smem, stream>>>(arg), with programmatic stream serialization allowed
 // where the device has it.
 template <class Arg>

@@ -1,8 +1,9 @@
 // CUDA read path (FORMAT.md §6): dequantize of whole pages and the gather. The general kernels
 // take one thread per 16-element group of the output, groups fastest so a warp reads consecutive
-// code words and writes consecutive output chunks; gather_pairs_kernel is the fast gather for
-// the common geometry (see there).
+// code words and writes consecutive output chunks; gather_pairs_kernel and gather_pages_kernel
+// are the fast gathers for the common geometries (see there).
 #include <algorithm>
+#include <cstdlib>
 #include <initializer_list>
 
 #include <cuda_bf16.h>
@@ -21,6 +22,18 @@ struct DequantLaunch {
   int64_t row0;     // first (page-list index, position) of this launch
 };
 
+// One output word: two values converted with RNE.
+template <DType kDType>
+__device__ __forceinline__ uint32_t pack_words(float lo, float hi) {
+  if constexpr (kDType == DType::kFloat16) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
 // The 8 output words (16 bf16/fp16 values) of one group.
 template <DType kDType>
 __device__ __forceinline__ void group_words(const float (&y)[16], bool nan_group, uint32_t (&w)[8]) {
@@ -31,15 +44,7 @@ __device__ __forceinline__ void group_words(const float (&y)[16], bool nan_group
     return;
   }
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    if constexpr (kDType == DType::kFloat16) {
-      const __half2 v = __floats2half2_rn(y[2 * i], y[2 * i + 1]);
-      w[i] = *reinterpret_cast<const uint32_t*>(&v);
-    } else {
-      const __nv_bfloat162 v = __floats2bfloat162_rn(y[2 * i], y[2 * i + 1]);
-      w[i] = *reinterpret_cast<const uint32_t*>(&v);
-    }
-  }
+  for (int i = 0; i < 8; ++i) w[i] = pack_words<kDType>(y[2 * i], y[2 * i + 1]);
 }
 
 // 16 outputs of one group. Values of a normal group convert with the hardware RNE conversions
@@ -290,6 +295,216 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
   }
 }
 
+// The gather through whole page sides (sm_90+): a unit is one side of one page for a group of
+// `heads` heads, whose codes and scale bytes are two contiguous runs of the page (HND; NHD only
+// with every head). A block takes up to kPageStages units at once: warp 0 reads their
+// block-table entries and its lane 0 bulk-copies each unit's two runs into a shared-memory stage
+// (cp.async.bulk, completion counted on an mbarrier), so all of them are in flight together and
+// no register holds a load. Then every thread decodes 8 outputs per 4 code bytes, the block's
+// 256 threads writing 4 KB of consecutive output per pass (a warp store is 512 contiguous bytes
+// where a token's row of the unit is). Against gather_pairs_kernel, whose warps wait on one
+// step's loads at a time, this took 16K-1M tokens from 81-88 % to 87-92 % of copy (RESULTS.md
+// runs 125-128). blockIdx.y: sequence. Dynamic shared memory: kPageStages stages of
+// stage_bytes, their mbarriers, page-valid flags and a zero word.
+constexpr int kPageStages = 4;
+constexpr int kPageThreads = 256;
+
+struct PagesSide {
+  SideOffsets off;      // byte offsets within one side of a page (the format core's, affine)
+  uint32_t code_bytes;  // codes of one head group: heads * T * D / 2, contiguous
+  uint32_t scale_bytes; // its scale bytes: heads * T * D / 16, contiguous
+  uint32_t lg_chunks;   // log2 of a position's chunks in the unit: heads * D / 8
+  uint32_t lg_head;     // log2 of a head's chunks: D / 8
+};
+
+struct GatherPagesLaunch {
+  GatherParams p;
+  PagesSide side[2];     // K, V
+  uint32_t heads;        // heads per unit
+  FastDiv groups;        // head groups per side: H / heads
+  FastDiv per_block;     // units per block-table entry: 2 * groups
+  uint32_t stage_bytes;  // one stage: the larger side's codes + scales, rounded up to 16
+  int64_t b0;            // first sequence of this launch
+#ifdef NVFP4KV_GATHER_TIMELINE
+  uint32_t* timeline;
+#endif
+};
+
+#ifdef NVFP4KV_GATHER_TIMELINE
+__device__ __forceinline__ uint32_t timer_lo() {
+  uint32_t t;
+  asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(t) :: "memory");
+  return t;
+}
+#define TL_STAMP(k) do { if (tl_slot) tl_slot[k] = timer_lo(); } while (0)
+#else
+#define TL_STAMP(k) do {} while (0)
+#endif
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+template <DType kDType>
+__global__ void __launch_bounds__(kPageThreads, 4) gather_pages_kernel(const __grid_constant__ GatherPagesLaunch L) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const GatherParams& p = L.p;
+  const int64_t b = L.b0 + blockIdx.y;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kPageStages * L.stage_bytes);
+  int32_t* page_ok = reinterpret_cast<int32_t*>(full + kPageStages);
+  uint8_t* zero = reinterpret_cast<uint8_t*>(page_ok + kPageStages);  // 4 zero bytes
+#ifdef NVFP4KV_GATHER_TIMELINE
+  const uint32_t tl_entry = timer_lo();
+  uint32_t* tl_slot = nullptr;
+  if ((threadIdx.x & 31) == 0 && L.timeline) {
+    const uint32_t warp = (blockIdx.y * gridDim.x + blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    if (warp == 0) L.timeline[0] = gridDim.x * gridDim.y * (blockDim.x / 32);
+    tl_slot = L.timeline + 16 + warp * 8;
+    tl_slot[0] = tl_entry;
+  }
+#endif
+  if (threadIdx.x == 0) {
+    *reinterpret_cast<uint32_t*>(zero) = 0u;
+    for (int s = 0; s < kPageStages; ++s)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_u32(full + s)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const IndexVec bt_row = block_table_row(p, b);
+  const uint32_t lane = threadIdx.x & 31;
+  // The block's units are blockIdx.x + i * gridDim.x, i < n, taken in rounds of kPageStages (one
+  // round unless a sequence runs past its block-table row: see the launcher). Lane j of warp 0
+  // holds the block-table entry of unit round + j; its lane 0 issues the round's copies.
+  int64_t lane_page = -1;
+  const auto load_round = [&](int64_t r0) {
+    const int64_t blk = L.per_block.div_any(blockIdx.x + (r0 + lane) * gridDim.x);
+    lane_page = lane < kPageStages && blk < p.max_blocks ? load_index(bt_row, blk) : -1;
+  };
+  wait_for_prior_grids();
+  allow_next_grids();
+  TL_STAMP(1);
+  // The first round's entries need neither the sequence's length nor its start (entries past
+  // the length are read but not used): loaded beside them, the copies wait on one load, not two.
+  if (threadIdx.x < 32) load_round(0);
+  const int64_t len = load_index(p.seq_lens, b), start = load_index(p.cu_seqlens, b);
+  // Positions past the output's end are never written, so they need no units either.
+  const int64_t used = len < p.total_tokens - start ? len : p.total_tokens - start;
+  if (used <= 0) return;  // the whole block
+  const float gk = read_scale(p.k.scale), gv = read_scale(p.v.scale);
+  // Units of blocks past the block table's width read as zeros, like bad entries (as in the
+  // other gather kernels).
+  const int64_t avail = (used + p.T - 1) / p.T * L.per_block.d;
+  const int64_t n = avail > blockIdx.x ? (avail - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  TL_STAMP(2);
+
+  for (int64_t r0 = 0; r0 < n; r0 += kPageStages) {
+    const int count = n - r0 < kPageStages ? static_cast<int>(n - r0) : kPageStages;
+    const uint32_t parity = static_cast<uint32_t>(r0 / kPageStages) & 1;
+    if (threadIdx.x < 32) {
+      if (r0 > 0) load_round(r0);
+      for (int s = 0; s < count; ++s) {
+        const int64_t page = __shfl_sync(0xffffffffu, lane_page, s);
+        if (lane != 0) continue;
+        const uint32_t bar = smem_u32(full + s);
+        const bool ok = page >= 0 && page < p.N;  // a bad entry reads as zeros; nothing outside is read
+        page_ok[s] = ok;
+        if (!ok) {
+          asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+          continue;
+        }
+        const int64_t u = blockIdx.x + (r0 + s) * gridDim.x;
+        const uint32_t r = static_cast<uint32_t>(u - L.per_block.div_any(u) * L.per_block.d);
+        const uint32_t side = L.groups.div(r), h0 = (r - side * L.groups.d) * L.heads;
+        const PagesSide& ps = L.side[side];
+        const CacheSide& cs = (side ? p.v : p.k).cache;
+        const uint8_t* base = cs.base + page * cs.page_stride;
+        const uint8_t* stage = smem + s * L.stage_bytes;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                     :: "r"(bar), "r"(ps.code_bytes + ps.scale_bytes) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     :: "r"(smem_u32(stage)), "l"(base + ps.off.data0 + h0 * ps.off.data_h), "r"(ps.code_bytes),
+                        "r"(bar) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     :: "r"(smem_u32(stage + ps.code_bytes)), "l"(base + ps.off.scale0 + h0 * ps.off.scale_h),
+                        "r"(ps.scale_bytes), "r"(bar) : "memory");
+      }
+    }
+    for (int s = 0; s < count; ++s) {
+      const int64_t i = r0 + s;
+      const uint32_t bar = smem_u32(full + s);
+      uint32_t done = 0;
+      do {
+        asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+      } while (!done);
+      if (i == 0) TL_STAMP(3);
+      const int64_t u = blockIdx.x + static_cast<int64_t>(i) * gridDim.x;
+      const int64_t blk = L.per_block.div_any(u);
+      const uint32_t r = static_cast<uint32_t>(u - blk * L.per_block.d);
+      const uint32_t side = L.groups.div(r), h0 = (r - side * L.groups.d) * L.heads;
+      const PagesSide ps = L.side[side];
+      const DequantSide& ds = side ? p.v : p.k;
+      const float g = side ? gv : gk;
+      const bool ok = page_ok[s];
+      // A bad entry's unit reads code word 0 and scale byte 0 (the zero word after the stages'
+      // barriers) at every position, with g 0: +0 outputs, on the same path.
+      const float g14 = ok ? mul_rn(g, 0x1p14f) : 0.0f, g0 = ok ? g : 0.0f;
+      const bool fast = !(fabsf(g) >= 0x1p113f) || isinf(g);  // as in gather_pairs_kernel
+      // This thread's chunk of every position it visits (a position has 2^lg_chunks <= 256
+      // chunks): head hl of the unit, 8-output piece of that head's row, at positions t0 + k step.
+      const uint32_t c = threadIdx.x & ((1u << ps.lg_chunks) - 1);
+      const uint32_t hl = c >> ps.lg_head, piece = c & ((1u << ps.lg_head) - 1);
+      const uint32_t step = kPageThreads >> ps.lg_chunks;
+      PageOffsets at;
+      at.init(ps.off, hl, piece >> 1);
+      const uint8_t* stage = smem + s * L.stage_bytes;
+      const uint8_t* codes = ok ? stage + at.data0 - ps.off.data0 + 4 * (piece & 1) : zero;
+      const uint8_t* scales = ok ? stage + ps.code_bytes + at.scale0 - ps.off.scale0 : zero;
+      const uint32_t code_pos = ok ? at.data_pos : 0;
+      at.scale0 = 0;  // scale offsets from `scales`
+      if (!ok) {
+        at.scale_pos = 0;
+        at.interleaved = 0;
+      }
+      // Positions [t_lo, t_hi) land inside the output (never write outside it).
+      const int64_t tok0 = start + blk * p.T;
+      const int64_t left = used - blk * p.T, room = p.total_tokens - tok0;
+      const int64_t t_end = left < p.T ? left : p.T;
+      const uint32_t t_hi = static_cast<uint32_t>(t_end < room ? t_end : room);
+      const uint32_t t_lo = static_cast<uint32_t>(tok0 < 0 ? (-tok0 < p.T ? -tok0 : p.T) : 0);
+      uint4* out = reinterpret_cast<uint4*>(static_cast<uint16_t*>(ds.out) + tok0 * ds.out_stride[0] +
+                                            (h0 + hl) * ds.out_stride[1] + 8 * piece);
+      const int64_t out_pos = ds.out_stride[0] / 8;  // in uint4: rows are 16-byte aligned (vec)
+      for (uint32_t t = threadIdx.x >> ps.lg_chunks; t < t_hi; t += step) {
+        if (t < t_lo) continue;
+        const uint32_t cw = *reinterpret_cast<const uint32_t*>(codes + t * code_pos);
+        const uint32_t sfb = scales[at.scale(t, 0)];
+        uint32_t words[4];
+        if (fast && (sfb & 0x7Fu) != kScaleNaN) {
+          float y[8];
+          dequantize_word_h(cw, scale_f16x2(sfb), g14, y);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) words[k] = pack_words<kDType>(y[2 * k], y[2 * k + 1]);
+        } else {
+          const uint32_t w[2] = {cw, 0u};
+          float y[16];
+          const bool fine = dequantize_group(w, sfb, g0, y);
+          uint32_t all[8];
+          group_words<kDType>(y, !fine, all);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) words[k] = all[k];
+        }
+        __stcs(out + t * out_pos, make_uint4(words[0], words[1], words[2], words[3]));
+      }
+      if (i == 0) TL_STAMP(4);
+    }
+    __syncthreads();  // every thread is done with the stages before the next round's copies
+  }
+  TL_STAMP(5);
+#endif
+}
+
 template <DType kDType>
 cudaError_t launch(const DequantLaunch& L, bool vec, int blocks, int device, cudaStream_t stream) {
   return vec ? launch_pdl(dequant_kernel<kDType, true>, dim3(blocks), dim3(kThreads), device, stream, L)
@@ -414,6 +629,108 @@ cudaError_t launch_gather_pairs(const GatherParams& p, int device, cudaStream_t 
   return cudaSuccess;
 }
 
+// The page-side plan of gather_pages_kernel, or false where it does not apply: 16-bit outputs
+// on the vector path, a GPU with bulk copies, head sizes a power of two from 64 (8 outputs per
+// 4 code bytes, and shifts for the chunk arithmetic), units of a power-of-two number of heads
+// (every head for NHD, whose heads interleave within a position), each unit's two runs aligned
+// to 16 bytes (bulk copies), and a stage of at most kPagesMaxStage bytes.
+constexpr uint32_t kPagesMaxStage = 16 * 1024;
+constexpr size_t kPagesMaxSmem = kPageStages * (kPagesMaxStage + 16);
+
+static uint32_t log2_exact(int64_t v) {  // v > 0, a power of two
+  uint32_t lg = 0;
+  while ((int64_t{1} << lg) < v) ++lg;
+  return lg;
+}
+
+static bool gather_pages_plan(const GatherParams& p, bool vec, int device, GatherPagesLaunch& L) {
+  if (!vec || p.dtype == DType::kFloat32 || !bulk_copies_supported(device)) return false;
+  const auto pow2 = [](int64_t v) { return v > 0 && (v & (v - 1)) == 0; };
+  for (const DequantSide* s : {&p.k, &p.v})
+    if (!pow2(s->cache.D) || s->cache.D < 64 || !aligned(16, s->cache.base, {s->cache.page_stride})) return false;
+  int64_t heads = p.H & -p.H;  // the largest power of two dividing H
+  if (p.layout == Layout::kNHD && heads != p.H) return false;
+  const int64_t D = std::max(p.k.cache.D, p.v.cache.D);
+  const auto stage = [&](int64_t h) { return h * p.T * (D / 2 + D / kGroupSize); };
+  while (p.layout == Layout::kHND && heads > 1 && stage(heads) > kPagesMaxStage) heads /= 2;
+  if (stage(heads) > kPagesMaxStage) return false;
+  L.p = p;
+  L.heads = static_cast<uint32_t>(heads);
+  L.groups = FastDiv(static_cast<uint32_t>(p.H / heads));
+  L.per_block = FastDiv(static_cast<uint32_t>(2 * p.H / heads));
+  L.stage_bytes = static_cast<uint32_t>((stage(heads) + 15) / 16 * 16);
+  for (int i = 0; i < 2; ++i) {
+    const CacheSide& c = (i ? p.v : p.k).cache;
+    PagesSide& ps = L.side[i];
+    ps.off = SideOffsets::make(c, p.layout, p.H, p.T);
+    ps.code_bytes = static_cast<uint32_t>(heads * p.T * (c.D / 2));
+    ps.scale_bytes = static_cast<uint32_t>(heads * p.T * (c.D / kGroupSize));
+    if (heads * c.D / 8 > kPageThreads) return false;  // a position's chunks in one pass
+    ps.lg_chunks = log2_exact(heads * c.D / 8);
+    ps.lg_head = log2_exact(c.D / 8);
+    // The runs of the unit of heads h0 = k * heads start at data0 + h0 * data_h and scale0 +
+    // h0 * scale_h: bulk copies need both, and both lengths, in whole 16 bytes.
+    for (const int64_t v : {int64_t{ps.off.data0}, heads * ps.off.data_h, int64_t{ps.off.scale0},
+                            heads * ps.off.scale_h, int64_t{ps.code_bytes}, int64_t{ps.scale_bytes}})
+      if (v % 16 != 0) return false;
+  }
+  return true;
+}
+
+// Launches gather_pages_kernel, or returns with *launched false when `force` is not set and the
+// gather is too small for it: where each block would get one unit, nothing overlaps the unit's
+// copy latency and the two-step gather_pairs_kernel is faster (4096 tokens, H 8, D 128: 7.65
+// against 7.06 us; RESULTS.md run 127). From two units per resident block on it takes the calls.
+template <DType kDType>
+cudaError_t launch_gather_pages(GatherPagesLaunch& L, bool force, int device, cudaStream_t stream, bool* launched) {
+  constexpr auto kernel = gather_pages_kernel<kDType>;
+  const GatherParams& p = L.p;
+#ifdef NVFP4KV_GATHER_TIMELINE
+  const char* tl_env = std::getenv("NVFP4KV_TIMELINE");
+  L.timeline = reinterpret_cast<uint32_t*>(static_cast<uintptr_t>(tl_env ? std::strtoull(tl_env, nullptr, 0) : 0));
+#endif
+  *launched = false;
+  const size_t smem = kPageStages * (static_cast<size_t>(L.stage_bytes) + sizeof(uint64_t) + sizeof(int32_t)) + 4;
+  if (smem > 48 * 1024) {  // one value for every call (see allow_stage_memory)
+    static std::atomic<bool> done[64];
+    const bool keep = device >= 0 && device < 64;
+    if (!keep || !done[device].load(std::memory_order_relaxed)) {
+      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPagesMaxSmem);
+      if (err != cudaSuccess) return err;
+      if (keep) done[device].store(true, std::memory_order_relaxed);
+    }
+  }
+  int per_sm = 0;
+  const cudaError_t occ = resident_per_sm<kernel>(device, kPageThreads, &per_sm, smem);
+  if (occ != cudaSuccess) return occ;
+  const int64_t resident = static_cast<int64_t>(sm_count(device)) * per_sm;
+  // Units a sequence can have (its block-table row, or the output's length), and in all.
+  const int64_t max_len = std::min<int64_t>(p.max_blocks * p.T, p.total_tokens);
+  const int64_t units = (max_len + p.T - 1) / p.T * L.per_block.d;
+  const int64_t all_units = std::min<int64_t>(p.B * units, (p.total_tokens / p.T + p.B) * L.per_block.d);
+  if (!force && all_units < 2 * resident) return cudaSuccess;
+  // Blocks per sequence: its share of one wave of resident blocks, or more where that would give
+  // a block more than one round of the pipeline (kPageStages units): short blocks let the
+  // hardware's block scheduler balance the SMs. With a fixed share per block the 64K gather's
+  // blocks finished between 43 and 100 us (gather_timeline.py, run 126) and 1M ran at 87 % of
+  // copy; with one round per block 92 % (run 127).
+  const int64_t share = std::max<int64_t>(1, resident / std::max<int64_t>(1, p.B));
+  const int64_t per_seq = std::max(std::min(units, share), (units + kPageStages - 1) / kPageStages);
+  const unsigned gx = static_cast<unsigned>(std::max<int64_t>(1, per_seq));
+  for (int64_t b0 = 0; b0 < p.B; b0 += 65535) {
+    L.b0 = b0;
+    const dim3 grid(gx, static_cast<unsigned>(std::min<int64_t>(65535, p.B - b0)));
+    const cudaError_t err = launch_pdl(kernel, grid, dim3(kPageThreads), device, stream, L, smem);
+    if (err != cudaSuccess) return err;
+  }
+  *launched = true;
+  return cudaSuccess;
+}
+
+static std::atomic<int> g_gather_kernel{kGatherAuto};  // nvfp4kv_set_gather_kernel
+
+void cuda_set_gather_kernel(int which) { g_gather_kernel.store(which, std::memory_order_relaxed); }
+
 int cuda_gather(const GatherParams& p, int device, void* stream_ptr, const char** message) {
   *message = nullptr;
   if (p.B == 0 || p.total_tokens == 0) return 0;
@@ -421,7 +738,19 @@ int cuda_gather(const GatherParams& p, int device, void* stream_ptr, const char*
   if (guard.error() != cudaSuccess) return guard.error();
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const bool vec = sides_vec(p.k, p.v, dtype_bytes(p.dtype), 2);
-  if (gather_pairs_ok(p, vec)) {
+  const int which = g_gather_kernel.load(std::memory_order_relaxed);
+  const bool pairs = gather_pairs_ok(p, vec);
+  GatherPagesLaunch pages;
+  if (which != kGatherRows && gather_pages_plan(p, vec, device, pages)) {
+    const bool force = which == kGatherPages || !pairs;  // the general kernel is far slower
+    bool launched = false;
+    const cudaError_t err = p.dtype == DType::kFloat16
+                                ? launch_gather_pages<DType::kFloat16>(pages, force, device, stream, &launched)
+                                : launch_gather_pages<DType::kBFloat16>(pages, force, device, stream, &launched);
+    if (err != cudaSuccess) *message = check_kernel_image(err);
+    if (err != cudaSuccess || launched) return err;
+  }
+  if (pairs) {
     const cudaError_t err = p.dtype == DType::kFloat16 ? launch_gather_pairs<DType::kFloat16>(p, device, stream)
                                                        : launch_gather_pairs<DType::kBFloat16>(p, device, stream);
     if (err != cudaSuccess) *message = check_kernel_image(err);

@@ -15,6 +15,9 @@ constexpr int kStoreOrderAuto = 0, kStoreOrderPage = 1, kStoreOrderToken = 2;
 void cuda_set_store_order(int order);
 int cuda_dequantize(const DequantParams& p, int device, void* stream, const char** message);
 int cuda_gather(const GatherParams& p, int device, void* stream, const char** message);
+// Which gather kernels take calls, process-wide (nvfp4kv_set_gather_kernel).
+constexpr int kGatherAuto = 0, kGatherPages = 1, kGatherRows = 2;
+void cuda_set_gather_kernel(int which);
 // Number of devices, or -1 with *reason on failure.
 int cuda_device_count(const char** reason);
 const char* cuda_error_string(int err);

@@ -37,6 +37,11 @@ int64_t l2_bytes(int device) {
   return device_attribute(sizes, cudaDevAttrL2CacheSize, device, 50 << 20);
 }
 
+bool bulk_copies_supported(int device) {
+  static std::atomic<int> major[64];  // compute capability major; -1: the query failed
+  return device_attribute(major, cudaDevAttrComputeCapabilityMajor, device, -1) >= 9;
+}
+
 bool pdl_supported(int device) {
   // Once per process: NVFP4KV_PDL=0 turns it off; and the driver must be able to capture such
   // launches in CUDA graphs (programmatic graph edges came with CUDA 12.3).

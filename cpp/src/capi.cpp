@@ -781,6 +781,17 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_set_store_order(int order) {
   });
 }
 
+NVFP4KV_API nvfp4kv_status nvfp4kv_set_gather_kernel(int which) {
+  return guarded("nvfp4kv_set_gather_kernel", [&] {
+    if (which < 0 || which > 2)
+      nvfp4kv::fail(NVFP4KV_ERROR_INVALID_VALUE, "which: %d received; expected 0 (auto), 1 (pages) or 2 (rows)",
+                    which);
+#if defined(NVFP4KV_WITH_CUDA)
+    nvfp4kv::cuda_set_gather_kernel(which);
+#endif
+  });
+}
+
 NVFP4KV_API nvfp4kv_status nvfp4kv_set_cpu_threads(int threads) {
   return guarded("nvfp4kv_set_cpu_threads", [&] {
     if (threads < 0 || threads > nvfp4kv::kMaxCpuThreads)

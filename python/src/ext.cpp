@@ -534,6 +534,14 @@ NB_MODULE(_C, m) {
       if (which == names[i]) return raise_for(nvfp4kv_set_store_order(i));
     throw nb::value_error("expected 'auto', 'page' or 'token'");
   });
+  // Tests and benchmarks only: which kernel takes CUDA gathers ("auto", "pages", "rows";
+  // nvfp4kv_set_gather_kernel). Process-wide.
+  m.def("_set_gather_kernel", [](const std::string& which) {
+    const char* names[] = {"auto", "pages", "rows"};
+    for (int i = 0; i < 3; ++i)
+      if (which == names[i]) return raise_for(nvfp4kv_set_gather_kernel(i));
+    throw nb::value_error("expected 'auto', 'pages' or 'rows'");
+  });
   // Tests only: whether torch's C exchange table was found (torch imported and >= 2.10).
   m.def("_torch_exchange_found", [] {
     const TorchInfo* info = torch_info();

@@ -121,6 +121,9 @@ int main() {
   CHECK(nvfp4kv_store_workspace_size(-1, T, &ws_bytes) == NVFP4KV_ERROR_INVALID_VALUE, "negative num_blocks");
   CHECK(nvfp4kv_set_store_order(3) == NVFP4KV_ERROR_INVALID_VALUE, "store order 3");
   CHECK(nvfp4kv_set_store_order(0) == NVFP4KV_SUCCESS, "store order 0");
+  CHECK(nvfp4kv_set_gather_kernel(-1) == NVFP4KV_ERROR_INVALID_VALUE, "gather kernel -1");
+  CHECK(nvfp4kv_set_gather_kernel(3) == NVFP4KV_ERROR_INVALID_VALUE, "gather kernel 3");
+  CHECK(nvfp4kv_set_gather_kernel(0) == NVFP4KV_SUCCESS, "gather kernel 0");
   CHECK(nvfp4kv_set_cpu_threads(-1) == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "threads"),
         "%s", nvfp4kv_last_error());
   CHECK(nvfp4kv_set_cpu_threads(257) == NVFP4KV_ERROR_INVALID_VALUE, "cpu threads 257");

@@ -438,6 +438,16 @@ def test_bad_dtype_argument_and_paged_outputs(nv):
 
 
 # ======================================================================================= GPU
+@pytest.fixture(params=["pages", "rows"])
+def gather_kernel(request, nv):
+    """Runs a CUDA gather test through each kernel (nvfp4kv_set_gather_kernel): the page-side
+    kernel wherever it applies (compute capability 9.0 and later; the rows kernels elsewhere),
+    then the rows kernels. The automatic choice picks between them by size alone."""
+    nv._C._set_gather_kernel(request.param)
+    yield request.param
+    nv._C._set_gather_kernel("auto")
+
+
 def _cpu_and_cuda_caches(N, T, H, D, view, layout, pad, seed):
     return (make_cache(N, T, H, D, view, layout, "torch", "cpu", pad=pad, seed=seed),
             make_cache(N, T, H, D, view, layout, "torch", "cuda", pad=pad, seed=seed))
@@ -481,7 +491,7 @@ def _gpu_matrix():
 
 @needs_cuda
 @pytest.mark.parametrize("case", _gpu_matrix(), ids=lambda c: "-".join(map(str, c)))
-def test_cuda_gather_equals_cpu(nv, case):
+def test_cuda_gather_equals_cpu(nv, gather_kernel, case):
     view, layout, scale_layout, dtype, T, H, D, N, strided = case
     seed = zlib.crc32(repr(case).encode()) & 0xFFFF  # the same in every process
     rng = np.random.default_rng(seed)
@@ -508,7 +518,7 @@ def test_cuda_gather_equals_cpu(nv, case):
     (66, 256, (20, 60)),   # 1056: past the fast gather's limit, the general gather
     (3, 128, (6000,)),     # 24: 10 tokens per block of 256 threads (16 lanes idle)
 ], ids=lambda x: str(x))
-def test_cuda_gather_row_sizes(nv, H, D, lens):
+def test_cuda_gather_row_sizes(nv, gather_kernel, H, D, lens):
     """The fast gather's shared-memory stage at the edges of its block shapes: wide rows below and
     above the 48 KB a block gets without asking, blocks with idle lanes, and blocks that make
     more than one step (several hundred tokens per sequence), against the CPU."""
@@ -529,7 +539,7 @@ def test_cuda_gather_row_sizes(nv, H, D, lens):
 
 @needs_cuda
 @pytest.mark.parametrize("dtype", ("bfloat16", "float32"))
-def test_cuda_gather_gaps_short_output_and_bad_entries(nv, dtype):
+def test_cuda_gather_gaps_short_output_and_bad_entries(nv, gather_kernel, dtype):
     N, T, H, D = 8, 16, 4, 128
     caches = _cpu_and_cuda_caches(N, T, H, D, "5d", "HND", 0, 21)
     for idx in (np.int32, np.int64):
@@ -546,7 +556,7 @@ def test_cuda_gather_gaps_short_output_and_bad_entries(nv, dtype):
 @needs_cuda
 @pytest.mark.parametrize("g", (1e-38, 3e-30, 0.75, 2.0**100, 2.0**112, 2.0**113, 1e35, 1e38))
 @pytest.mark.parametrize("device_scale", (False, True))
-def test_cuda_gather_extreme_global_scales(nv, g, device_scale):
+def test_cuda_gather_extreme_global_scales(nv, gather_kernel, g, device_scale):
     """The fast kernel multiplies by g * 2^14 when that is exact (|g| < 2^113) and falls back
     otherwise: both sides of the boundary equal the CPU path, bit for bit (v gets g / 3)."""
     N, T, H, D = 6, 16, 2, 128
@@ -563,7 +573,7 @@ def test_cuda_gather_extreme_global_scales(nv, g, device_scale):
 
 @needs_cuda
 @pytest.mark.parametrize("g", (-0.5, float("inf"), float("nan")))
-def test_cuda_bad_entries_read_as_plus_zero_whatever_the_device_scale(nv, g):
+def test_cuda_bad_entries_read_as_plus_zero_whatever_the_device_scale(nv, gather_kernel, g):
     """Tokens behind a bad block-table entry read as +0.0 even under a device scale the host
     cannot check (negative, Inf, NaN), whose product with zero would be -0 or NaN: the kernel
     must not multiply its way to those zeros. Only the CUDA path can see such a scale (the CPU
@@ -585,7 +595,7 @@ def test_cuda_bad_entries_read_as_plus_zero_whatever_the_device_scale(nv, g):
 
 
 @needs_cuda
-def test_cuda_gather_large(nv):
+def test_cuda_gather_large(nv, gather_kernel):
     N, T, H, D = 4096, 16, 8, 128
     rng = np.random.default_rng(22)
     caches = _cpu_and_cuda_caches(N, T, H, D, "5d", "HND", 0, 22)
@@ -599,6 +609,27 @@ def test_cuda_gather_large(nv):
                                       "bfloat16", False, 4)
     assert torch.equal(kg.cpu().view(torch.int16), kc.view(torch.int16))
     assert torch.equal(vg.cpu().view(torch.int16), vc.view(torch.int16))
+
+
+@needs_cuda
+@pytest.mark.parametrize("H,D,layout,scale_layout", [(8, 128, "HND", "vllm"), (16, 128, "HND", "linear"),
+                                                    (4, 64, "NHD", "linear"), (2, 256, "HND", "vllm")])
+def test_cuda_gather_past_the_block_table(nv, gather_kernel, H, D, layout, scale_layout):
+    """Sequences longer than their block-table row read zeros past it. The page-side kernel sizes
+    its grid from the row, so such a block takes its units in several rounds of stages, every
+    round of bad entries and the first of real pages; with H 16 a page side is two head groups.
+    Against the CPU path, bit for bit."""
+    N, T = 12, 16
+    seed = 50 + H
+    rng = np.random.default_rng(seed)
+    caches = _cpu_and_cuda_caches(N, T, H, D, "5d", layout, 0, seed)
+    bt = random_table(rng, 3, 2, N, idx_dtype=np.int32)
+    sl = np.array([1900, 31, 700], np.int32)  # 119, 2 and 44 blocks against a row of 2
+    cu = prefix(sl)
+    (kc, vc), (kg, vg) = _gather_pair(nv, caches, bt, sl, cu, int(cu[-1]), 0.3, 1.7, scale_layout,
+                                      "bfloat16", False, seed)
+    _assert_same_bits(kg, kc, "key")
+    _assert_same_bits(vg, vc, "value")
 
 
 @needs_cuda
@@ -623,7 +654,7 @@ def test_cuda_paged_to_paged_equals_cpu(nv, view, layout, scale_layout):
 
 
 @needs_cuda
-def test_cuda_graph_capture_and_replay_gather(nv):
+def test_cuda_graph_capture_and_replay_gather(nv, gather_kernel):
     """Captured with outputs and cu_seqlens given; block table, seq_lens, cu_seqlens, scales and
     cache bytes changed in place between replays; each replay equals the CPU path."""
     N, T, H, D, B, mb, total = 32, 16, 4, 128, 4, 6, 300
@@ -670,7 +701,7 @@ def test_cuda_graph_capture_and_replay_gather(nv):
 
 
 @needs_cuda
-def test_cuda_gather_on_last_device_while_device0_current(nv):
+def test_cuda_gather_on_last_device_while_device0_current(nv, gather_kernel):
     dev = torch.cuda.device_count() - 1
     N, T, H, D = 5, 16, 2, 64
     rng = np.random.default_rng(26)

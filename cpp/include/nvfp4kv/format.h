@@ -547,29 +547,50 @@ NVFP4KV_HD bool dequantize_group(const uint32_t (&w)[2], uint32_t sfb, float g,
 // below 0.17. Converted to fp32 (exact) and times g * 2^14 it rounds once, to the recipe's
 // (e * sfq) * g. `g14` is g * 2^14, exact and finite for |g| < 2^113 (use dequantize_group
 // otherwise); infinite or NaN g give Inf / NaN where the recipe does (a device-resident scale
-// only: the host rejects such scales). Elements j and j + 4 of each code word share one fp16x2
-// (both sit at the same shift). Returns false for a NaN group, like dequantize_group.
+// only: the host rejects such scales). Returns false for a NaN group, like dequantize_group.
+// The fp16x2 pair (sfq, sfq) of a scale byte that is not NaN: exact (E4M3 values are fp16
+// values). sm_89 and later convert E4M3 in one instruction.
+__device__ __forceinline__ uint32_t scale_f16x2(uint32_t sfb) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t s2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(s2) : "h"(static_cast<uint16_t>(sfb * 0x101u)));
+  return s2;
+#else
+  uint16_t s16;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(s16) : "f"(e4m3_decode(sfb)));
+  return s16 | (static_cast<uint32_t>(s16) << 16);
+#endif
+}
+
+// The 8 outputs of one code word, y_i = (e2m1_i * sfq) * g, from s2 = scale_f16x2(sfb) and
+// g14 = g * 2^14 (see dequantize_group_h). Elements j and j + 4 share one fp16x2 (both sit at
+// the same shift).
+__device__ __forceinline__ void dequantize_word_h(uint32_t w, uint32_t s2, float g14, float (&y)[8]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    // Nibbles j and j + 4: magnitudes to bits 9..11 and 25..27, signs to bits 15 and 31.
+    const uint32_t mag = (j < 3 ? w << (9 - 4 * j) : w >> 3) & 0x0E000E00u;
+    const uint32_t h = mag | ((w << (12 - 4 * j)) & 0x80008000u);
+    uint32_t p;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(h), "r"(s2));  // exact: no rounding, no flush
+    float lo, hi;
+    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, u; }"
+        : "=f"(lo), "=f"(hi) : "r"(p));
+    y[j] = mul_rn(lo, g14);
+    y[j + 4] = mul_rn(hi, g14);
+  }
+}
+
 __device__ __forceinline__ bool dequantize_group_h(const uint32_t (&w)[2], uint32_t sfb, float g14,
                                                    float (&y)[kGroupSize]) {
   if ((sfb & 0x7Fu) == kScaleNaN) return nan_group(y);
-  uint16_t s16;  // sfq in fp16: exact (E4M3 values are fp16 values)
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(s16) : "f"(e4m3_decode(sfb)));
-  const uint32_t s2 = s16 | (static_cast<uint32_t>(s16) << 16);
+  const uint32_t s2 = scale_f16x2(sfb);
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
+    float yk[8];
+    dequantize_word_h(w[k], s2, g14, yk);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      // Nibbles j and j + 4: magnitudes to bits 9..11 and 25..27, signs to bits 15 and 31.
-      const uint32_t mag = (j < 3 ? w[k] << (9 - 4 * j) : w[k] >> 3) & 0x0E000E00u;
-      const uint32_t h = mag | ((w[k] << (12 - 4 * j)) & 0x80008000u);
-      uint32_t p;
-      asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(h), "r"(s2));  // exact: no rounding, no flush
-      float lo, hi;
-      asm("{ .reg .b16 l, u; mov.b32 {l, u}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, u; }"
-          : "=f"(lo), "=f"(hi) : "r"(p));
-      y[8 * k + j] = mul_rn(lo, g14);
-      y[8 * k + j + 4] = mul_rn(hi, g14);
-    }
+    for (int i = 0; i < 8; ++i) y[8 * k + i] = yk[i];
   }
   return true;
 }

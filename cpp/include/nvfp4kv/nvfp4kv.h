@@ -129,6 +129,12 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_store_with_workspace(
  * 2 never. */
 NVFP4KV_API nvfp4kv_status nvfp4kv_set_store_order(int order);
 
+/* Which CUDA kernel takes gather calls, for the whole process (for tests and benchmarks; the
+ * bytes are the same): 0 (default) the page-side kernel where it measured faster (compute
+ * capability 9.0 and later, 16-bit outputs, head sizes a power of two from 64, at least two
+ * page sides per resident block), 1 the page-side kernel wherever it applies, 2 never. */
+NVFP4KV_API nvfp4kv_status nvfp4kv_set_gather_kernel(int which);
+
 /* Most threads one call on CPU tensors uses, for the whole process: 1 to 256, or 0 (the default)
  * for one per CPU the process may run on (its affinity mask), at most 16. Until it is called,
  * the environment variable NVFP4KV_CPU_THREADS sets it (read once, at the first CPU call or
