@@ -6,7 +6,8 @@ tokens (H 8, D 128, bf16, 8 sequences) it times, queued behind a spin like the b
 pages: the kernel's write side alone); a plain write-only kernel (16-byte streaming stores,
 grid-stride, 512 contiguous bytes per warp store; SMs x 8 and x 32 blocks of 256 threads) over
 the same output bytes; the same writer in the gather's store pattern before commit 3343219 (lane
-pairs, one sector of each of 16 lines per warp store); and copies of the case's bytes.
+pairs, one sector of each of 16 lines per warp store); writers through bulk copies from shared
+memory (2-16 KB per copy); torch's zero_ (a memset); and copies of the case's bytes.
 """
 import cupy as cp
 import torch
@@ -31,6 +32,41 @@ extern "C" __global__ void write_pairs(uint4* out, long long lines) {
     __stcs(o, z); __stcs(o + 2, z); __stcs(o + 4, z); __stcs(o + 6, z);
   }
 }""", "write_pairs")
+
+# A writer through bulk copies (cp.async.bulk, sm_90+): each warp's lane 0 copies a `chunk`-byte
+# buffer of shared memory to consecutive chunks of the output, grid-stride; optionally with an
+# evict-first L2 hint, as the gather's stores are evict-first.
+WRITE_BULK = cp.RawKernel(r"""
+extern "C" __global__ void write_bulk(char* out, long long nbytes, int chunk, int hint) {
+  extern __shared__ __align__(128) unsigned char buf[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, warps = blockDim.x / 32;
+  unsigned char* mine = buf + warp * chunk;
+  for (int i = 16 * lane; i < chunk; i += 512) *reinterpret_cast<uint4*>(mine + i) = make_uint4(0u, 0u, 0u, 0u);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncwarp();
+  if (lane != 0) return;
+  unsigned long long policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  const unsigned src = static_cast<unsigned>(__cvta_generic_to_shared(mine));
+  for (long long c = blockIdx.x * (long long)warps + warp; c < nbytes / chunk; c += (long long)gridDim.x * warps) {
+    if (hint)
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;"
+                   :: "l"(out + c * chunk), "r"(src), "r"(chunk), "l"(policy) : "memory");
+    else
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" :: "l"(out + c * chunk), "r"(src), "r"(chunk) : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+  }
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}""", "write_bulk")
+
+
+def write_bulk(buf: torch.Tensor, blocks: int, chunk: int, hint: bool):
+    stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    nbytes = buf.numel() * buf.element_size()
+    WRITE_BULK.max_dynamic_shared_size_bytes = 8 * chunk
+    with stream:
+        WRITE_BULK((blocks,), (256,), (buf.data_ptr(), cp.int64(nbytes), cp.int32(chunk), cp.int32(int(hint))),
+                   shared_mem=8 * chunk)
 
 
 def write_only(buf: torch.Tensor, blocks: int, pairs: bool = False):
@@ -71,7 +107,12 @@ for n in (4096, 16384, 65536):
                              ("write-only kernel, SMs x 8 blocks", lambda: write_only(both, sms * 8), writes),
                              ("write-only kernel, SMs x 32 blocks", lambda: write_only(both, sms * 32), writes),
                              ("write-only, the gather's old lane-pair pattern, SMs x 8", lambda: write_only(both, sms * 8, True), writes),
-                             ("write-only, the gather's old lane-pair pattern, SMs x 4", lambda: write_only(both, sms * 4, True), writes)):
+                             ("write-only, the gather's old lane-pair pattern, SMs x 4", lambda: write_only(both, sms * 4, True), writes),
+                             ("bulk-copy writer, 2 KB per copy, SMs x 4", lambda: write_bulk(both, sms * 4, 2048, False), writes),
+                             ("bulk-copy writer, 2 KB per copy, evict-first, SMs x 4", lambda: write_bulk(both, sms * 4, 2048, True), writes),
+                             ("bulk-copy writer, 8 KB per copy, evict-first, SMs x 4", lambda: write_bulk(both, sms * 4, 8192, True), writes),
+                             ("bulk-copy writer, 16 KB per copy, evict-first, SMs x 1", lambda: write_bulk(both, sms, 16384, True), writes),
+                             ("cudaMemsetAsync", lambda: both.zero_(), writes)):
         for _ in range(3):
             fn()
         us = B._queued_per_call(torch, fn, 100, 7)

@@ -1,0 +1,74 @@
+"""Per-warp timeline of the fast gather (gather_pairs_kernel), from %globaltimer stamps.
+
+Needs a build with -DNVFP4KV_GATHER_TIMELINE (benchmarks/device_run.sh does not make one):
+  pip install --no-build-isolation --no-deps -C cmake.define.NVFP4KV_CUDA_ARCHS=90-real \
+      -C "cmake.define.CMAKE_CUDA_FLAGS=-DNVFP4KV_GATHER_TIMELINE" .
+  python3 benchmarks/gather_timeline.py [tokens ...]
+The kernel then reads a device buffer's address from $NVFP4KV_TIMELINE (set per call here) and lane 0 of every warp
+writes, in ns: 0 entry (before the wait on the previous grid), 1 wait released, 2/4 step 1/2
+decoded (stage written), 3/5 step 1/2 stores issued, 6 exit. Back-to-back calls as in the
+benchmark; the last three complete launches are printed as percentiles over warps, relative to
+the launch's first wait release, with the previous launch's last exit.
+"""
+import os
+import sys
+
+import numpy as np
+import torch
+
+import nvfp4kv
+from nvfp4kv import bench as B
+
+NAMES = ["entry", "wait released", "length known", "unit 1 arrived", "unit 1 stored", "exit"]
+
+
+def case(n, H=8, D=128, T=16, seqs=8):
+    pages = n // T
+    spec = nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D, cache_dtype="nvfp4")
+    kv = nvfp4kv.allocate_kv_cache(spec, pages, layout="HND", device="cuda", backend="torch")
+    kv.random_(0, 127)
+    per = n // seqs
+    bt = torch.randperm(pages, device="cuda")[: seqs * (per // T)].view(seqs, per // T).to(torch.int32)
+    lens = torch.full((seqs,), per, dtype=torch.int32, device="cuda")
+    cu = torch.arange(seqs + 1, dtype=torch.int32, device="cuda") * per
+    ko = torch.empty(n, H, D, dtype=torch.bfloat16, device="cuda")
+    vo = torch.empty_like(ko)
+    ks = torch.tensor([0.02], device="cuda")
+    return lambda: nvfp4kv.gather_dequant(kv, bt, lens, ks, ks, cu_seqlens=cu, key_out=ko, value_out=vo)
+
+
+for n in [int(a) for a in sys.argv[1:]] or [4096]:
+    call = case(n)
+    os.environ.pop("NVFP4KV_TIMELINE", None)
+    for _ in range(3):
+        call()
+    plain = B._queued_per_call(torch, call, 100, 7)
+    slots = 16 + 8 * 200000  # int32 words per launch
+    buf = torch.zeros(4 * slots, dtype=torch.int32, device="cuda")
+    count = {"i": 0}
+
+    def stamped_call():  # each launch writes the buffer of its number mod 4
+        os.environ["NVFP4KV_TIMELINE"] = str(buf.data_ptr() + 4 * slots * (count["i"] % 4))
+        count["i"] += 1
+        call()
+
+    stamped = B._queued_per_call(torch, stamped_call, 40, 1)
+    torch.cuda.synchronize()
+    os.environ.pop("NVFP4KV_TIMELINE")
+    a = buf.cpu().numpy().view(np.uint32).reshape(4, slots)
+    last = count["i"] - 1
+    W = int(a[last % 4, 0])  # warps per launch
+    print(f"{n} tokens: {W} warps per launch; gpu us {plain:.2f} plain, {stamped:.2f} with stamps")
+    for launch in (last - 2, last - 1, last):
+        s = a[launch % 4, 16: 16 + 8 * W].reshape(W, 8).astype(np.int64)
+        p = a[(launch - 1) % 4, 16: 16 + 8 * W].reshape(W, 8).astype(np.int64)
+        ref = s[:, 1].min()
+        rel = lambda x: ((x - ref + (1 << 31)) % (1 << 32)) - (1 << 31)  # uint32 wrap
+        print(f"  launch {launch}: previous launch's last exit {rel(p[:, 6].max()) / 1e3:+.2f} us, "
+              f"its last step-2 store {rel(p[:, 5].max()) / 1e3:+.2f} us")
+        for k, name in enumerate(NAMES):
+            col = s[:, k]
+            used = col != 0
+            used = used & (np.abs(rel(col)) < 10**6)  # blocks with nothing to do leave stale stamps
+            q = np.percentile(rel(col[used]) / 1e3, [0, 10, 50, 90, 100])
+            print(f"    {name:>15}: " + " ".join(f"{v:+6.2f}" for v in q) + f"   ({used.sum()} warps)")
