@@ -157,21 +157,24 @@ int64_t l2_bytes(int device);
 int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm);
 
 // Blocks of `kernel` resident on one SM at `threads` threads per block (at least 1), asked of
-// the runtime once per device and block size and kept (a few block sizes per device; others
-// replace the oldest). `smem`: dynamic shared memory per block, a function of `threads` for a
-// given kernel. Fails like a launch on a GPU the build has no code for. The runtime answers for
-// the current device: callers hold a DeviceGuard for `device`.
+// the runtime once per device and block shape (threads and dynamic shared memory) and kept (a
+// few shapes per device; others replace the oldest). Fails like a launch on a GPU the build has
+// no code for. The runtime answers for the current device: callers hold a DeviceGuard for
+// `device`.
 template <auto kernel>
 cudaError_t resident_per_sm(int device, int threads, int* blocks, size_t smem = 0) {
   constexpr int kKept = 4;
-  static std::atomic<uint64_t> known[64][kKept];  // per instantiation: (threads << 32) | blocks
+  // Per instantiation: (threads << 40) | (smem << 8) | blocks; threads <= 1024, smem < 2^32,
+  // blocks < 256.
+  static std::atomic<uint64_t> known[64][kKept];
   static std::atomic<unsigned> next[64];
-  const bool keep = device >= 0 && device < 64;
+  const bool keep = device >= 0 && device < 64 && smem < (uint64_t{1} << 32);
+  const uint64_t shape = static_cast<uint64_t>(threads) << 40 | static_cast<uint64_t>(smem) << 8;
   if (keep) {
     for (int i = 0; i < kKept; ++i) {
       const uint64_t k = known[device][i].load(std::memory_order_relaxed);
-      if (k != 0 && k >> 32 == static_cast<uint64_t>(threads)) {
-        *blocks = static_cast<int>(k & 0xFFFFFFFFu);
+      if (k != 0 && (k & ~uint64_t{0xFF}) == shape) {
+        *blocks = static_cast<int>(k & 0xFF);
         return cudaSuccess;
       }
     }
@@ -179,11 +182,28 @@ cudaError_t resident_per_sm(int device, int threads, int* blocks, size_t smem = 
   int n = 0;
   const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem);
   if (err != cudaSuccess) return err;
-  *blocks = n > 1 ? n : 1;
+  *blocks = n > 1 ? (n < 255 ? n : 255) : 1;
   if (keep)
     known[device][next[device].fetch_add(1, std::memory_order_relaxed) % kKept].store(
-        static_cast<uint64_t>(threads) << 32 | static_cast<uint64_t>(*blocks), std::memory_order_relaxed);
+        shape | static_cast<uint64_t>(*blocks), std::memory_order_relaxed);
   return cudaSuccess;
+}
+
+// The PTX version (major * 10 + minor) `kernel` was compiled from for `device`: code that the
+// driver compiles at load time from an older architecture's PTX lacks what that architecture
+// lacks. Asked once per device and kept; 0 where the query fails (no code for the device).
+template <auto kernel>
+int kernel_ptx_version(int device) {
+  static std::atomic<int> kept[64];  // the version + 1; 0: not asked yet
+  const bool keep = device >= 0 && device < 64;
+  if (keep) {
+    const int v = kept[device].load(std::memory_order_relaxed);
+    if (v != 0) return v - 1;
+  }
+  cudaFuncAttributes attr{};
+  const int v = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.ptxVersion : 0;
+  if (keep) kept[device].store(v + 1, std::memory_order_relaxed);
+  return v;
 }
 
 // Message for "this GPU has no code in this build", or nullptr if the kernel can run.

@@ -575,18 +575,32 @@ bool gather_pairs_ok(const GatherParams& p, bool vec) {
   return int64_t{p.H} * (p.k.cache.D + p.v.cache.D) / 32 <= 1024;
 }
 
-// Lets `kernel` take the stage of the largest block (32 warps) on `device`, once per device: one
-// value for every call, so concurrent callers with different row sizes cannot undo each other's
-// setting between it and their launch. The runtime applies it to the current device (callers
-// hold a DeviceGuard).
-template <auto kernel>
-cudaError_t allow_stage_memory(int device) {
+// Lets `kernel` take kBytes of dynamic shared memory (what its largest block needs) on `device`,
+// once per device: one value for every call, so concurrent callers with different block sizes
+// cannot undo each other's setting between it and their launch. The runtime applies it to the
+// current device (callers hold a DeviceGuard).
+template <auto kernel, size_t kBytes>
+cudaError_t allow_shared_memory(int device) {
   static std::atomic<bool> done[64];
   const bool keep = device >= 0 && device < 64;
   if (keep && done[device].load(std::memory_order_relaxed)) return cudaSuccess;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 32 * kStageBytes);
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
   if (err == cudaSuccess && keep) done[device].store(true, std::memory_order_relaxed);
   return err;
+}
+
+// Launches `kernel` with gx blocks per sequence (gridDim.y: sequences, at most 65535 per launch;
+// L.b0: the launch's first sequence).
+template <class Launch>
+cudaError_t launch_sequences(void (*kernel)(Launch), Launch& L, int64_t B, unsigned gx, unsigned threads,
+                             size_t smem, int device, cudaStream_t stream) {
+  for (int64_t b0 = 0; b0 < B; b0 += 65535) {
+    L.b0 = b0;
+    const dim3 grid(gx, static_cast<unsigned>(std::min<int64_t>(65535, B - b0)));
+    const cudaError_t err = launch_pdl(kernel, grid, dim3(threads), device, stream, L, smem);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 template <DType kDType>
@@ -603,7 +617,7 @@ cudaError_t launch_gather_pairs(const GatherParams& p, int device, cudaStream_t 
   const uint32_t threads = (row * L.tokens_per_block + 31) / 32 * 32;
   const size_t smem = threads / 32 * kStageBytes;
   if (smem > 48 * 1024) {  // blocks of 22 warps or more (rows of 673+ items) must ask for it
-    const cudaError_t err = allow_stage_memory<kernel>(device);
+    const cudaError_t err = allow_shared_memory<kernel, 32 * kStageBytes>(device);
     if (err != cudaSuccess) return err;
   }
   int per_sm = 0;
@@ -620,13 +634,7 @@ cudaError_t launch_gather_pairs(const GatherParams& p, int device, cudaStream_t 
   const int64_t waves = steps <= 2 * resident ? 1 : steps <= 8 * resident ? 2 : 4;
   const int64_t share = std::max<int64_t>(1, waves * resident / std::max<int64_t>(1, p.B));
   const unsigned gx = static_cast<unsigned>(std::max<int64_t>(1, std::min(per_seq, share)));
-  for (int64_t b0 = 0; b0 < p.B; b0 += 65535) {
-    L.b0 = b0;
-    const dim3 grid(gx, static_cast<unsigned>(std::min<int64_t>(65535, p.B - b0)));
-    const cudaError_t err = launch_pdl(kernel, grid, dim3(threads), device, stream, L, smem);
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  return launch_sequences(kernel, L, p.B, gx, threads, smem, device, stream);
 }
 
 // The page-side plan of gather_pages_kernel, or false where it does not apply: 16-bit outputs
@@ -652,8 +660,10 @@ static bool gather_pages_plan(const GatherParams& p, bool vec, int device, Gathe
   if (p.layout == Layout::kNHD && heads != p.H) return false;
   const int64_t D = std::max(p.k.cache.D, p.v.cache.D);
   const auto stage = [&](int64_t h) { return h * p.T * (D / 2 + D / kGroupSize); };
-  while (p.layout == Layout::kHND && heads > 1 && stage(heads) > kPagesMaxStage) heads /= 2;
-  if (stage(heads) > kPagesMaxStage) return false;
+  // Fewer heads per unit where a unit would exceed its stage, or a position's chunks one pass.
+  const auto fits = [&](int64_t h) { return stage(h) <= kPagesMaxStage && h * D / 8 <= kPageThreads; };
+  while (p.layout == Layout::kHND && heads > 1 && !fits(heads)) heads /= 2;
+  if (!fits(heads)) return false;
   L.p = p;
   L.heads = static_cast<uint32_t>(heads);
   L.groups = FastDiv(static_cast<uint32_t>(p.H / heads));
@@ -665,7 +675,6 @@ static bool gather_pages_plan(const GatherParams& p, bool vec, int device, Gathe
     ps.off = SideOffsets::make(c, p.layout, p.H, p.T);
     ps.code_bytes = static_cast<uint32_t>(heads * p.T * (c.D / 2));
     ps.scale_bytes = static_cast<uint32_t>(heads * p.T * (c.D / kGroupSize));
-    if (heads * c.D / 8 > kPageThreads) return false;  // a position's chunks in one pass
     ps.lg_chunks = log2_exact(heads * c.D / 8);
     ps.lg_head = log2_exact(c.D / 8);
     // The runs of the unit of heads h0 = k * heads start at data0 + h0 * data_h and scale0 +
@@ -690,15 +699,13 @@ cudaError_t launch_gather_pages(GatherPagesLaunch& L, bool force, int device, cu
   L.timeline = reinterpret_cast<uint32_t*>(static_cast<uintptr_t>(tl_env ? std::strtoull(tl_env, nullptr, 0) : 0));
 #endif
   *launched = false;
+  // Code compiled for an older architecture (its PTX compiled by the driver on this GPU) has an
+  // empty body: the caller falls back to the row kernels.
+  if (kernel_ptx_version<kernel>(device) < 90) return cudaSuccess;
   const size_t smem = kPageStages * (static_cast<size_t>(L.stage_bytes) + sizeof(uint64_t) + sizeof(int32_t)) + 4;
-  if (smem > 48 * 1024) {  // one value for every call (see allow_stage_memory)
-    static std::atomic<bool> done[64];
-    const bool keep = device >= 0 && device < 64;
-    if (!keep || !done[device].load(std::memory_order_relaxed)) {
-      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPagesMaxSmem);
-      if (err != cudaSuccess) return err;
-      if (keep) done[device].store(true, std::memory_order_relaxed);
-    }
+  if (smem > 48 * 1024) {  // stages above 12 KB
+    const cudaError_t err = allow_shared_memory<kernel, kPagesMaxSmem>(device);
+    if (err != cudaSuccess) return err;
   }
   int per_sm = 0;
   const cudaError_t occ = resident_per_sm<kernel>(device, kPageThreads, &per_sm, smem);
@@ -717,14 +724,9 @@ cudaError_t launch_gather_pages(GatherPagesLaunch& L, bool force, int device, cu
   const int64_t share = std::max<int64_t>(1, resident / std::max<int64_t>(1, p.B));
   const int64_t per_seq = std::max(std::min(units, share), (units + kPageStages - 1) / kPageStages);
   const unsigned gx = static_cast<unsigned>(std::max<int64_t>(1, per_seq));
-  for (int64_t b0 = 0; b0 < p.B; b0 += 65535) {
-    L.b0 = b0;
-    const dim3 grid(gx, static_cast<unsigned>(std::min<int64_t>(65535, p.B - b0)));
-    const cudaError_t err = launch_pdl(kernel, grid, dim3(kPageThreads), device, stream, L, smem);
-    if (err != cudaSuccess) return err;
-  }
-  *launched = true;
-  return cudaSuccess;
+  const cudaError_t err = launch_sequences(kernel, L, p.B, gx, kPageThreads, smem, device, stream);
+  *launched = err == cudaSuccess;
+  return err;
 }
 
 static std::atomic<int> g_gather_kernel{kGatherAuto};  // nvfp4kv_set_gather_kernel
