@@ -373,12 +373,24 @@ __global__ void __launch_bounds__(kPageThreads, 4) gather_pages_kernel(const __g
   __syncthreads();
   const IndexVec bt_row = block_table_row(p, b);
   const uint32_t lane = threadIdx.x & 31;
-  // The block's units are blockIdx.x + i * gridDim.x, i < n, taken in rounds of kPageStages (one
-  // round unless a sequence runs past its block-table row: see the launcher). Lane j of warp 0
-  // holds the block-table entry of unit round + j; its lane 0 issues the round's copies.
+  // Unit i of this block (blockIdx.x + i * gridDim.x of the sequence's): its block-table column,
+  // side and first head.
+  struct Unit {
+    int64_t blk;
+    uint32_t side, h0;
+  };
+  const auto unit = [&](int64_t i) {
+    const int64_t blk = L.per_block.div_any(blockIdx.x + i * gridDim.x);
+    const uint32_t r = static_cast<uint32_t>(blockIdx.x + i * gridDim.x - blk * L.per_block.d);
+    const uint32_t side = L.groups.div(r);
+    return Unit{blk, side, (r - side * L.groups.d) * L.heads};
+  };
+  // The units i < n are taken in rounds of kPageStages (one round unless a sequence runs past its
+  // block-table row: see the launcher). Lane j of warp 0 holds the block-table entry of unit
+  // round + j; its lane 0 issues the round's copies.
   int64_t lane_page = -1;
   const auto load_round = [&](int64_t r0) {
-    const int64_t blk = L.per_block.div_any(blockIdx.x + (r0 + lane) * gridDim.x);
+    const int64_t blk = unit(r0 + lane).blk;
     lane_page = lane < kPageStages && blk < p.max_blocks ? load_index(bt_row, blk) : -1;
   };
   wait_for_prior_grids();
@@ -413,11 +425,10 @@ __global__ void __launch_bounds__(kPageThreads, 4) gather_pages_kernel(const __g
           asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
           continue;
         }
-        const int64_t u = blockIdx.x + (r0 + s) * gridDim.x;
-        const uint32_t r = static_cast<uint32_t>(u - L.per_block.div_any(u) * L.per_block.d);
-        const uint32_t side = L.groups.div(r), h0 = (r - side * L.groups.d) * L.heads;
-        const PagesSide& ps = L.side[side];
-        const CacheSide& cs = (side ? p.v : p.k).cache;
+        const Unit un = unit(r0 + s);
+        const uint32_t h0 = un.h0;
+        const PagesSide& ps = L.side[un.side];
+        const CacheSide& cs = (un.side ? p.v : p.k).cache;
         const uint8_t* base = cs.base + page * cs.page_stride;
         const uint8_t* stage = smem + s * L.stage_bytes;
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
@@ -439,10 +450,9 @@ __global__ void __launch_bounds__(kPageThreads, 4) gather_pages_kernel(const __g
                      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
       } while (!done);
       if (i == 0) TL_STAMP(3);
-      const int64_t u = blockIdx.x + static_cast<int64_t>(i) * gridDim.x;
-      const int64_t blk = L.per_block.div_any(u);
-      const uint32_t r = static_cast<uint32_t>(u - blk * L.per_block.d);
-      const uint32_t side = L.groups.div(r), h0 = (r - side * L.groups.d) * L.heads;
+      const Unit un = unit(i);
+      const int64_t blk = un.blk;
+      const uint32_t side = un.side, h0 = un.h0;
       const PagesSide ps = L.side[side];
       const DequantSide& ds = side ? p.v : p.k;
       const float g = side ? gv : gk;
