@@ -84,26 +84,18 @@ sms = torch.cuda.get_device_properties(0).multi_processor_count
 print(f"copy {c['copy_GBps']:.0f} GB/s, empty launch {c['empty_launch_us']:.2f} us, {sms} SMs")
 H, D, T, seqs = 8, 128, 16, 8
 for n in (4096, 16384, 65536):
-    pages = n // T
-    spec = nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D, cache_dtype="nvfp4")
-    kv = nvfp4kv.allocate_kv_cache(spec, pages, layout="HND", device="cuda", backend="torch")
-    kv.random_(0, 127)
-    per = n // seqs
-    bt = torch.randperm(pages, device="cuda")[: seqs * (per // T)].view(seqs, per // T).to(torch.int32)
-    bad = torch.full_like(bt, -1)
-    lens = torch.full((seqs,), per, dtype=torch.int32, device="cuda")
-    cu = torch.arange(seqs + 1, dtype=torch.int32, device="cuda") * per
-    ko = torch.empty(n, H, D, dtype=torch.bfloat16, device="cuda")
-    vo = torch.empty_like(ko)
+    case = B.gather_case(torch, nvfp4kv, n, H, D, T, seqs)
+    ko = case["key_out"]
+    bad = torch.full_like(case["block_table"], -1)
     both = torch.empty(2 * ko.numel(), dtype=torch.bfloat16, device="cuda")  # the outputs' bytes
-    ks = torch.tensor([0.02], device="cuda")
     total = n * (2 * H * (D // 2 + D // 16) + 2 * H * D * 2)
     writes = 2 * ko.numel() * 2
 
     def gather(table):
-        return lambda: nvfp4kv.gather_dequant(kv, table, lens, ks, ks, cu_seqlens=cu, key_out=ko, value_out=vo)
+        return lambda: case["call"](table)
 
-    for name, fn, nbytes in (("gather", gather(bt), total), ("gather, bad table (writes only)", gather(bad), writes),
+    for name, fn, nbytes in (("gather", gather(case["block_table"]), total),
+                             ("gather, bad table (writes only)", gather(bad), writes),
                              ("write-only kernel, SMs x 8 blocks", lambda: write_only(both, sms * 8), writes),
                              ("write-only kernel, SMs x 32 blocks", lambda: write_only(both, sms * 32), writes),
                              ("write-only, the gather's old lane-pair pattern, SMs x 8", lambda: write_only(both, sms * 8, True), writes),

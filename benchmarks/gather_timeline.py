@@ -22,23 +22,8 @@ from nvfp4kv import bench as B
 NAMES = ["entry", "wait released", "length known", "unit 1 arrived", "unit 1 stored", "exit"]
 
 
-def case(n, H=8, D=128, T=16, seqs=8):
-    pages = n // T
-    spec = nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D, cache_dtype="nvfp4")
-    kv = nvfp4kv.allocate_kv_cache(spec, pages, layout="HND", device="cuda", backend="torch")
-    kv.random_(0, 127)
-    per = n // seqs
-    bt = torch.randperm(pages, device="cuda")[: seqs * (per // T)].view(seqs, per // T).to(torch.int32)
-    lens = torch.full((seqs,), per, dtype=torch.int32, device="cuda")
-    cu = torch.arange(seqs + 1, dtype=torch.int32, device="cuda") * per
-    ko = torch.empty(n, H, D, dtype=torch.bfloat16, device="cuda")
-    vo = torch.empty_like(ko)
-    ks = torch.tensor([0.02], device="cuda")
-    return lambda: nvfp4kv.gather_dequant(kv, bt, lens, ks, ks, cu_seqlens=cu, key_out=ko, value_out=vo)
-
-
 for n in [int(a) for a in sys.argv[1:]] or [4096]:
-    call = case(n)
+    call = B.gather_case(torch, nvfp4kv, n)["call"]
     os.environ.pop("NVFP4KV_TIMELINE", None)
     for _ in range(3):
         call()

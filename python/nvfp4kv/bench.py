@@ -224,9 +224,11 @@ def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 
     return row
 
 
-def bench_gather_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 16,
-                      seqs: int = 8, dtype: str = "bfloat16", quick: bool = False) -> Dict:
-    """gather_dequant of n tokens in `seqs` equal sequences, pages in random order."""
+def gather_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 16, seqs: int = 8,
+                dtype: str = "bfloat16") -> Dict:
+    """The benchmark's gather of n tokens in `seqs` equal sequences, pages in random order (also
+    used by benchmarks/gather_diag.py and gather_timeline.py): its tensors, and "call", which
+    runs it (outputs and cu_seqlens given: no host sync)."""
     pages = (n + T - 1) // T
     spec = nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D, cache_dtype="nvfp4")
     kv = nvfp4kv.allocate_kv_cache(spec, pages, layout="HND", device="cuda", backend="torch")
@@ -234,17 +236,24 @@ def bench_gather_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int =
     per_seq = n // seqs
     blocks = (per_seq + T - 1) // T
     order = torch.randperm(pages, device="cuda")
-    block_table = order[: seqs * blocks].view(seqs, blocks).to(torch.int32)
-    seq_lens = torch.full((seqs,), per_seq, dtype=torch.int32, device="cuda")
-    cu = torch.arange(seqs + 1, dtype=torch.int32, device="cuda") * per_seq
-    tdtype = getattr(torch, dtype)
-    key_out = torch.empty(seqs * per_seq, H, D, dtype=tdtype, device="cuda")
-    value_out = torch.empty_like(key_out)
-    k_scale = torch.tensor([0.02], device="cuda")
+    c = {"kv_cache": kv, "block_table": order[: seqs * blocks].view(seqs, blocks).to(torch.int32),
+         "seq_lens": torch.full((seqs,), per_seq, dtype=torch.int32, device="cuda"),
+         "cu_seqlens": torch.arange(seqs + 1, dtype=torch.int32, device="cuda") * per_seq,
+         "key_out": torch.empty(seqs * per_seq, H, D, dtype=getattr(torch, dtype), device="cuda"),
+         "k_scale": torch.tensor([0.02], device="cuda")}
+    c["value_out"] = torch.empty_like(c["key_out"])
+    c["call"] = lambda block_table=c["block_table"]: nvfp4kv.gather_dequant(
+        c["kv_cache"], block_table, c["seq_lens"], c["k_scale"], c["k_scale"], cu_seqlens=c["cu_seqlens"],
+        key_out=c["key_out"], value_out=c["value_out"])
+    return c
 
-    def call():
-        nvfp4kv.gather_dequant(kv, block_table, seq_lens, k_scale, k_scale, cu_seqlens=cu,
-                               key_out=key_out, value_out=value_out)
+
+def bench_gather_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 16,
+                      seqs: int = 8, dtype: str = "bfloat16", quick: bool = False) -> Dict:
+    """gather_dequant of n tokens in `seqs` equal sequences, pages in random order."""
+    call = gather_case(torch, nvfp4kv, n, H, D, T, seqs, dtype)["call"]
+    per_seq = n // seqs
+    tdtype = getattr(torch, dtype)
 
     for _ in range(3):
         call()
