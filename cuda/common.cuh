@@ -8,6 +8,7 @@
 #include <initializer_list>
 
 #include "params.h"
+#include "plan.h"
 
 namespace nvfp4kv {
 
@@ -152,6 +153,8 @@ inline bool aligned(int64_t to, const void* ptr, std::initializer_list<int64_t> 
 // Multiprocessors of a device, and its L2 cache in bytes (cached per device).
 int sm_count(int device);
 int64_t l2_bytes(int device);
+// What kernel selection (plan.h) needs to know of a device (cached per device).
+DeviceInfo device_info(int device);
 
 // Blocks for a grid-stride kernel: enough to fill every SM, never more than the work needs.
 int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm);
@@ -233,10 +236,6 @@ __device__ __forceinline__ void allow_next_grids() {
 // Whether the device has programmatic dependent launch (compute capability 9.0 and later;
 // cached per device).
 bool pdl_supported(int device);
-
-// Whether the device has bulk asynchronous copies and transaction-count mbarriers
-// (cp.async.bulk, compute capability 9.0 and later; cached per device).
-bool bulk_copies_supported(int device);
 
 // kernel<<<grid, block, smem, stream>>>(arg), with programmatic stream serialization allowed
 // where the device has it.

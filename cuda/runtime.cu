@@ -6,8 +6,8 @@
 
 #include <mutex>
 
+#include "backend.h"
 #include "common.cuh"
-#include "launch.h"
 
 namespace nvfp4kv {
 
@@ -37,10 +37,14 @@ int64_t l2_bytes(int device) {
   return device_attribute(sizes, cudaDevAttrL2CacheSize, device, 50 << 20);
 }
 
-bool bulk_copies_supported(int device) {
+namespace {
+int cc_major(int device) {
   static std::atomic<int> major[64];  // compute capability major; -1: the query failed
-  return device_attribute(major, cudaDevAttrComputeCapabilityMajor, device, -1) >= 9;
+  return device_attribute(major, cudaDevAttrComputeCapabilityMajor, device, -1);
 }
+}  // namespace
+
+DeviceInfo device_info(int device) { return DeviceInfo{sm_count(device), l2_bytes(device), cc_major(device)}; }
 
 bool pdl_supported(int device) {
   // Once per process: NVFP4KV_PDL=0 turns it off; and the driver must be able to capture such
@@ -51,9 +55,7 @@ bool pdl_supported(int device) {
     int driver = 0;
     return cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12030;
   }();
-  if (!allowed) return false;
-  static std::atomic<int> major[64];  // compute capability major; -1: the query failed
-  return device_attribute(major, cudaDevAttrComputeCapabilityMajor, device, -1) >= 9;
+  return allowed && cc_major(device) >= 9;
 }
 
 int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm) {

@@ -20,27 +20,16 @@
 // token order reach DRAM as partial lines once the pages no longer fit in L2).
 #include <algorithm>
 
+#include "backend.h"
 #include "common.cuh"
-#include "launch.h"
+#include "format_device.cuh"
+#include "plan.h"
 
 namespace nvfp4kv {
 namespace {
 
 constexpr int kMaxRow = 512;  // most threads of one block (one token row, or a slice of a long one)
-// Calls of at most this many tokens per SM take the small kernel (kDirect below). There a group
-// of nvfp4_4over6 computes four reciprocals (its two candidates' out scales and their 1/out;
-// nvfp4 one) where the table kernel reads them: at 1024 tokens its small kernel was slower (7.31
-// against 5.84 µs in a graph), at 256 faster (2.68 against 3.18; RESULTS.md run 70). Measured
-// with H 8, D 128.
-constexpr int64_t kSmallPerSm = 8;
-constexpr int64_t kSmallPerSm4over6 = 2;
-// With a workspace, calls whose rows add up to at least this many times the L2 go in page order,
-// if their head rows are narrower than a 128-byte line (RESULTS.md run 94, on an H200 whose L2
-// is 54 MiB: random slots, H 8 or 32: page order 14 % slower at 1.3 times the L2, 4-7 % faster
-// at 2.7 times, 24-31 % at 5-11 times; D 256, whose rows are whole lines, 10 % slower at 2.7
-// times, 2 % faster at 5.3).
-constexpr int64_t kSortedL2Multiple = 3;
-std::atomic<int> g_store_order{0};  // nvfp4kv_set_store_order
+std::atomic<int> g_store_order{NVFP4KV_TESTING_STORE_AUTO};  // nvfp4kv_testing_set_store_order
 
 // The workspace's parts (params.h, StoreWorkspaceLayout).
 struct WorkspaceParts {
@@ -73,7 +62,7 @@ struct StoreLaunch {
 
 // Input is read once: streaming loads (evict-first in L2) keep it from evicting the cache lines
 // the stores are still filling. With the evict-last scale stores below: 145 µs instead of 155 µs
-// at 65536 tokens (RESULTS.md run 15).
+// at 65536 tokens (docs/design-notes.md, "Store: streaming input loads, evict-last scale stores").
 __device__ __forceinline__ uint4 load_input(const uint4* p) { return __ldcs(p); }
 
 // Scale bytes fill their 32-byte sectors a few bytes at a time from tokens that arrive in any
@@ -175,7 +164,8 @@ struct Item {
   // targets. The page number is only needed by the stores, so its load is not waited for here.
   // Both are range-checked: workspace words left by a call that failed half-way, or a header
   // that was not zero, can then misplace rows but never reach outside the inputs or the cache.
-  // (Checking each token against slot_mapping instead cost 7-15 %: RESULTS.md run 103.)
+  // (Checking each token against slot_mapping instead cost 7-15 %: docs/design-notes.md, "Store:
+  // page order with a workspace".)
   __device__ __forceinline__ void load_sorted(const StoreLaunch& L, const Lane& lane, uint32_t t, int32_t token) {
     slot = -1;
     if (token >= 0 && token < L.p.num_tokens) {
@@ -225,7 +215,8 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lan
   // (evict-first) stores leave L2 to the scale bytes that are still being filled. In a copy of
   // the store's access pattern without the arithmetic (benchmarks/patterns.cu) this took 65536
   // random-slot tokens from 115.9 to 102.0 µs; in this kernel the difference was within the
-  // run-to-run noise (RESULTS.md runs 28-30).
+  // run-to-run noise (docs/design-notes.md, "Store: streaming input loads, evict-last scale
+  // stores").
   if (kVec && kG == 2) {
     __stcs(reinterpret_cast<uint4*>(data), make_uint4(packed[0][0], packed[0][1], packed[kG - 1][0], packed[kG - 1][1]));
   } else if (kVec) {
@@ -243,7 +234,8 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lan
 // kVec: input rows and cache sides are aligned (checked by the launcher), so groups load as
 // 16-byte vectors and code words store as 8-byte (kG == 1) or 16-byte (kG == 2) words.
 // kG: consecutive groups per work item; 2 halves the per-item work per element.
-// The store is bound by load latency (benchmarks/RESULTS.md, run 16: half the issue slots idle,
+// The store is bound by load latency (docs/design-notes.md, "Store: one work item per thread for
+// the whole launch": half the issue slots idle,
 // warps waiting on global loads), so each thread loads its next token's item before quantizing
 // the current one: two item buffers, the loop unrolled by two so they swap roles without copies.
 // The first item's loads overlap the global scales and the out-scale table.
@@ -434,7 +426,8 @@ __global__ void __launch_bounds__(kThreads) order_tokens_kernel(const __grid_con
 
 // Launches one kernel instantiation: reads its occupancy once per device and block size, then
 // sizes the grid to one wave of the blocks that are resident at once, each stepping through an
-// equal share of the tokens. (Several waves of blocks measured 15-20 % slower: RESULTS.md run 18.)
+// equal share of the tokens. (Several waves of blocks measured 15-20 % slower: docs/design-notes.md,
+// "Store: one wave of resident blocks".)
 template <auto kernel>
 cudaError_t launch_kernel(StoreLaunch L, int threads, uint32_t slices, int device, cudaStream_t stream) {
   const int64_t total = L.p.num_tokens;
@@ -481,10 +474,7 @@ cudaError_t launch_sorted(StoreLaunch L, int threads, uint32_t slices, int devic
   return launch_pdl(kernel, grid, dim3(threads), device, stream, L);
 }
 
-// The five kernels: small calls (kDirect); vector loads with two groups per item (in token
-// order, or sorted into page order); vector loads with one; scalar loads (unaligned inputs or
-// cache sides).
-enum class Variant { kSmall, kPairs, kSorted, kVec, kScalar };
+using Variant = StoreVariant;  // plan.h chooses
 
 template <DType kDType, Recipe kRecipe>
 cudaError_t launch(const StoreLaunch& L, Variant v, int threads, uint32_t slices, int device, cudaStream_t stream) {
@@ -507,7 +497,9 @@ cudaError_t launch_recipe(const StoreLaunch& L, Variant v, int threads, uint32_t
 
 }  // namespace
 
-void cuda_set_store_order(int order) { g_store_order.store(order, std::memory_order_relaxed); }
+void cuda_set_store_order(nvfp4kv_testing_store_order order) {
+  g_store_order.store(order, std::memory_order_relaxed);
+}
 
 int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** message) {
   *message = nullptr;
@@ -517,44 +509,29 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
 
   const int64_t esize = dtype_bytes(p.dtype);
+  StoreShape shape;
+  shape.num_tokens = p.num_tokens;
+  shape.num_slots = p.num_slots;
+  shape.H = p.H;
+  shape.T = p.T;
+  shape.Dk = p.k.cache.D;
+  shape.Dv = p.v.cache.D;
+  shape.recipe = p.recipe;
+  shape.layout = p.layout;
   // Vector path: 16-byte loads of every group, 8-byte stores of every code word (D/2 is a
   // multiple of 8, so row starts keep the alignment of the side).
-  const bool vec = aligned(16, p.k.src, {p.k.token_stride * esize, p.k.head_stride * esize}) &&
-                   aligned(16, p.v.src, {p.v.token_stride * esize, p.v.head_stride * esize}) &&
-                   aligned(8, p.k.cache.base, {p.k.cache.page_stride}) &&
-                   aligned(8, p.v.cache.base, {p.v.cache.page_stride});
-
-  const uint32_t gk = p.k.cache.D / kGroupSize, gv = p.v.cache.D / kGroupSize;
-  // Two groups per item when both sides have an even number of groups and the 16-byte code
-  // stores stay aligned (D/2 is then a multiple of 16).
-  const bool pairs = vec && gk % 2 == 0 && gv % 2 == 0 &&
-                     aligned(16, p.k.cache.base, {p.k.cache.page_stride}) &&
-                     aligned(16, p.v.cache.base, {p.v.cache.page_stride});
-  // Calls of a few tokens per SM (a decode step's batch, a short prefill chunk) are one dependent
-  // chain per block: one token per block, one group per thread, and the out scales computed where
-  // they are needed instead of from a table that every block would build before a barrier. In a
-  // CUDA graph: 1.96 -> 1.42 µs for 1 token, 2.26 -> 1.59 µs for 64, 4.18 -> 3.46 µs for 1024
-  // (RESULTS.md runs 64-67).
+  shape.vec = aligned(16, p.k.src, {p.k.token_stride * esize, p.k.head_stride * esize}) &&
+              aligned(16, p.v.src, {p.v.token_stride * esize, p.v.head_stride * esize}) &&
+              aligned(8, p.k.cache.base, {p.k.cache.page_stride}) &&
+              aligned(8, p.v.cache.base, {p.v.cache.page_stride});
+  shape.cache_aligned = aligned(16, p.k.cache.base, {p.k.cache.page_stride}) &&
+                        aligned(16, p.v.cache.base, {p.v.cache.page_stride});
+  shape.workspace = p.workspace != nullptr;
+  const auto order = static_cast<nvfp4kv_testing_store_order>(g_store_order.load(std::memory_order_relaxed));
+  const Variant variant = select_store_variant(shape, device_info(device), order);
+  const bool small = variant == Variant::kSmall, sorted = variant == Variant::kSorted;
   const int64_t sms = sm_count(device);
-  const int64_t per_sm = p.recipe == Recipe::kNvfp4 ? kSmallPerSm : kSmallPerSm4over6;
-  const bool small = vec && p.num_tokens <= per_sm * sms;
-  // Page order, with a workspace: HND pages (rows of one head are contiguous there), K and V
-  // rows of one size whose items tile a warp; by default only where it pays (kSortedL2Multiple).
-  const uint32_t units = gk / 2;  // items of two groups per head row
-  const bool can_sort = p.workspace != nullptr && pairs && !small && p.layout == Layout::kHND && gk == gv &&
-                        32 % units == 0 && p.num_tokens <= (int64_t{1} << 30) && p.num_slots < (int64_t{1} << 31);
-  const int order = g_store_order.load(std::memory_order_relaxed);
-  const int64_t rows = p.num_tokens * p.H * (full_dim(p.k.cache.D) + full_dim(p.v.cache.D));
-  // Not for nvfp4_4over6 by default: bound by its arithmetic, it ran 6-27 % slower in page order
-  // at 16384-65536 tokens (run 92) and was not measured where the rows overflow L2.
-  const bool sorted = can_sort && (order == kStoreOrderPage ||
-                                   (order == kStoreOrderAuto && p.recipe == Recipe::kNvfp4 &&
-                                    data_bytes(p.k.cache.D) < 128 && rows >= kSortedL2Multiple * l2_bytes(device)));
-  const Variant variant = small    ? Variant::kSmall
-                          : sorted ? Variant::kSorted
-                          : pairs  ? Variant::kPairs
-                          : vec    ? Variant::kVec
-                                   : Variant::kScalar;
+  const uint32_t units = p.k.cache.D / kGroupSize / 2;  // items of two groups per head row (sorted)
   const int g = variant == Variant::kPairs || variant == Variant::kSorted ? 2 : 1;
   StoreLaunch L;
   L.p = p;
@@ -572,7 +549,8 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   // nvfp4_4over6 above its small-kernel limit, short rows) spread their tokens over the SMs: a
   // few warps per SM finish a block's step sooner than the same warps stacked on fewer SMs. Their
   // blocks keep the full size, the lanes past the block's tokens idle, because all of them build
-  // the out-scale table (with 64 threads that build took 0.35 µs longer: RESULTS.md runs 59, 60).
+  // the out-scale table (with 64 threads that build took 0.35 µs longer: docs/design-notes.md,
+  // "Store: full blocks for few tokens per SM").
   const uint32_t full = rows_per_block(row_slice);
   const int64_t spread = (p.num_tokens + sms - 1) / sms;
   L.tokens_per_block = small ? 1 : static_cast<uint32_t>(spread < full ? (spread > 1 ? spread : 1) : full);

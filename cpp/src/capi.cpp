@@ -1,19 +1,16 @@
-// The C ABI: validation of every argument (before any byte is written), translation of DLPack
-// views into the parameter structs, and dispatch to the CPU path or the CUDA launchers.
-// Errors are thrown as `Failure` inside this file and turned into a status plus a thread-local
-// message at the boundary; nothing escapes an extern "C" function.
-#include <stdarg.h>
-#include <stdio.h>
-
+// The C ABI's operations: validation of every argument (before any byte is written), translation
+// of DLPack views into the parameter structs, and dispatch to a backend (backend.h). Errors are
+// thrown as `Failure` (tensor.h) and turned into a status plus a thread-local message at the
+// boundary (guarded); nothing escapes an extern "C" function.
 #include <exception>
 #include <initializer_list>
 #include <string>
 
-#include "cpu.h"
+#include "backend.h"
+#include "cache.h"
 #include "nvfp4kv/nvfp4kv.h"
-#if defined(NVFP4KV_WITH_CUDA)
-#include "launch.h"
-#endif
+#include "tensor.h"
+#include "testing.h"
 
 // The CUDA launcher of an operation, or nullptr in a build without CUDA (never called then).
 #if defined(NVFP4KV_WITH_CUDA)
@@ -29,20 +26,6 @@ namespace nvfp4kv {
 namespace {
 
 thread_local std::string g_last_error;
-
-struct Failure {
-  nvfp4kv_status status;
-  std::string message;
-};
-
-[[noreturn]] void fail(nvfp4kv_status status, const char* fmt, ...) {
-  char buf[1024];
-  va_list args;
-  va_start(args, fmt);
-  vsnprintf(buf, sizeof buf, fmt, args);
-  va_end(args);
-  throw Failure{status, buf};
-}
 
 // Runs `body` and converts whatever it throws into a status; the only exit from the ABI.
 template <class Body>
@@ -60,324 +43,6 @@ nvfp4kv_status guarded(const char* fn, Body&& body) {
     g_last_error = std::string(fn) + ": internal error";
   }
   return NVFP4KV_ERROR_INTERNAL;
-}
-
-std::string dtype_name(DLDataType t) {
-  const char* base = nullptr;
-  switch (t.code) {
-    case kDLInt: base = "int"; break;
-    case kDLUInt: base = "uint"; break;
-    case kDLFloat: base = "float"; break;
-    case kDLBfloat: base = "bfloat"; break;
-    case kDLBool: return "bool";
-    case kDLComplex: base = "complex"; break;
-    default: break;
-  }
-  std::string s = base ? std::string(base) + std::to_string(t.bits)
-                       : "dtype(code=" + std::to_string(t.code) + ", bits=" +
-                             std::to_string(t.bits) + ")";
-  if (t.lanes != 1) s += "x" + std::to_string(t.lanes);
-  return s;
-}
-
-bool is_dtype(DLDataType t, uint8_t code, uint8_t bits) {
-  return t.code == code && t.bits == bits && t.lanes == 1;
-}
-
-std::string device_name(DLDevice d) {
-  switch (d.device_type) {
-    case kDLCPU: return "cpu";
-    case kDLCUDA: return "cuda:" + std::to_string(d.device_id);
-    case kDLCUDAHost: return "cuda_host";
-    case kDLCUDAManaged: return "cuda_managed:" + std::to_string(d.device_id);
-    default: return "device(type=" + std::to_string(d.device_type) + ")";
-  }
-}
-
-bool host_readable(DLDevice d) { return d.device_type == kDLCPU || d.device_type == kDLCUDAHost; }
-
-bool same_device(DLDevice a, DLDevice b) {
-  if (host_readable(a) && host_readable(b)) return true;
-  return a.device_type == b.device_type && a.device_id == b.device_id;
-}
-
-// A named DLTensor with strides filled in (DLPack allows NULL for compact row-major).
-struct Tensor {
-  const DLTensor* t;
-  const char* name;
-  int64_t stride_[8];
-
-  Tensor(const DLTensor* tensor, const char* n) : t(tensor), name(n) {
-    if (!t) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: NULL tensor", name);
-    if (t->ndim < 0 || t->ndim > 8) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: rank %d", name, t->ndim);
-    int64_t s = 1;
-    for (int i = t->ndim - 1; i >= 0; --i) {
-      stride_[i] = t->strides ? t->strides[i] : s;
-      s *= t->shape[i];
-    }
-  }
-  int ndim() const { return t->ndim; }
-  int64_t size(int i) const { return t->shape[i]; }
-  int64_t stride(int i) const { return stride_[i]; }
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
-    return n;
-  }
-  uint8_t* ptr() const { return static_cast<uint8_t*>(t->data) + t->byte_offset; }
-  DLDevice device() const { return t->device; }
-
-  std::string shape_str() const {
-    std::string s = "(";
-    for (int i = 0; i < t->ndim; ++i) s += (i ? ", " : "") + std::to_string(t->shape[i]);
-    return s + (t->ndim == 1 ? ",)" : ")");
-  }
-  std::string strides_str() const {
-    std::string s = "(";
-    for (int i = 0; i < t->ndim; ++i) s += (i ? ", " : "") + std::to_string(stride_[i]);
-    return s + (t->ndim == 1 ? ",)" : ")");
-  }
-  void expect_ndim(int n, const char* what) const {
-    if (t->ndim != n)
-      fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: rank %d (shape %s) received; expected %s", name,
-           t->ndim, shape_str().c_str(), what);
-  }
-};
-
-DType float_dtype(const Tensor& x) {
-  const DLDataType t = x.t->dtype;
-  if (is_dtype(t, kDLFloat, 32)) return DType::kFloat32;
-  if (is_dtype(t, kDLFloat, 16)) return DType::kFloat16;
-  if (is_dtype(t, kDLBfloat, 16)) return DType::kBFloat16;
-  fail(NVFP4KV_ERROR_INVALID_DTYPE, "%s: dtype %s received; expected float32, float16 or bfloat16",
-       x.name, dtype_name(t).c_str());
-}
-
-void expect_uint8(const Tensor& x) {
-  if (!is_dtype(x.t->dtype, kDLUInt, 8))
-    fail(NVFP4KV_ERROR_INVALID_DTYPE,
-         "%s: dtype %s received; expected uint8 (the NVFP4 cache holds raw bytes)", x.name,
-         dtype_name(x.t->dtype).c_str());
-}
-
-void expect_same_device(const Tensor& x, const Tensor& ref) {
-  if (!same_device(x.device(), ref.device()))
-    fail(NVFP4KV_ERROR_DEVICE_MISMATCH, "%s: on %s, but %s is on %s; all tensors must be on one device",
-         x.name, device_name(x.device()).c_str(), ref.name, device_name(ref.device()).c_str());
-}
-
-void check_head_size(int64_t D, const char* name) {
-  if (D <= 0 || D % kGroupSize != 0 || D > kMaxHeadSize)
-    fail(NVFP4KV_ERROR_INVALID_VALUE,
-         "%s: head size %lld received; expected a multiple of 16 between 16 and %d", name,
-         static_cast<long long>(D), kMaxHeadSize);
-}
-
-// Head size of a cache side from its full dim F = 9D/16.
-int64_t head_size_from_full_dim(const Tensor& c, int64_t F) {
-  if (F <= 0 || F % 9 != 0 || F / 9 * 16 > kMaxHeadSize)
-    fail(NVFP4KV_ERROR_INVALID_VALUE,
-         "%s: last dimension %lld received; expected F = D/2 + D/16 = 9*D/16 for a head size D "
-         "that is a multiple of 16 up to %d (D=128 gives F=72)",
-         c.name, static_cast<long long>(F), kMaxHeadSize);
-  return F / 9 * 16;
-}
-
-// A stride matters only along a dimension of size > 1.
-bool stride_ok(int64_t size, int64_t stride, int64_t expected) {
-  return size <= 1 || stride == expected;
-}
-
-void check_page_stride(const Tensor& c, int64_t N, int64_t page_stride, int64_t min_bytes) {
-  if (N > 1 && page_stride < min_bytes)
-    fail(NVFP4KV_ERROR_INVALID_VALUE,
-         "%s: page stride %lld bytes received; pages would overlap (one page needs %lld bytes)",
-         c.name, static_cast<long long>(page_stride), static_cast<long long>(min_bytes));
-}
-
-struct Cache {
-  CacheSide k, v;
-  int64_t N, T, H;
-  Layout layout;
-  DLDevice device;
-  const char* k_name;  // argument to name in messages about the K side
-  const char* v_name;
-};
-
-void check_geometry(const Tensor& c, int64_t T, int64_t H) {
-  if (T <= 0) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: block size T=%lld; must be positive", c.name,
-                   static_cast<long long>(T));
-  if (H <= 0) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: number of KV heads H=%lld; must be positive",
-                   c.name, static_cast<long long>(H));
-}
-
-// One side tensor (N, T, H, F): layout read from its strides (HND when H or T is 1: the same
-// bytes either way).
-Layout side_layout(const Tensor& c, int64_t T, int64_t H, int64_t F) {
-  if (c.stride(3) != 1)
-    fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: last stride %lld received; expected 1", c.name,
-         static_cast<long long>(c.stride(3)));
-  const bool hnd = stride_ok(T, c.stride(1), F) && stride_ok(H, c.stride(2), T * F);
-  const bool nhd = stride_ok(T, c.stride(1), H * F) && stride_ok(H, c.stride(2), F);
-  if (hnd) return Layout::kHND;
-  if (nhd) return Layout::kNHD;
-  fail(NVFP4KV_ERROR_INVALID_VALUE,
-       "%s: shape %s with strides %s is not a contiguous cache side; expected strides "
-       "(page, %lld, %lld, 1) for HND or (page, %lld, %lld, 1) for NHD",
-       c.name, c.shape_str().c_str(), c.strides_str().c_str(), static_cast<long long>(F),
-       static_cast<long long>(T * F), static_cast<long long>(H * F), static_cast<long long>(F));
-}
-
-Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache) {
-  Cache r{};
-  if (value_cache) {
-    Tensor kc(kv_cache, "key_cache"), vc(value_cache, "value_cache");
-    kc.expect_ndim(4, "(num_blocks, block_size, num_kv_heads, F)");
-    vc.expect_ndim(4, "(num_blocks, block_size, num_kv_heads, F)");
-    expect_uint8(kc);
-    expect_uint8(vc);
-    expect_same_device(vc, kc);
-    for (int i = 0; i < 3; ++i)
-      if (kc.size(i) != vc.size(i))
-        fail(NVFP4KV_ERROR_INVALID_VALUE, "value_cache: shape %s does not match key_cache %s",
-             vc.shape_str().c_str(), kc.shape_str().c_str());
-    r.N = kc.size(0);
-    r.T = kc.size(1);
-    r.H = kc.size(2);
-    check_geometry(kc, r.T, r.H);
-    const int64_t Fk = kc.size(3), Fv = vc.size(3);
-    r.k.D = static_cast<int32_t>(head_size_from_full_dim(kc, Fk));
-    r.v.D = static_cast<int32_t>(head_size_from_full_dim(vc, Fv));
-    const Layout lk = side_layout(kc, r.T, r.H, Fk), lv = side_layout(vc, r.T, r.H, Fv);
-    if (lk != lv)
-      fail(NVFP4KV_ERROR_INVALID_VALUE, "value_cache: layout %s but key_cache is %s",
-           lv == Layout::kHND ? "HND" : "NHD", lk == Layout::kHND ? "HND" : "NHD");
-    r.layout = lk;
-    r.k.base = kc.ptr();
-    r.v.base = vc.ptr();
-    r.k.page_stride = kc.stride(0);
-    r.v.page_stride = vc.stride(0);
-    check_page_stride(kc, r.N, r.k.page_stride, r.H * r.T * Fk);
-    check_page_stride(vc, r.N, r.v.page_stride, r.H * r.T * Fv);
-    r.device = kc.device();
-    r.k_name = "key_cache";
-    r.v_name = "value_cache";
-    return r;
-  }
-
-  Tensor c(kv_cache, "kv_cache");
-  expect_uint8(c);
-  r.device = c.device();
-  r.k_name = r.v_name = "kv_cache";
-  if (c.ndim() == 5) {  // (N, 2, T, H, F)
-    if (c.size(1) != 2)
-      fail(NVFP4KV_ERROR_INVALID_VALUE,
-           "kv_cache: shape %s received; expected (num_blocks, 2, block_size, num_kv_heads, F)",
-           c.shape_str().c_str());
-    r.N = c.size(0);
-    r.T = c.size(2);
-    r.H = c.size(3);
-    check_geometry(c, r.T, r.H);
-    const int64_t F = c.size(4);
-    r.k.D = r.v.D = static_cast<int32_t>(head_size_from_full_dim(c, F));
-    const int64_t side = r.H * r.T * F;
-    const bool tail_ok = c.stride(4) == 1 && c.stride(1) == side;
-    const bool hnd = tail_ok && stride_ok(r.T, c.stride(2), F) && stride_ok(r.H, c.stride(3), r.T * F);
-    const bool nhd = tail_ok && stride_ok(r.T, c.stride(2), r.H * F) && stride_ok(r.H, c.stride(3), F);
-    if (!hnd && !nhd)
-      fail(NVFP4KV_ERROR_INVALID_VALUE,
-           "kv_cache: shape %s with strides %s is neither HND (strides (page, %lld, %lld, %lld, "
-           "1)) nor NHD (strides (page, %lld, %lld, %lld, 1))",
-           c.shape_str().c_str(), c.strides_str().c_str(), static_cast<long long>(side),
-           static_cast<long long>(F), static_cast<long long>(r.T * F), static_cast<long long>(side),
-           static_cast<long long>(r.H * F), static_cast<long long>(F));
-    r.layout = hnd ? Layout::kHND : Layout::kNHD;
-    r.k.page_stride = r.v.page_stride = c.stride(0);
-    check_page_stride(c, r.N, c.stride(0), 2 * side);
-    r.k.base = c.ptr();
-    r.v.base = c.ptr() + side;
-    return r;
-  }
-  if (c.ndim() == 4) {  // packed (N, 2H, T, F), HND
-    r.N = c.size(0);
-    r.T = c.size(2);
-    if (c.size(1) % 2 != 0)
-      fail(NVFP4KV_ERROR_INVALID_VALUE,
-           "kv_cache: shape %s received; a packed 4-D cache is (num_blocks, 2*num_kv_heads, "
-           "block_size, F) and its dimension 1 must be even",
-           c.shape_str().c_str());
-    r.H = c.size(1) / 2;
-    check_geometry(c, r.T, r.H);
-    const int64_t F = c.size(3);
-    r.k.D = r.v.D = static_cast<int32_t>(head_size_from_full_dim(c, F));
-    const int64_t side = r.H * r.T * F;
-    if (c.stride(3) != 1 || !stride_ok(r.T, c.stride(2), F) || c.stride(1) != r.T * F)
-      fail(NVFP4KV_ERROR_INVALID_VALUE,
-           "kv_cache: packed 4-D cache with strides %s; expected (page, %lld, %lld, 1)",
-           c.strides_str().c_str(), static_cast<long long>(r.T * F), static_cast<long long>(F));
-    r.layout = Layout::kHND;
-    r.k.page_stride = r.v.page_stride = c.stride(0);
-    check_page_stride(c, r.N, c.stride(0), 2 * side);
-    r.k.base = c.ptr();
-    r.v.base = c.ptr() + side;
-    return r;
-  }
-  fail(NVFP4KV_ERROR_INVALID_VALUE,
-       "kv_cache: rank %d (shape %s) received; expected 5-D (num_blocks, 2, block_size, "
-       "num_kv_heads, F), packed 4-D (num_blocks, 2*num_kv_heads, block_size, F), or key_cache "
-       "and value_cache sides",
-       c.ndim(), c.shape_str().c_str());
-}
-
-void apply_profile(Cache& c, nvfp4kv_scale_profile profile) {
-  if (profile != NVFP4KV_SCALES_VLLM && profile != NVFP4KV_SCALES_LINEAR)
-    fail(NVFP4KV_ERROR_INVALID_VALUE,
-         "scale_layout: profile %d received; expected NVFP4KV_SCALES_VLLM (0, 'vllm') or "
-         "NVFP4KV_SCALES_LINEAR (1, 'linear')",
-         static_cast<int>(profile));
-  c.k.interleaved = 0;
-  c.v.interleaved = profile == NVFP4KV_SCALES_VLLM;
-  if (!c.v.interleaved) return;
-  if (c.layout != Layout::kHND)
-    fail(NVFP4KV_ERROR_INVALID_VALUE,
-         "scale_layout: the 'vllm' profile interleaves V scales, which is defined for the HND "
-         "layout only (%s is NHD); use scale_layout='linear'", c.v_name);
-  if (c.T % kInterleave != 0)
-    fail(NVFP4KV_ERROR_INVALID_VALUE,
-         "scale_layout: the 'vllm' profile interleaves V scales over 4 tokens, which needs a block "
-         "size divisible by 4 (%s has block size %lld); use scale_layout='linear'",
-         c.v_name, static_cast<long long>(c.T));
-  if (c.v.D % 64 != 0)
-    fail(NVFP4KV_ERROR_INVALID_VALUE,
-         "scale_layout: the 'vllm' profile interleaves V scales, which needs a V head size "
-         "divisible by 64 (got %d); use scale_layout='linear'",
-         c.v.D);
-}
-
-ScaleArg resolve_scale(const DLTensor* scale, const char* name, DLDevice data_device) {
-  if (!scale) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: NULL; expected a 1-element float32 tensor", name);
-  Tensor s(scale, name);
-  if (!is_dtype(s.t->dtype, kDLFloat, 32))
-    fail(NVFP4KV_ERROR_INVALID_DTYPE, "%s: dtype %s received; expected a float32 tensor (or a Python float)",
-         name, dtype_name(s.t->dtype).c_str());
-  if (s.numel() != 1)
-    fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: shape %s received; expected exactly one element", name,
-         s.shape_str().c_str());
-  ScaleArg r{nullptr, 1.0f};
-  if (host_readable(s.device())) {
-    r.value = *reinterpret_cast<const float*>(s.ptr());
-    if (!global_scale_valid(r.value))
-      fail(NVFP4KV_ERROR_INVALID_VALUE,
-           "%s: %.9g received; a global scale must be finite and > 0 with a finite reciprocal "
-           "(the decode scale, usually amax / 448)",
-           name, static_cast<double>(r.value));
-    return r;
-  }
-  if (host_readable(data_device) || !same_device(s.device(), data_device))
-    fail(NVFP4KV_ERROR_DEVICE_MISMATCH, "%s: on %s, but the cache is on %s", name,
-         device_name(s.device()).c_str(), device_name(data_device).c_str());
-  r.device_ptr = reinterpret_cast<const float*>(s.ptr());
-  return r;
 }
 
 void check_input(const Tensor& x, const Cache& c, int64_t D, const char* cache_name) {
@@ -441,24 +106,6 @@ void run(const Cache& c, const Params& p, void (*cpu)(const Params&),
 #endif
 }
 
-// Whether two tensors' byte ranges (from their lowest to their highest element) intersect.
-bool overlap(const Tensor& a, const Tensor& b) {
-  const auto range = [](const Tensor& x, uintptr_t& lo, uintptr_t& hi) {
-    int64_t first = 0, last = 0;
-    for (int i = 0; i < x.ndim(); ++i) {
-      if (x.size(i) == 0) return false;
-      const int64_t span = (x.size(i) - 1) * x.stride(i);
-      (span < 0 ? first : last) += span;
-    }
-    const int64_t bytes = (x.t->dtype.bits * x.t->dtype.lanes + 7) / 8;
-    lo = reinterpret_cast<uintptr_t>(x.ptr()) + first * bytes;
-    hi = reinterpret_cast<uintptr_t>(x.ptr()) + last * bytes + bytes;
-    return true;
-  };
-  uintptr_t alo, ahi, blo, bhi;
-  return range(a, alo, ahi) && range(b, blo, bhi) && alo < bhi && blo < ahi;
-}
-
 int64_t store_workspace_bytes(int64_t num_blocks, int64_t block_size) {
   if (num_blocks < 0 || block_size <= 0 || num_blocks > (int64_t{1} << 40) / block_size)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
@@ -502,7 +149,6 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
 
   expect_same_device(key, cache_ref);
   expect_same_device(value, cache_ref);
-  expect_same_device(slots, cache_ref);
 
   const DType dtype = float_dtype(key);
   if (float_dtype(value) != dtype)
@@ -515,11 +161,7 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
          static_cast<long long>(value.size(0)), value.shape_str().c_str(),
          static_cast<long long>(key.size(0)));
 
-  slots.expect_ndim(1, "(num_tokens,)");
-  const bool slots_i64 = is_dtype(slots.t->dtype, kDLInt, 64);
-  if (!slots_i64 && !is_dtype(slots.t->dtype, kDLInt, 32))
-    fail(NVFP4KV_ERROR_INVALID_DTYPE, "slot_mapping: dtype %s received; expected int64 or int32",
-         dtype_name(slots.t->dtype).c_str());
+  const IndexVec slot_vec = index_vec(slots, cache_ref, -1);
   if (slots.size(0) != key.size(0))
     fail(NVFP4KV_ERROR_INVALID_VALUE, "slot_mapping: %lld entries but key has %lld tokens",
          static_cast<long long>(slots.size(0)), static_cast<long long>(key.size(0)));
@@ -535,7 +177,7 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
   p.k = StoreSide{key.ptr(), key.stride(0), key.stride(1), c.k, resolve_scale(k_scale, "k_scale", c.device)};
   p.v = StoreSide{value.ptr(), value.stride(0), value.stride(1), c.v,
                   resolve_scale(v_scale, "v_scale", c.device)};
-  p.slots = IndexVec{slots.ptr(), slots.stride(0), slots_i64};
+  p.slots = slot_vec;
   p.num_tokens = key.size(0);
   p.num_slots = c.N * c.T;
   p.H = static_cast<int32_t>(c.H);
@@ -557,25 +199,26 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
   run(c, p, cpu_store, CUDA_OR_NULL(cuda_store), stream);
 }
 
-IndexVec index_vec(const DLTensor* t, const char* name, const Tensor& ref, int64_t length) {
-  Tensor x(t, name);
-  x.expect_ndim(1, "a vector");
-  expect_same_device(x, ref);
-  const bool i64 = is_dtype(x.t->dtype, kDLInt, 64);
-  if (!i64 && !is_dtype(x.t->dtype, kDLInt, 32))
-    fail(NVFP4KV_ERROR_INVALID_DTYPE, "%s: dtype %s received; expected int64 or int32", name,
-         dtype_name(x.t->dtype).c_str());
-  if (length >= 0 && x.size(0) != length)
-    fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: %lld entries received; expected %lld", name,
-         static_cast<long long>(x.size(0)), static_cast<long long>(length));
-  return IndexVec{x.ptr(), x.stride(0), i64};
-}
-
-// The two outputs of a read: rank, shape (dims after the leading ones checked by the caller),
-// dtype (float, the same for both), device, last stride 1.
-DType check_outputs(const Tensor& ko, const Tensor& vo, const Tensor& cache_ref) {
-  expect_same_device(ko, cache_ref);
-  expect_same_device(vo, cache_ref);
+// The two outputs of a read: shape `leading` + (head size of the side), one float dtype for
+// both, the cache's device, last stride 1.
+DType check_outputs(const Tensor& ko, const Tensor& vo, const Tensor& cache_ref,
+                    std::initializer_list<int64_t> leading, int64_t Dk, int64_t Dv, const char* what) {
+  const int rank = static_cast<int>(leading.size()) + 1;
+  for (const Tensor* o : {&ko, &vo}) {
+    o->expect_ndim(rank, what);
+    const int64_t D = o == &ko ? Dk : Dv;
+    bool ok = o->size(rank - 1) == D;
+    int i = 0;
+    for (const int64_t n : leading) ok = ok && o->size(i++) == n;
+    if (!ok) {
+      std::string want = "(";
+      for (const int64_t n : leading) want += std::to_string(n) + ", ";
+      want += std::to_string(D) + ")";
+      fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: shape %s received; expected %s", o->name,
+           o->shape_str().c_str(), want.c_str());
+    }
+    expect_same_device(*o, cache_ref);
+  }
   const DType dtype = float_dtype(ko);
   if (float_dtype(vo) != dtype)
     fail(NVFP4KV_ERROR_INVALID_DTYPE, "value_out: dtype %s but key_out is %s; they must match",
@@ -594,18 +237,9 @@ void dequantize(const DLTensor* kv_cache, const DLTensor* value_cache, const DLT
   Cache c = resolve_cache(kv_cache, value_cache);
   apply_profile(c, profile);
   const Tensor cache_ref(kv_cache, c.k_name);
-  Tensor ko(key_out_t, "key_out"), vo(value_out_t, "value_out");
-  const Tensor* outs[2] = {&ko, &vo};
-  const int64_t Ds[2] = {c.k.D, c.v.D};
-  for (int i = 0; i < 2; ++i) {
-    const Tensor& o = *outs[i];
-    o.expect_ndim(4, "(num_blocks, block_size, num_kv_heads, head_size)");
-    if (o.size(0) != c.N || o.size(1) != c.T || o.size(2) != c.H || o.size(3) != Ds[i])
-      fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: shape %s received; expected (%lld, %lld, %lld, %lld)",
-           o.name, o.shape_str().c_str(), static_cast<long long>(c.N), static_cast<long long>(c.T),
-           static_cast<long long>(c.H), static_cast<long long>(Ds[i]));
-  }
-  const DType dtype = check_outputs(ko, vo, cache_ref);
+  const Tensor ko(key_out_t, "key_out"), vo(value_out_t, "value_out");
+  const DType dtype = check_outputs(ko, vo, cache_ref, {c.N, c.T, c.H}, c.k.D, c.v.D,
+                                    "(num_blocks, block_size, num_kv_heads, head_size)");
 
   DequantParams p{};
   p.k = DequantSide{c.k, resolve_scale(k_scale, "k_scale", c.device), ko.ptr(),
@@ -615,8 +249,9 @@ void dequantize(const DLTensor* kv_cache, const DLTensor* value_cache, const DLT
   p.pages = IndexVec{nullptr, 0, 0};
   p.num_pages = c.N;
   if (pages) {
-    p.pages = index_vec(pages, "pages", cache_ref, -1);
-    p.num_pages = Tensor(pages, "pages").size(0);
+    const Tensor pg(pages, "pages");
+    p.pages = index_vec(pg, cache_ref, -1);
+    p.num_pages = pg.size(0);
   }
   p.N = c.N;
   p.H = static_cast<int32_t>(c.H);
@@ -635,26 +270,15 @@ void gather(const DLTensor* kv_cache, const DLTensor* value_cache, const DLTenso
   Cache c = resolve_cache(kv_cache, value_cache);
   apply_profile(c, profile);
   const Tensor cache_ref(kv_cache, c.k_name);
-  Tensor bt(block_table_t, "block_table");
+  const Tensor bt(block_table_t, "block_table");
   bt.expect_ndim(2, "(num_seqs, max_blocks_per_seq)");
   expect_same_device(bt, cache_ref);
-  const bool bt64 = is_dtype(bt.t->dtype, kDLInt, 64);
-  if (!bt64 && !is_dtype(bt.t->dtype, kDLInt, 32))
-    fail(NVFP4KV_ERROR_INVALID_DTYPE, "block_table: dtype %s received; expected int32 or int64",
-         dtype_name(bt.t->dtype).c_str());
+  const bool bt64 = index_is_int64(bt);
   const int64_t B = bt.size(0);
-  Tensor ko(key_out_t, "key_out"), vo(value_out_t, "value_out");
-  const Tensor* outs[2] = {&ko, &vo};
-  const int64_t Ds[2] = {c.k.D, c.v.D};
-  for (int i = 0; i < 2; ++i) {
-    const Tensor& o = *outs[i];
-    o.expect_ndim(3, "(total_tokens, num_kv_heads, head_size)");
-    if (o.size(0) != ko.size(0) || o.size(1) != c.H || o.size(2) != Ds[i])
-      fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: shape %s received; expected (%lld, %lld, %lld)",
-           o.name, o.shape_str().c_str(), static_cast<long long>(ko.size(0)),
-           static_cast<long long>(c.H), static_cast<long long>(Ds[i]));
-  }
-  const DType dtype = check_outputs(ko, vo, cache_ref);
+  const Tensor ko(key_out_t, "key_out"), vo(value_out_t, "value_out");
+  const int64_t total = ko.ndim() == 3 ? ko.size(0) : 0;
+  const DType dtype = check_outputs(ko, vo, cache_ref, {total, c.H}, c.k.D, c.v.D,
+                                    "(total_tokens, num_kv_heads, head_size)");
 
   GatherParams p{};
   p.k = DequantSide{c.k, resolve_scale(k_scale, "k_scale", c.device), ko.ptr(),
@@ -665,8 +289,8 @@ void gather(const DLTensor* kv_cache, const DLTensor* value_cache, const DLTenso
   p.bt_stride[0] = bt.stride(0);
   p.bt_stride[1] = bt.stride(1);
   p.bt_int64 = bt64;
-  p.seq_lens = index_vec(seq_lens, "seq_lens", cache_ref, B);
-  p.cu_seqlens = index_vec(cu_seqlens, "cu_seqlens", cache_ref, B + 1);
+  p.seq_lens = index_vec(Tensor(seq_lens, "seq_lens"), cache_ref, B);
+  p.cu_seqlens = index_vec(Tensor(cu_seqlens, "cu_seqlens"), cache_ref, B + 1);
   p.B = B;
   p.max_blocks = bt.size(1);
   p.N = c.N;
@@ -770,24 +394,34 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_store_with_workspace(
   });
 }
 
-NVFP4KV_API nvfp4kv_status nvfp4kv_set_store_order(int order) {
-  return guarded("nvfp4kv_set_store_order", [&] {
-    if (order < 0 || order > 2)
-      nvfp4kv::fail(NVFP4KV_ERROR_INVALID_VALUE, "order: %d received; expected 0 (auto), 1 (page) or 2 (token)",
-                    order);
+NVFP4KV_API nvfp4kv_status nvfp4kv_testing_set_store_order(nvfp4kv_testing_store_order order) {
+  return guarded("nvfp4kv_testing_set_store_order", [&] {
+    switch (order) {
+      case NVFP4KV_TESTING_STORE_AUTO:
+      case NVFP4KV_TESTING_STORE_PAGE:
+      case NVFP4KV_TESTING_STORE_TOKEN: break;
+      default:
+        nvfp4kv::fail(NVFP4KV_ERROR_INVALID_VALUE, "order: %d received; expected AUTO (0), PAGE (1) or TOKEN (2)",
+                      static_cast<int>(order));
+    }
 #if defined(NVFP4KV_WITH_CUDA)
     nvfp4kv::cuda_set_store_order(order);
 #endif
   });
 }
 
-NVFP4KV_API nvfp4kv_status nvfp4kv_set_gather_kernel(int which) {
-  return guarded("nvfp4kv_set_gather_kernel", [&] {
-    if (which < 0 || which > 2)
-      nvfp4kv::fail(NVFP4KV_ERROR_INVALID_VALUE, "which: %d received; expected 0 (auto), 1 (pages) or 2 (rows)",
-                    which);
+NVFP4KV_API nvfp4kv_status nvfp4kv_testing_set_gather_kernel(nvfp4kv_testing_gather_kernel kernel) {
+  return guarded("nvfp4kv_testing_set_gather_kernel", [&] {
+    switch (kernel) {
+      case NVFP4KV_TESTING_GATHER_AUTO:
+      case NVFP4KV_TESTING_GATHER_PAGES:
+      case NVFP4KV_TESTING_GATHER_ROWS: break;
+      default:
+        nvfp4kv::fail(NVFP4KV_ERROR_INVALID_VALUE, "kernel: %d received; expected AUTO (0), PAGES (1) or ROWS (2)",
+                      static_cast<int>(kernel));
+    }
 #if defined(NVFP4KV_WITH_CUDA)
-    nvfp4kv::cuda_set_gather_kernel(which);
+    nvfp4kv::cuda_set_gather_kernel(kernel);
 #endif
   });
 }

@@ -10,9 +10,11 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "nvfp4kv/format.h"
 #include "nvfp4kv/nvfp4kv.h"
+#include "testing.h"  // the library's test switches (cpp/src/testing.h), for _set_* below
 
 namespace nb = nanobind;
 
@@ -58,17 +60,6 @@ struct Arg {
 // objects of the dtypes and devices the library takes; anything else goes through DLPack, which
 // also produces the error messages.
 
-// The leading members of DLPack 1.3's DLPackExchangeAPI (dlpack.h), as far as they are used.
-struct ExchangeAPI {
-  uint32_t major, minor;  // DLPackVersion
-  void* prev_api;
-  void* managed_tensor_allocator;
-  void* managed_tensor_from_py_object_no_sync;
-  void* managed_tensor_to_py_object_no_sync;
-  int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensor* out);  // may be NULL
-  int (*current_work_stream)(DLDeviceType device_type, int32_t device_id, void** out);
-};
-
 struct TorchInfo {
   PyObject* tensor_type = nullptr;
   PyObject* dtypes[6] = {};
@@ -78,7 +69,7 @@ struct TorchInfo {
   PyObject *dtype, *get_device, *is_cpu, *is_cuda, *is_neg, *shape, *stride, *data_ptr;
   // torch._C._cuda_getCurrentRawStream(device) -> int, or nullptr (CPU-only torch, older torch)
   PyObject* raw_stream = nullptr;
-  const ExchangeAPI* exchange = nullptr;  // torch's C exchange table, or nullptr (torch < 2.10)
+  const DLPackExchangeAPI* exchange = nullptr;  // torch's C exchange table, or nullptr (torch < 2.10)
 };
 
 const TorchInfo* torch_info() {
@@ -104,8 +95,8 @@ const TorchInfo* torch_info() {
   // The table is a capsule on the type, alive for the whole process (DLPack's contract).
   PyObject* cap = PyObject_GetAttrString(info.tensor_type, "__dlpack_c_exchange_api__");
   if (cap && PyCapsule_IsValid(cap, "dlpack_exchange_api")) {
-    const auto* api = static_cast<const ExchangeAPI*>(PyCapsule_GetPointer(cap, "dlpack_exchange_api"));
-    if (api && api->major == 1 && api->minor >= 3 && api->dltensor_from_py_object_no_sync &&
+    const auto* api = static_cast<const DLPackExchangeAPI*>(PyCapsule_GetPointer(cap, "dlpack_exchange_api"));
+    if (api && api->header.version.major == 1 && api->header.version.minor >= 3 && api->dltensor_from_py_object_no_sync &&
         api->current_work_stream)
       info.exchange = api;
   }
@@ -527,19 +518,21 @@ NB_MODULE(_C, m) {
   m.def("set_cpu_threads", [](int threads) { raise_for(nvfp4kv_set_cpu_threads(threads)); }, nb::arg("threads"));
   m.def("cpu_threads", [] { return nvfp4kv_cpu_threads(); });
   // Tests and benchmarks only: which store takes calls given a workspace ("auto", "page",
-  // "token"; nvfp4kv_set_store_order). Process-wide.
+  // "token"; nvfp4kv_testing_set_store_order). Process-wide.
   m.def("_set_store_order", [](const std::string& which) {
-    const char* names[] = {"auto", "page", "token"};
-    for (int i = 0; i < 3; ++i)
-      if (which == names[i]) return raise_for(nvfp4kv_set_store_order(i));
+    const std::pair<const char*, nvfp4kv_testing_store_order> names[] = {
+        {"auto", NVFP4KV_TESTING_STORE_AUTO}, {"page", NVFP4KV_TESTING_STORE_PAGE}, {"token", NVFP4KV_TESTING_STORE_TOKEN}};
+    for (const auto& [name, order] : names)
+      if (which == name) return raise_for(nvfp4kv_testing_set_store_order(order));
     throw nb::value_error("expected 'auto', 'page' or 'token'");
   });
   // Tests and benchmarks only: which kernel takes CUDA gathers ("auto", "pages", "rows";
-  // nvfp4kv_set_gather_kernel). Process-wide.
+  // nvfp4kv_testing_set_gather_kernel). Process-wide.
   m.def("_set_gather_kernel", [](const std::string& which) {
-    const char* names[] = {"auto", "pages", "rows"};
-    for (int i = 0; i < 3; ++i)
-      if (which == names[i]) return raise_for(nvfp4kv_set_gather_kernel(i));
+    const std::pair<const char*, nvfp4kv_testing_gather_kernel> names[] = {
+        {"auto", NVFP4KV_TESTING_GATHER_AUTO}, {"pages", NVFP4KV_TESTING_GATHER_PAGES}, {"rows", NVFP4KV_TESTING_GATHER_ROWS}};
+    for (const auto& [name, kernel] : names)
+      if (which == name) return raise_for(nvfp4kv_testing_set_gather_kernel(kernel));
     throw nb::value_error("expected 'auto', 'pages' or 'rows'");
   });
   // Tests only: whether torch's C exchange table was found (torch imported and >= 2.10).

@@ -4,6 +4,10 @@
 
 #include "nvfp4kv/nvfp4kv.h"
 
+/* The DLPack 1.3 declarations come with the header (the bindings use the exchange table). */
+typedef char dlpack_is_1x[DLPACK_MAJOR_VERSION >= 1 ? 1 : -1];
+typedef char exchange_table_layout[sizeof(DLPackExchangeAPI) == sizeof(DLPackExchangeAPIHeader) + 5 * sizeof(void*) ? 1 : -1];
+
 int main(void) {
   float key[16] = {0}, value[16] = {0}, scale = 1.0f;
   unsigned char cache[2 * 9] = {0};

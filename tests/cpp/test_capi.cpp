@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "nvfp4kv/nvfp4kv.h"
+#include "testing.h"
 
 static int g_failures = 0;
 #define CHECK(cond, ...)                                                   \
@@ -119,11 +120,44 @@ int main() {
   CHECK(nvfp4kv_store_workspace_size(N, T, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
             strstr(nvfp4kv_last_error(), "bytes"), "%s", nvfp4kv_last_error());
   CHECK(nvfp4kv_store_workspace_size(-1, T, &ws_bytes) == NVFP4KV_ERROR_INVALID_VALUE, "negative num_blocks");
-  CHECK(nvfp4kv_set_store_order(3) == NVFP4KV_ERROR_INVALID_VALUE, "store order 3");
-  CHECK(nvfp4kv_set_store_order(0) == NVFP4KV_SUCCESS, "store order 0");
-  CHECK(nvfp4kv_set_gather_kernel(-1) == NVFP4KV_ERROR_INVALID_VALUE, "gather kernel -1");
-  CHECK(nvfp4kv_set_gather_kernel(3) == NVFP4KV_ERROR_INVALID_VALUE, "gather kernel 3");
-  CHECK(nvfp4kv_set_gather_kernel(0) == NVFP4KV_SUCCESS, "gather kernel 0");
+  // Malformed DLTensors from a C caller: rejected with the argument named, the cache untouched.
+  {
+    before = cache;
+    DLTensor bad = k.t;
+    bad.shape = nullptr;
+    st = nvfp4kv_store(&bad, &v.t, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                       NVFP4KV_SCALES_LINEAR, nullptr);
+    CHECK(st == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "key: rank 3 with a NULL shape"),
+          "%s", nvfp4kv_last_error());
+    std::vector<int64_t> neg = {-1, H, D};
+    bad.shape = neg.data();
+    st = nvfp4kv_store(&bad, &v.t, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                       NVFP4KV_SCALES_LINEAR, nullptr);
+    CHECK(st == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "key: extent -1 along dimension 0"),
+          "%s", nvfp4kv_last_error());
+    bad = v.t;
+    bad.data = nullptr;
+    st = nvfp4kv_store(&k.t, &bad, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                       NVFP4KV_SCALES_LINEAR, nullptr);
+    CHECK(st == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "value: NULL data pointer"),
+          "%s", nvfp4kv_last_error());
+    DLTensor badc = c.t;
+    std::vector<int64_t> huge = {int64_t{1} << 40, 2, int64_t{1} << 20, 1, F};
+    badc.shape = huge.data();
+    st = nvfp4kv_store(&k.t, &v.t, &badc, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                       NVFP4KV_SCALES_LINEAR, nullptr);
+    CHECK(st == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "more than 2^62 elements"),
+          "%s", nvfp4kv_last_error());
+    CHECK(cache == before, "a rejected call changed the cache");
+  }
+  CHECK(nvfp4kv_testing_set_store_order(static_cast<nvfp4kv_testing_store_order>(3)) == NVFP4KV_ERROR_INVALID_VALUE,
+        "store order 3");
+  CHECK(nvfp4kv_testing_set_store_order(NVFP4KV_TESTING_STORE_AUTO) == NVFP4KV_SUCCESS, "store order auto");
+  CHECK(nvfp4kv_testing_set_gather_kernel(static_cast<nvfp4kv_testing_gather_kernel>(-1)) ==
+            NVFP4KV_ERROR_INVALID_VALUE, "gather kernel -1");
+  CHECK(nvfp4kv_testing_set_gather_kernel(static_cast<nvfp4kv_testing_gather_kernel>(3)) ==
+            NVFP4KV_ERROR_INVALID_VALUE, "gather kernel 3");
+  CHECK(nvfp4kv_testing_set_gather_kernel(NVFP4KV_TESTING_GATHER_AUTO) == NVFP4KV_SUCCESS, "gather kernel auto");
   CHECK(nvfp4kv_set_cpu_threads(-1) == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "threads"),
         "%s", nvfp4kv_last_error());
   CHECK(nvfp4kv_set_cpu_threads(257) == NVFP4KV_ERROR_INVALID_VALUE, "cpu threads 257");

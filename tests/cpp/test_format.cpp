@@ -163,7 +163,42 @@ static void test_recipe() {
   CHECK(row_index(Layout::kNHD, 1, 2, 8, 16) == 17, "NHD row");
 }
 
+// The primitives format.h calls through fast:: equal their portable definitions. In the plain
+// build fast:: is portable:: (trivially equal); in the format_fast build (NVFP4KV_FAST_PRIMITIVES,
+// the library's own) this checks the platform versions of format_fast.h on this host.
+static void test_fast_primitives() {
+  uint32_t x = 12345;
+  const auto next = [&x] { x ^= x << 13; x ^= x >> 17; x ^= x << 5; return x; };
+  // sat01 on a stride through every bit pattern, plus the edges.
+  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 4093) {
+    const float f = bits(static_cast<uint32_t>(u));
+    CHECK(ubits(fast::sat01(f)) == ubits(portable::sat01(f)), "sat01(0x%08x)", static_cast<uint32_t>(u));
+  }
+  for (const uint32_t u : {0u, 0x80000000u, 1u, 0x3F800000u, 0x3F800001u, 0x3F7FFFFFu, 0x7F800000u,
+                           0xFF800000u, 0x7FC00000u, 0xFFC00000u, 0x7F800001u})
+    CHECK(ubits(fast::sat01(bits(u))) == ubits(portable::sat01(bits(u))), "sat01(0x%08x)", u);
+  for (uint32_t h = 0; h < 65536; ++h)
+    CHECK(ubits(fast::f16_to_float(static_cast<uint16_t>(h))) ==
+              ubits(portable::f16_to_float(static_cast<uint16_t>(h))), "f16_to_float(0x%04x)", h);
+  for (int i = 0; i < 1000000; ++i) {
+    const float a = bits(next()), b = bits(next());
+    CHECK(fast::float_to_f16(a) == portable::float_to_f16(a), "float_to_f16(%a)", a);
+    const float m = fast::max_nan(a, b), pm = portable::max_nan(a, b);
+    CHECK(ubits(m) == ubits(pm) || (isnan(m) && isnan(pm)), "max_nan(%a, %a)", a, b);
+  }
+  for (uint32_t c = 0; c < 16; ++c)
+    CHECK(ubits(fast::e2m1_decode(c)) == ubits(portable::e2m1_decode(c)), "e2m1_decode(%u)", c);
+  for (int i = 0; i < 100000; ++i) {
+    float g[kGroupSize];
+    for (float& v : g) v = bits(next() % 16 == 0 ? next() : (next() & 0x8FFFFFFFu));
+    CHECK(ubits(fast::sign_word(g)) == ubits(portable::sign_word(g)), "sign_word");
+    const float a = fast::group_amax(g), pa = portable::group_amax(g);
+    CHECK(ubits(a) == ubits(pa), "group_amax %a %a", a, pa);
+  }
+}
+
 int main() {
+  test_fast_primitives();
   test_e2m1();
   test_sign_word();
   test_e4m3();

@@ -113,53 +113,29 @@ NVFP4KV_HD float abs_f(float x) {
 }
 NVFP4KV_HD float quiet_nan() { return bits_float(0x7FC00000u); }
 
-// max that returns NaN when either operand is NaN (one instruction on sm_80+), so the group
-// amax also tells whether the group held a NaN.
+// ---- Primitives: the portable definitions ------------------------------------------------------
+// Plain C++ for any compiler. Inside the library, the private header format_fast.h supplies faster
+// versions of the same functions (PTX on the GPU, SSE on x86 hosts), equal to these for every
+// input (tests/cpp/test_format.cpp runs against both); elsewhere fast:: is this namespace.
+namespace portable {
+
 NVFP4KV_HD float max_nan(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-#else
   if (is_nan(a) || is_nan(b)) return quiet_nan();
   return a > b ? a : b;
-#endif
 }
 
-// ---- Input element conversion (exact) ---------------------------------------------------------
-NVFP4KV_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
-
 NVFP4KV_HD float f16_to_float(uint16_t h) {
-#if defined(__CUDA_ARCH__)
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-  return f;
-#else
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1Fu;
   const uint32_t man = h & 0x3FFu;
   if (exp == 0x1F) return bits_float(sign | 0x7F800000u | (man << 13));  // Inf / NaN
   if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (man << 13));
-  // Subnormal (or zero): man * 2^-24, exact in fp32.
+  // Subnormal (or zero): man * 2^-24, exact in fp32 (and normal there).
   const float mag = static_cast<float>(man) * 5.9604644775390625e-8f;
   return bits_float(sign | float_bits(mag));
-#endif
-}
-
-// Output conversion with round-to-nearest-even (dequantize, FORMAT.md §6). NaN stays NaN.
-NVFP4KV_HD uint16_t float_to_bf16(float f) {
-  const uint32_t u = float_bits(f);
-  if (is_nan(f)) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
 NVFP4KV_HD uint16_t float_to_f16(float f) {
-#if defined(__CUDA_ARCH__)
-  if (is_nan(f)) return static_cast<uint16_t>(((float_bits(f) >> 16) & 0x8000u) | 0x7E00u);
-  uint16_t h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
-#else
   const uint32_t u = float_bits(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t a = u & 0x7FFFFFFFu;
@@ -173,8 +149,76 @@ NVFP4KV_HD uint16_t float_to_f16(float f) {
   }
   const uint32_t r = a + 0xFFFu + ((a >> 13) & 1u);
   return static_cast<uint16_t>(sign | ((r - (112u << 23)) >> 13));
-#endif
 }
+
+NVFP4KV_HD float sat01(float x) {
+  // On the bits, without branches (float compares and selects compile to branches, which random
+  // data mispredicts: the CPU store ran 2-3x slower). Positive floats order like their bits, so
+  // the clamp to 1 is an unsigned min; bits in [1, 0x7F800000] are the positive numbers and +Inf,
+  // and everything else (+0, negatives, NaN) gives +0.
+  const uint32_t b = float_bits(x);
+  const uint32_t clamped = b < 0x3F800000u ? b : 0x3F800000u;
+  const uint32_t keep = 0u - static_cast<uint32_t>(b - 1u < 0x7F800000u);
+  return bits_float(clamped & keep);
+}
+
+NVFP4KV_HD uint32_t sign_word(const float* x) {
+  uint32_t r = 0;
+  for (int i = 0; i < 8; ++i) r |= (float_bits(x[i]) >> 31) << (4 * i + 3);
+  return r;
+}
+
+NVFP4KV_HD float e2m1_decode(uint32_t code) {
+  // The 8 magnitudes' fp32 bits from a table (a branch per code would mispredict on random data).
+  constexpr uint32_t kBits[8] = {0u, 0x3F000000u, 0x3F800000u, 0x3FC00000u,
+                                 0x40000000u, 0x40400000u, 0x40800000u, 0x40C00000u};
+  return bits_float(kBits[code & 7u] | ((code & 8u) << 28));
+}
+
+NVFP4KV_HD float group_amax(const float (&x)[kGroupSize]) {
+  // Without branches: non-negative floats order like their bits, and NaN bits (above
+  // 0x7F800000) exceed every other magnitude, so the integer max is the amax, or a NaN bit
+  // pattern when the group holds one (returned as quiet_nan()).
+  uint32_t b = 0;
+  for (int i = 0; i < kGroupSize; ++i) {
+    const uint32_t a = float_bits(x[i]) & 0x7FFFFFFFu;
+    b = a > b ? a : b;
+  }
+  return b > 0x7F800000u ? quiet_nan() : bits_float(b);
+}
+
+}  // namespace portable
+
+}  // namespace nvfp4kv
+
+#if defined(NVFP4KV_FAST_PRIMITIVES)
+#include "format_fast.h"  // the library's own build (a private header): namespace nvfp4kv::fast
+#else
+namespace nvfp4kv {
+namespace fast = portable;
+}  // namespace nvfp4kv
+#endif
+
+namespace nvfp4kv {
+
+// ---- The primitives the recipe uses ----------------------------------------------------------------
+// max that returns NaN when either operand is NaN, so the group amax also tells whether the
+// group held a NaN.
+NVFP4KV_HD float max_nan(float a, float b) { return fast::max_nan(a, b); }
+
+// ---- Input element conversion (exact) ---------------------------------------------------------
+NVFP4KV_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+
+NVFP4KV_HD float f16_to_float(uint16_t h) { return fast::f16_to_float(h); }
+
+// Output conversion with round-to-nearest-even (dequantize, FORMAT.md §6). NaN stays NaN.
+NVFP4KV_HD uint16_t float_to_bf16(float f) {
+  const uint32_t u = float_bits(f);
+  if (is_nan(f)) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+NVFP4KV_HD uint16_t float_to_f16(float f) { return fast::float_to_f16(f); }
 
 // ---- E2M1 (4-bit element) ---------------------------------------------------------------------
 // a*b + c where a*b is exact (b a power of two): one FFMA on the GPU, and the same value as the
@@ -188,65 +232,19 @@ NVFP4KV_HD float fma_exact(float a, float b, float c) {
 }
 
 // Clamp to [0, 1]; NaN gives 0 (the .sat modifier of GPU float instructions).
-NVFP4KV_HD float sat01(float x) {
-#if defined(__CUDA_ARCH__)
-  return __saturatef(x);
-#elif defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && defined(__SSE__)
-  // max returns its second source (0) when either is NaN, and +0 for -0; min then clamps to 1:
-  // two instructions (the CPU store ran 23 % faster than with the bit version below). In asm:
-  // GCC folds the _mm_max_ss intrinsic on constants without that NaN rule. Equal to the bit
-  // version for every input in the default floating-point mode (under denormals-are-zero a
-  // subnormal gives 0 here, which changes no E2M1 code: e2m1_code_plus checked over all inputs).
-  float r;
-#if defined(__AVX__)
-  __asm__("vmaxss %2, %1, %0" : "=x"(r) : "x"(x), "x"(0.0f));
-  __asm__("vminss %2, %1, %0" : "=x"(r) : "x"(r), "x"(1.0f));
-#else
-  r = x;
-  __asm__("maxss %1, %0" : "+x"(r) : "x"(0.0f));
-  __asm__("minss %1, %0" : "+x"(r) : "x"(1.0f));
-#endif
-  return r;
-#else
-  // On the bits, without branches (float compares and selects compile to branches, which random
-  // data mispredicts: the CPU store ran 2-3x slower). Positive floats order like their bits, so
-  // the clamp to 1 is an unsigned min; bits in [1, 0x7F800000] are the positive numbers and +Inf,
-  // and everything else (+0, negatives, NaN) gives +0.
-  const uint32_t b = float_bits(x);
-  const uint32_t clamped = b < 0x3F800000u ? b : 0x3F800000u;
-  const uint32_t keep = 0u - static_cast<uint32_t>(b - 1u < 0x7F800000u);
-  return bits_float(clamped & keep);
-#endif
-}
+NVFP4KV_HD float sat01(float x) { return fast::sat01(x); }
 
 constexpr float kMagic = 8388608.0f;  // 2^23: floats in [2^23, 2^24) hold integers in their low bits
 
 // Bit 4i+3 = the sign bit of x[i] for i < 8: the sign bits of one packed code word, placed where
-// E2M1 keeps its sign. On the GPU: six byte permutes that replicate each sign through a byte, and
-// a select that the caller's OR absorbs, instead of two instructions per element.
-NVFP4KV_HD uint32_t sign_word(const float* x) {
-#if defined(__CUDA_ARCH__)
-  uint32_t q[4], ev, od;
-#pragma unroll
-  for (int j = 0; j < 4; ++j)  // bytes 0, 1: 0xFF/0x00 from the signs of x[j] and x[j + 2]
-    asm("prmt.b32 %0, %1, %2, 0xFFFB;" : "=r"(q[j])
-        : "r"(__float_as_uint(x[(j & 1) + 4 * (j >> 1)])), "r"(__float_as_uint(x[(j & 1) + 4 * (j >> 1) + 2])));
-  asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(ev) : "r"(q[0]), "r"(q[2]));  // x0 x2 x4 x6
-  asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(od) : "r"(q[1]), "r"(q[3]));  // x1 x3 x5 x7
-  // Byte j of the word takes x[2j] at bit 3 and x[2j+1] at bit 7.
-  return ((od & 0x80808080u) | (ev & 0x7F7F7F7Fu)) & 0x88888888u;
-#else
-  uint32_t r = 0;
-  for (int i = 0; i < 8; ++i) r |= (float_bits(x[i]) >> 31) << (4 * i + 3);
-  return r;
-#endif
-}
+// E2M1 keeps its sign.
+NVFP4KV_HD uint32_t sign_word(const float* x) { return fast::sign_word(x); }
 
 // base + (E2M1 magnitude code of m), for m >= 0, as a float: round-to-nearest-even onto
 // 0, 0.5, 1, 1.5, 2, 3, 4, 6 with saturation (the ladder of FORMAT.md §2), in six float
 // operations and no comparison. On Hopper the float pipe runs twice the rate of the integer and
-// compare pipe, and the store kernel is bound by instruction issue
-// (shared/notes/h200-store-budget.md), so this is the per-element cost that matters.
+// compare pipe, and the store kernel is bound by instruction issue, so this is the per-element
+// cost that matters (docs/design-notes.md, "Format core: the float E2M1 encoder").
 // With base an even integer in [2^23, 2^24), where a float's ulp is 1:
 //   acc = base + rint(4 * min(m/2, 1))      = base + min(rint(2m), 4)   codes 0..4, spacing 0.5
 //   acc = acc + 2 * clamp(m/2 - 1, 0, 1)    adds rint(m - 2) once m > 2 codes 4..6, spacing 1
@@ -272,28 +270,7 @@ NVFP4KV_HD uint32_t e2m1_encode(float v) {
   return ((float_bits(v) >> 28) & 8u) | e2m1_magnitude(abs_f(v));
 }
 
-#if defined(__CUDACC__)
-// The E2M1 value of a code times 2^-126: its bits placed at bit 22 read as an fp32 subnormal or
-// normal (E2M1 is fp32's bottom end with one mantissa bit). Device only (subnormal arithmetic).
-__device__ __forceinline__ float e2m1_times_2m126(uint32_t code) {
-  return bits_float(((code & 7u) << 22) | ((code & 8u) << 28));
-}
-#endif
-
-NVFP4KV_HD float e2m1_decode(uint32_t code) {
-#if defined(__CUDA_ARCH__)
-  // The code's bits placed at bit 22 read as an fp32 subnormal/normal equal to e2m1 * 2^-126
-  // (E2M1 is fp32's bottom end with one mantissa bit); one exact multiply restores the scale.
-  // Two integer ops and one multiply instead of a select chain on the read path.
-  return e2m1_times_2m126(code) * bits_float(0x7E800000u);  // 2^126
-#else
-  // On the host, without relying on subnormal arithmetic (a process may have set FTZ/DAZ): the
-  // 8 magnitudes' fp32 bits from a table (a branch per code would mispredict on random data).
-  constexpr uint32_t kBits[8] = {0u, 0x3F000000u, 0x3F800000u, 0x3FC00000u,
-                                 0x40000000u, 0x40400000u, 0x40800000u, 0x40C00000u};
-  return bits_float(kBits[code & 7u] | ((code & 8u) << 28));
-#endif
-}
+NVFP4KV_HD float e2m1_decode(uint32_t code) { return fast::e2m1_decode(code); }
 
 // ---- E4M3 (scale byte) ------------------------------------------------------------------------
 // Scale byte of v >= 0 with RNE, subnormals, saturation to 448 (0x7E); NaN gives 0x7F.
@@ -405,27 +382,7 @@ NVFP4KV_HD float candidate_error(const float (&x)[kGroupSize], const uint32_t (&
 }
 
 // Amax of a group; NaN when the group holds a NaN (max is exact: any order gives the same value).
-NVFP4KV_HD float group_amax(const float (&x)[kGroupSize]) {
-#if defined(__CUDA_ARCH__)
-  // A pairwise tree: the 15 max operations are 4 dependent steps instead of 15.
-  float m[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) m[i] = max_nan(abs_f(x[i]), abs_f(x[i + 8]));
-#pragma unroll
-  for (int i = 0; i < 4; ++i) m[i] = max_nan(m[i], m[i + 4]);
-  return max_nan(max_nan(m[0], m[2]), max_nan(m[1], m[3]));
-#else
-  // On the host, without branches: non-negative floats order like their bits, and NaN bits
-  // (above 0x7F800000) exceed every other magnitude, so the integer max is the amax, or a NaN
-  // bit pattern when the group holds one (returned as quiet_nan(), as on the device).
-  uint32_t b = 0;
-  for (int i = 0; i < kGroupSize; ++i) {
-    const uint32_t a = float_bits(x[i]) & 0x7FFFFFFFu;
-    b = a > b ? a : b;
-  }
-  return b > 0x7F800000u ? quiet_nan() : bits_float(b);
-#endif
-}
+NVFP4KV_HD float group_amax(const float (&x)[kGroupSize]) { return fast::group_amax(x); }
 
 // One candidate of nvfp4_4over6 as FORMAT.md §2 states it: the codes at `out`, then their error.
 struct ScoreCandidate {
@@ -436,31 +393,6 @@ struct ScoreCandidate {
   }
 };
 
-#if defined(__CUDACC__)
-// encode_group and candidate_error in one pass, given r = candidate_rcp(out). Equal bit for bit
-// to ScoreCandidate:
-// - each element's error is taken on magnitudes, |q|·r − |x|: q carries the sign of x and
-//   rounding is symmetric, so this is ±(q·r − x) exactly and its square is the same;
-// - |q| comes from the encoder's float 2^23 + code (e2m1_code_plus) still in a register: its bits
-//   shifted left by 22 are the code's bits at 22, i.e. e2m1_times_2m126 of the magnitude code,
-//   and one exact multiply by 2^126 gives |q|. That replaces unpacking each nibble again and the
-//   per-group IEEE reciprocal: about a quarter of nvfp4_4over6's instructions.
-__device__ __forceinline__ float encode_group_scored(const float (&x)[kGroupSize], float out,
-                                                     float r, uint32_t (&packed)[2]) {
-  float sum[2];
-#pragma unroll
-  for (int w = 0; w < 2; ++w) {
-    float s = 0.0f;
-    packed[w] = encode_word(x + 8 * w, out, [&s, r](float ax, uint32_t f) {
-      const float q = mul_rn(bits_float(f << 22), bits_float(0x7E800000u));  // |q|, 2^126
-      const float e = sub_rn(mul_rn(q, r), ax);
-      s = add_rn(s, mul_rn(e, e));
-    });
-    sum[w] = s;
-  }
-  return add_rn(sum[0], sum[1]);
-}
-#endif
 
 // Quantizes one group with either recipe. `out_of(sfb)` returns out_scale(sfb, inv_enc): a table
 // lookup (the CPU path's per-call table, a kernel's per-block one) or the function itself. `score`
@@ -538,62 +470,5 @@ NVFP4KV_HD bool dequantize_group(const uint32_t (&w)[2], uint32_t sfb, float g,
   return true;
 }
 
-#if defined(__CUDACC__)
-// dequantize_group for kernels, with fp16 pairs doing the exact part. E2M1's bits placed at bits
-// 9..11 and 15 of an fp16 read as e * 2^-14 (E2M1 is fp16's bottom end with one mantissa bit,
-// subnormals included), so one integer shift and mask per element and one fp16x2 multiply per
-// two elements give e * sfq * 2^-14 exactly: e * sfq is a multiple of 2^-10, at most 2688, with
-// at most 6 significant bits, so the product is a multiple of 2^-24 (fp16's subnormal step)
-// below 0.17. Converted to fp32 (exact) and times g * 2^14 it rounds once, to the recipe's
-// (e * sfq) * g. `g14` is g * 2^14, exact and finite for |g| < 2^113 (use dequantize_group
-// otherwise); infinite or NaN g give Inf / NaN where the recipe does (a device-resident scale
-// only: the host rejects such scales). Returns false for a NaN group, like dequantize_group.
-// The fp16x2 pair (sfq, sfq) of a scale byte that is not NaN: exact (E4M3 values are fp16
-// values). sm_89 and later convert E4M3 in one instruction.
-__device__ __forceinline__ uint32_t scale_f16x2(uint32_t sfb) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint32_t s2;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(s2) : "h"(static_cast<uint16_t>(sfb * 0x101u)));
-  return s2;
-#else
-  uint16_t s16;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(s16) : "f"(e4m3_decode(sfb)));
-  return s16 | (static_cast<uint32_t>(s16) << 16);
-#endif
-}
-
-// The 8 outputs of one code word, y_i = (e2m1_i * sfq) * g, from s2 = scale_f16x2(sfb) and
-// g14 = g * 2^14 (see dequantize_group_h). Elements j and j + 4 share one fp16x2 (both sit at
-// the same shift).
-__device__ __forceinline__ void dequantize_word_h(uint32_t w, uint32_t s2, float g14, float (&y)[8]) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    // Nibbles j and j + 4: magnitudes to bits 9..11 and 25..27, signs to bits 15 and 31.
-    const uint32_t mag = (j < 3 ? w << (9 - 4 * j) : w >> 3) & 0x0E000E00u;
-    const uint32_t h = mag | ((w << (12 - 4 * j)) & 0x80008000u);
-    uint32_t p;
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(h), "r"(s2));  // exact: no rounding, no flush
-    float lo, hi;
-    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, u; }"
-        : "=f"(lo), "=f"(hi) : "r"(p));
-    y[j] = mul_rn(lo, g14);
-    y[j + 4] = mul_rn(hi, g14);
-  }
-}
-
-__device__ __forceinline__ bool dequantize_group_h(const uint32_t (&w)[2], uint32_t sfb, float g14,
-                                                   float (&y)[kGroupSize]) {
-  if ((sfb & 0x7Fu) == kScaleNaN) return nan_group(y);
-  const uint32_t s2 = scale_f16x2(sfb);
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    float yk[8];
-    dequantize_word_h(w[k], s2, g14, yk);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) y[8 * k + i] = yk[i];
-  }
-  return true;
-}
-#endif
 
 }  // namespace nvfp4kv

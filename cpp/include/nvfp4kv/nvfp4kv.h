@@ -17,6 +17,11 @@
 #include <stdint.h>
 
 #include "nvfp4kv/dlpack.h"
+/* An upstream dlpack.h included before this header provides the declarations instead (the two
+ * share DLPack's include guard); the C ABI needs DLPack 1.x's DLTensor layout. */
+#if !defined(DLPACK_MAJOR_VERSION) || DLPACK_MAJOR_VERSION < 1
+#error "nvfp4kv.h needs DLPack 1.x declarations; an older dlpack.h was included first"
+#endif
 
 /* The one source of the version: CMake and the Python package read these three lines. */
 #define NVFP4KV_VERSION_MAJOR 0
@@ -122,18 +127,6 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_store_with_workspace(
     const DLTensor* value_cache, const DLTensor* slot_mapping, const DLTensor* k_scale,
     const DLTensor* v_scale, nvfp4kv_recipe recipe, nvfp4kv_scale_profile profile,
     const DLTensor* workspace, void* stream);
-
-/* Which CUDA store takes the calls given a workspace, for the whole process (for tests and
- * benchmarks): 0 (default) page order where it measured faster (recipe nvfp4, head rows under
- * 128 bytes, a batch writing at least 3 times the GPU's L2), 1 page order wherever it applies,
- * 2 never. */
-NVFP4KV_API nvfp4kv_status nvfp4kv_set_store_order(int order);
-
-/* Which CUDA kernel takes gather calls, for the whole process (for tests and benchmarks; the
- * bytes are the same): 0 (default) the page-side kernel where it measured faster (compute
- * capability 9.0 and later, 16-bit outputs, head sizes a power of two from 64, at least two
- * page sides per resident block), 1 the page-side kernel wherever it applies, 2 never. */
-NVFP4KV_API nvfp4kv_status nvfp4kv_set_gather_kernel(int which);
 
 /* Most threads one call on CPU tensors uses, for the whole process: 1 to 256, or 0 (the default)
  * for one per CPU the process may run on (its affinity mask), at most 16. Until it is called,

@@ -1,6 +1,6 @@
 // The CPU path: loops over the parameter structs, calling the format core for every byte.
 // A real, shipped path (engines without a GPU, tests' oracle for the kernels), not a helper.
-#include "cpu.h"
+#include "backend.h"
 
 #include <errno.h>
 #include <math.h>

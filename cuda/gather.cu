@@ -1,128 +1,16 @@
-// CUDA read path (FORMAT.md §6): dequantize of whole pages and the gather. The general kernels
-// take one thread per 16-element group of the output, groups fastest so a warp reads consecutive
-// code words and writes consecutive output chunks; gather_pairs_kernel and gather_pages_kernel
-// are the fast gathers for the common geometries (see there).
+// CUDA gather (FORMAT.md §6): the tokens of each sequence, through its block table, into
+// contiguous outputs. Three kernels write the same bytes: gather_kernel (one thread per group, any
+// dtype and alignment), gather_pairs_kernel (rows, two groups per thread) and gather_pages_kernel
+// (whole page sides through bulk copies, sm_90+); plan.h chooses.
 #include <algorithm>
-#include <cstdlib>
-#include <initializer_list>
+#include <atomic>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include "common.cuh"
-#include "launch.h"
+#include "backend.h"
+#include "plan.h"
+#include "read.cuh"
 
 namespace nvfp4kv {
 namespace {
-
-struct DequantLaunch {
-  DequantParams p;
-  RowItems items;   // per (page, position), one group per item
-  uint32_t total;
-  int64_t row0;     // first (page-list index, position) of this launch
-};
-
-// One output word: two values converted with RNE.
-template <DType kDType>
-__device__ __forceinline__ uint32_t pack_words(float lo, float hi) {
-  if constexpr (kDType == DType::kFloat16) {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-}
-
-// The 8 output words (16 bf16/fp16 values) of one group.
-template <DType kDType>
-__device__ __forceinline__ void group_words(const float (&y)[16], bool nan_group, uint32_t (&w)[8]) {
-  if (nan_group) {
-    const uint32_t h = kDType == DType::kFloat16 ? float_to_f16(quiet_nan()) : float_to_bf16(quiet_nan());
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = h | (h << 16);
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) w[i] = pack_words<kDType>(y[2 * i], y[2 * i + 1]);
-}
-
-// 16 outputs of one group. Values of a normal group convert with the hardware RNE conversions
-// (two values per instruction); a NaN group writes the one NaN pattern the format core gives on
-// the host too, since hardware NaN conversion uses another payload. Vector stores are streaming
-// (evict-first): the output is written once and read by another kernel, and keeping it out of
-// L2's way took the 1M-token gather from 69.7 % to 74.0 % of copy (RESULTS.md run 24).
-template <DType kDType, bool kVec>
-__device__ __forceinline__ void store_group(void* out, int64_t idx, const float (&y)[16], bool nan_group) {
-  if constexpr (kDType == DType::kFloat32) {
-    float* o = static_cast<float*>(out) + idx;
-    if (kVec) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        __stcs(reinterpret_cast<float4*>(o) + i, make_float4(y[4 * i], y[4 * i + 1], y[4 * i + 2], y[4 * i + 3]));
-    } else {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) o[i] = y[i];
-    }
-  } else {
-    uint32_t w[8];
-    group_words<kDType>(y, nan_group, w);
-    uint16_t* o = static_cast<uint16_t*>(out) + idx;
-    if (kVec) {
-      __stcs(reinterpret_cast<uint4*>(o), make_uint4(w[0], w[1], w[2], w[3]));
-      __stcs(reinterpret_cast<uint4*>(o) + 1, make_uint4(w[4], w[5], w[6], w[7]));
-    } else {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) o[i] = static_cast<uint16_t>(w[i >> 1] >> (16 * (i & 1)));
-    }
-  }
-}
-
-// Code words and scale byte of group g of row (h, t) of one side of one page.
-template <bool kVec>
-__device__ __forceinline__ uint32_t load_group(const uint8_t* base, const CacheSide& c, Layout layout,
-                                               uint32_t h, int64_t t, uint32_t g, int32_t H,
-                                               int32_t T, uint32_t (&w)[2]) {
-  const int64_t row = row_index(layout, h, t, H, T);
-  const uint8_t* data = base + data_offset(row, c.D) + 8 * g;
-  if (kVec) {
-    const uint2 v = __ldg(reinterpret_cast<const uint2*>(data));
-    w[0] = v.x;
-    w[1] = v.y;
-  } else {
-    w[0] = w[1] = 0;
-#pragma unroll
-    for (int b = 0; b < 8; ++b) w[b >> 2] |= static_cast<uint32_t>(data[b]) << (8 * (b & 3));
-  }
-  const int64_t soff = c.interleaved ? scale_offset_interleaved(h, t, g, T, H, c.D)
-                                     : scale_offset_linear(row, g, H, T, c.D);
-  return base[soff];
-}
-
-template <DType kDType, bool kVec>
-__global__ void __launch_bounds__(kThreads) dequant_kernel(const __grid_constant__ DequantLaunch L) {
-  const DequantParams& p = L.p;
-  wait_for_prior_grids();  // no parameter arithmetic worth overlapping: wait first
-  allow_next_grids();
-  const float g_k = read_scale(p.k.scale), g_v = read_scale(p.v.scale);
-  for (uint32_t u = blockIdx.x * kThreads + threadIdx.x; u < L.total; u += gridDim.x * kThreads) {
-    const uint32_t rr = L.items.per_row.div(u);
-    const int64_t flat = L.row0 + rr;  // page-list index * T + position
-    const int64_t i = flat / p.T, t = flat - i * p.T;
-    const int64_t page = p.pages.ptr ? load_index(p.pages, i) : i;
-    if (page < 0 || page >= p.N) continue;
-    int side;
-    uint32_t h, g;
-    L.items.decode(u - rr * L.items.per_row.d, side, h, g);
-    const DequantSide& s = side ? p.v : p.k;
-    uint32_t w[2];
-    const uint32_t sfb = load_group<kVec>(s.cache.base + page * s.cache.page_stride, s.cache,
-                                          p.layout, h, t, g, p.H, p.T, w);
-    float y[16];
-    const bool ok = dequantize_group(w, sfb, side ? g_v : g_k, y);
-    store_group<kDType, kVec>(s.out, page * s.out_stride[0] + t * s.out_stride[1] + h * s.out_stride[2] + g * 16, y, !ok);
-  }
-}
 
 struct GatherLaunch {
   GatherParams p;
@@ -303,11 +191,9 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
 // no register holds a load. Then every thread decodes 8 outputs per 4 code bytes, the block's
 // 256 threads writing 4 KB of consecutive output per pass (a warp store is 512 contiguous bytes
 // where a token's row of the unit is). Against gather_pairs_kernel, whose warps wait on one
-// step's loads at a time, this took 16K-1M tokens from 81-88 % to 87-92 % of copy (RESULTS.md
-// runs 125-128). blockIdx.y: sequence. Dynamic shared memory: kPageStages stages of
+// step's loads at a time, this took 16K-1M tokens from 81-88 % to 87-92 % of copy
+// (docs/design-notes.md, "Gather: the row kernel and the page-side kernel"). blockIdx.y: sequence. Dynamic shared memory: kPageStages stages of
 // stage_bytes, their mbarriers, page-valid flags and a zero word.
-constexpr int kPageStages = 4;
-constexpr int kPageThreads = 256;
 
 struct PagesSide {
   SideOffsets off;      // byte offsets within one side of a page (the format core's, affine)
@@ -325,21 +211,8 @@ struct GatherPagesLaunch {
   FastDiv per_block;     // units per block-table entry: 2 * groups
   uint32_t stage_bytes;  // one stage: the larger side's codes + scales, rounded up to 16
   int64_t b0;            // first sequence of this launch
-#ifdef NVFP4KV_GATHER_TIMELINE
-  uint32_t* timeline;
-#endif
 };
 
-#ifdef NVFP4KV_GATHER_TIMELINE
-__device__ __forceinline__ uint32_t timer_lo() {
-  uint32_t t;
-  asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(t) :: "memory");
-  return t;
-}
-#define TL_STAMP(k) do { if (tl_slot) tl_slot[k] = timer_lo(); } while (0)
-#else
-#define TL_STAMP(k) do {} while (0)
-#endif
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -354,16 +227,6 @@ __global__ void __launch_bounds__(kPageThreads, 4) gather_pages_kernel(const __g
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kPageStages * L.stage_bytes);
   int32_t* page_ok = reinterpret_cast<int32_t*>(full + kPageStages);
   uint8_t* zero = reinterpret_cast<uint8_t*>(page_ok + kPageStages);  // 4 zero bytes
-#ifdef NVFP4KV_GATHER_TIMELINE
-  const uint32_t tl_entry = timer_lo();
-  uint32_t* tl_slot = nullptr;
-  if ((threadIdx.x & 31) == 0 && L.timeline) {
-    const uint32_t warp = (blockIdx.y * gridDim.x + blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-    if (warp == 0) L.timeline[0] = gridDim.x * gridDim.y * (blockDim.x / 32);
-    tl_slot = L.timeline + 16 + warp * 8;
-    tl_slot[0] = tl_entry;
-  }
-#endif
   if (threadIdx.x == 0) {
     *reinterpret_cast<uint32_t*>(zero) = 0u;
     for (int s = 0; s < kPageStages; ++s)
@@ -395,7 +258,6 @@ __global__ void __launch_bounds__(kPageThreads, 4) gather_pages_kernel(const __g
   };
   wait_for_prior_grids();
   allow_next_grids();
-  TL_STAMP(1);
   // The first round's entries need neither the sequence's length nor its start (entries past
   // the length are read but not used): loaded beside them, the copies wait on one load, not two.
   if (threadIdx.x < 32) load_round(0);
@@ -408,7 +270,6 @@ __global__ void __launch_bounds__(kPageThreads, 4) gather_pages_kernel(const __g
   // other gather kernels).
   const int64_t avail = (used + p.T - 1) / p.T * L.per_block.d;
   const int64_t n = avail > blockIdx.x ? (avail - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
-  TL_STAMP(2);
 
   for (int64_t r0 = 0; r0 < n; r0 += kPageStages) {
     const int count = n - r0 < kPageStages ? static_cast<int>(n - r0) : kPageStages;
@@ -449,7 +310,6 @@ __global__ void __launch_bounds__(kPageThreads, 4) gather_pages_kernel(const __g
         asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
                      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
       } while (!done);
-      if (i == 0) TL_STAMP(3);
       const Unit un = unit(i);
       const int64_t blk = un.blk;
       const uint32_t side = un.side, h0 = un.h0;
@@ -507,82 +367,17 @@ __global__ void __launch_bounds__(kPageThreads, 4) gather_pages_kernel(const __g
         }
         __stcs(out + t * out_pos, make_uint4(words[0], words[1], words[2], words[3]));
       }
-      if (i == 0) TL_STAMP(4);
     }
     __syncthreads();  // every thread is done with the stages before the next round's copies
   }
-  TL_STAMP(5);
 #endif
 }
 
-template <DType kDType>
-cudaError_t launch(const DequantLaunch& L, bool vec, int blocks, int device, cudaStream_t stream) {
-  return vec ? launch_pdl(dequant_kernel<kDType, true>, dim3(blocks), dim3(kThreads), device, stream, L)
-             : launch_pdl(dequant_kernel<kDType, false>, dim3(blocks), dim3(kThreads), device, stream, L);
-}
-
-}  // namespace
-
-// Vector path when outputs (16 elements per group) and cache sides (8-byte code words) align.
-template <class Side>
-bool sides_vec(const Side& k, const Side& v, int64_t esize, int nstrides) {
-  bool vec = true;
-  for (const Side* s : {&k, &v}) {
-    int64_t st[3] = {0, 0, 0};
-    for (int i = 0; i < nstrides; ++i) st[i] = s->out_stride[i] * esize;
-    vec = vec && aligned(16, s->out, {st[0], st[1], st[2]}) &&
-          aligned(8, s->cache.base, {s->cache.page_stride});
-  }
-  return vec;
-}
-
-int cuda_dequantize(const DequantParams& p, int device, void* stream_ptr, const char** message) {
-  *message = nullptr;
-  if (p.num_pages == 0) return 0;
-  DeviceGuard guard(device);
-  if (guard.error() != cudaSuccess) return guard.error();
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const bool vec = sides_vec(p.k, p.v, dtype_bytes(p.dtype), 3);
-  DequantLaunch L;
-  L.p = p;
-  L.items = RowItems(p.H, p.k.cache.D, p.v.cache.D, 1);
-  const uint32_t per_row = L.items.per_row.d;
-  const int64_t rows = p.num_pages * p.T;
-  const int64_t max_rows = ((int64_t{1} << 31) - 1) / per_row - kThreads;
-  for (int64_t r0 = 0; r0 < rows; r0 += max_rows) {
-    const int64_t n = rows - r0 < max_rows ? rows - r0 : max_rows;
-    L.row0 = r0;
-    L.total = static_cast<uint32_t>(n * per_row);
-    const int blocks = grid_blocks(device, L.total, 8);
-    cudaError_t err;
-    switch (p.dtype) {
-      case DType::kFloat32: err = launch<DType::kFloat32>(L, vec, blocks, device, stream); break;
-      case DType::kFloat16: err = launch<DType::kFloat16>(L, vec, blocks, device, stream); break;
-      default: err = launch<DType::kBFloat16>(L, vec, blocks, device, stream); break;
-    }
-    if (err != cudaSuccess) {
-      *message = check_kernel_image(err);
-      return err;
-    }
-  }
-  return 0;
-}
 
 template <DType kDType>
 cudaError_t launch_gather(const GatherLaunch& L, bool vec, dim3 grid, int device, cudaStream_t stream) {
   return vec ? launch_pdl(gather_kernel<kDType, true>, grid, dim3(kThreads), device, stream, L)
              : launch_pdl(gather_kernel<kDType, false>, grid, dim3(kThreads), device, stream, L);
-}
-
-// The pairs kernel's conditions: 16-bit outputs on the vector path, head sizes a multiple of 64,
-// 16-byte aligned code rows, a token row of at most 1024 items. (Its lanes once traded halves
-// of group pairs, which needed an even number per row; since the shared-memory stage, D % 32
-// would do, but only multiples of 64 are tested on a GPU.)
-bool gather_pairs_ok(const GatherParams& p, bool vec) {
-  if (!vec || p.dtype == DType::kFloat32) return false;
-  for (const DequantSide* s : {&p.k, &p.v})
-    if (s->cache.D % 64 != 0 || !aligned(16, s->cache.base, {s->cache.page_stride})) return false;
-  return int64_t{p.H} * (p.k.cache.D + p.v.cache.D) / 32 <= 1024;
 }
 
 // Lets `kernel` take kBytes of dynamic shared memory (what its largest block needs) on `device`,
@@ -602,11 +397,11 @@ cudaError_t allow_shared_memory(int device) {
 // Launches `kernel` with gx blocks per sequence (gridDim.y: sequences, at most 65535 per launch;
 // L.b0: the launch's first sequence).
 template <class Launch>
-cudaError_t launch_sequences(void (*kernel)(Launch), Launch& L, int64_t B, unsigned gx, unsigned threads,
+cudaError_t launch_sequences(void (*kernel)(Launch), Launch& L, int64_t B, int64_t gx, unsigned threads,
                              size_t smem, int device, cudaStream_t stream) {
   for (int64_t b0 = 0; b0 < B; b0 += 65535) {
     L.b0 = b0;
-    const dim3 grid(gx, static_cast<unsigned>(std::min<int64_t>(65535, B - b0)));
+    const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(std::min<int64_t>(65535, B - b0)));
     const cudaError_t err = launch_pdl(kernel, grid, dim3(threads), device, stream, L, smem);
     if (err != cudaSuccess) return err;
   }
@@ -614,7 +409,7 @@ cudaError_t launch_sequences(void (*kernel)(Launch), Launch& L, int64_t B, unsig
 }
 
 template <DType kDType>
-cudaError_t launch_gather_pairs(const GatherParams& p, int device, cudaStream_t stream) {
+cudaError_t launch_gather_pairs(const GatherParams& p, const GatherShape& shape, int device, cudaStream_t stream) {
   constexpr auto kernel = gather_pairs_kernel<kDType>;
   GatherPairsLaunch L;
   L.p = p;
@@ -634,51 +429,27 @@ cudaError_t launch_gather_pairs(const GatherParams& p, int device, cudaStream_t 
   const cudaError_t occ = resident_per_sm<kernel>(device, static_cast<int>(threads), &per_sm, smem);
   if (occ != cudaSuccess) return occ;
   const int64_t resident = static_cast<int64_t>(sm_count(device)) * per_sm;
-  const int64_t max_len = std::min<int64_t>(p.max_blocks * p.T, p.total_tokens);
-  const int64_t per_seq = (max_len + L.tokens_per_block - 1) / L.tokens_per_block;
-  // Blocks stride through their sequence's tokens. Four waves of resident blocks for large
-  // gathers; a small one gets fewer blocks with more steps each, so fewer blocks start late in a
-  // last partial wave: 1 wave up to 2 waves' worth of single steps, 2 up to 8 (4096 tokens: -5 %,
-  // 16384: -1 %, RESULTS.md run 55).
-  const int64_t steps = per_seq * p.B;  // blocks if each made one step
-  const int64_t waves = steps <= 2 * resident ? 1 : steps <= 8 * resident ? 2 : 4;
-  const int64_t share = std::max<int64_t>(1, waves * resident / std::max<int64_t>(1, p.B));
-  const unsigned gx = static_cast<unsigned>(std::max<int64_t>(1, std::min(per_seq, share)));
+  const int64_t gx = gather_rows_blocks_per_seq(shape, L.tokens_per_block, resident);
   return launch_sequences(kernel, L, p.B, gx, threads, smem, device, stream);
 }
 
-// The page-side plan of gather_pages_kernel, or false where it does not apply: 16-bit outputs
-// on the vector path, a GPU with bulk copies, head sizes a power of two from 64 (8 outputs per
-// 4 code bytes, and shifts for the chunk arithmetic), units of a power-of-two number of heads
-// (every head for NHD, whose heads interleave within a position), each unit's two runs aligned
-// to 16 bytes (bulk copies), and a stage of at most kPagesMaxStage bytes.
-constexpr uint32_t kPagesMaxStage = 16 * 1024;
 constexpr size_t kPagesMaxSmem = kPageStages * (kPagesMaxStage + 16);
 
-static uint32_t log2_exact(int64_t v) {  // v > 0, a power of two
+uint32_t log2_exact(int64_t v) {  // v > 0, a power of two
   uint32_t lg = 0;
   while ((int64_t{1} << lg) < v) ++lg;
   return lg;
 }
 
-static bool gather_pages_plan(const GatherParams& p, bool vec, int device, GatherPagesLaunch& L) {
-  if (!vec || p.dtype == DType::kFloat32 || !bulk_copies_supported(device)) return false;
-  const auto pow2 = [](int64_t v) { return v > 0 && (v & (v - 1)) == 0; };
-  for (const DequantSide* s : {&p.k, &p.v})
-    if (!pow2(s->cache.D) || s->cache.D < 64 || !aligned(16, s->cache.base, {s->cache.page_stride})) return false;
-  int64_t heads = p.H & -p.H;  // the largest power of two dividing H
-  if (p.layout == Layout::kNHD && heads != p.H) return false;
-  const int64_t D = std::max(p.k.cache.D, p.v.cache.D);
-  const auto stage = [&](int64_t h) { return h * p.T * (D / 2 + D / kGroupSize); };
-  // Fewer heads per unit where a unit would exceed its stage, or a position's chunks one pass.
-  const auto fits = [&](int64_t h) { return stage(h) <= kPagesMaxStage && h * D / 8 <= kPageThreads; };
-  while (p.layout == Layout::kHND && heads > 1 && !fits(heads)) heads /= 2;
-  if (!fits(heads)) return false;
+// The page-side kernel's launch parameters for a unit of plan.heads heads.
+GatherPagesLaunch pages_launch(const GatherParams& p, const PagesPlan& plan) {
+  GatherPagesLaunch L;
+  const int64_t heads = plan.heads;
   L.p = p;
   L.heads = static_cast<uint32_t>(heads);
   L.groups = FastDiv(static_cast<uint32_t>(p.H / heads));
   L.per_block = FastDiv(static_cast<uint32_t>(2 * p.H / heads));
-  L.stage_bytes = static_cast<uint32_t>((stage(heads) + 15) / 16 * 16);
+  L.stage_bytes = static_cast<uint32_t>(plan.stage_bytes);
   for (int i = 0; i < 2; ++i) {
     const CacheSide& c = (i ? p.v : p.k).cache;
     PagesSide& ps = L.side[i];
@@ -687,32 +458,26 @@ static bool gather_pages_plan(const GatherParams& p, bool vec, int device, Gathe
     ps.scale_bytes = static_cast<uint32_t>(heads * p.T * (c.D / kGroupSize));
     ps.lg_chunks = log2_exact(heads * c.D / 8);
     ps.lg_head = log2_exact(c.D / 8);
-    // The runs of the unit of heads h0 = k * heads start at data0 + h0 * data_h and scale0 +
-    // h0 * scale_h: bulk copies need both, and both lengths, in whole 16 bytes.
-    for (const int64_t v : {int64_t{ps.off.data0}, heads * ps.off.data_h, int64_t{ps.off.scale0},
-                            heads * ps.off.scale_h, int64_t{ps.code_bytes}, int64_t{ps.scale_bytes}})
-      if (v % 16 != 0) return false;
   }
-  return true;
+  return L;
 }
 
-// Launches gather_pages_kernel, or returns with *launched false when `force` is not set and the
-// gather is too small for it: where each block would get one unit, nothing overlaps the unit's
-// copy latency and the two-step gather_pairs_kernel is faster (4096 tokens, H 8, D 128: 7.65
-// against 7.06 us; RESULTS.md run 127). From two units per resident block on it takes the calls.
+size_t pages_smem(const PagesPlan& plan) {
+  return kPageStages * (static_cast<size_t>(plan.stage_bytes) + sizeof(uint64_t) + sizeof(int32_t)) + 4;
+}
+
+// Whether this build's page-side kernel has code for the device: code compiled for an older
+// architecture (its PTX compiled by the driver on this GPU) has an empty body.
 template <DType kDType>
-cudaError_t launch_gather_pages(GatherPagesLaunch& L, bool force, int device, cudaStream_t stream, bool* launched) {
+bool pages_runnable(int device) {
+  return kernel_ptx_version<gather_pages_kernel<kDType>>(device) >= 90;
+}
+
+// Page-side blocks resident at once for this plan's shared memory (asks for the memory first).
+template <DType kDType>
+cudaError_t pages_resident(const PagesPlan& plan, int device, int64_t* resident) {
   constexpr auto kernel = gather_pages_kernel<kDType>;
-  const GatherParams& p = L.p;
-#ifdef NVFP4KV_GATHER_TIMELINE
-  const char* tl_env = std::getenv("NVFP4KV_TIMELINE");
-  L.timeline = reinterpret_cast<uint32_t*>(static_cast<uintptr_t>(tl_env ? std::strtoull(tl_env, nullptr, 0) : 0));
-#endif
-  *launched = false;
-  // Code compiled for an older architecture (its PTX compiled by the driver on this GPU) has an
-  // empty body: the caller falls back to the row kernels.
-  if (kernel_ptx_version<kernel>(device) < 90) return cudaSuccess;
-  const size_t smem = kPageStages * (static_cast<size_t>(L.stage_bytes) + sizeof(uint64_t) + sizeof(int32_t)) + 4;
+  const size_t smem = pages_smem(plan);
   if (smem > 48 * 1024) {  // stages above 12 KB
     const cudaError_t err = allow_shared_memory<kernel, kPagesMaxSmem>(device);
     if (err != cudaSuccess) return err;
@@ -720,54 +485,19 @@ cudaError_t launch_gather_pages(GatherPagesLaunch& L, bool force, int device, cu
   int per_sm = 0;
   const cudaError_t occ = resident_per_sm<kernel>(device, kPageThreads, &per_sm, smem);
   if (occ != cudaSuccess) return occ;
-  const int64_t resident = static_cast<int64_t>(sm_count(device)) * per_sm;
-  // Units a sequence can have (its block-table row, or the output's length), and in all.
-  const int64_t max_len = std::min<int64_t>(p.max_blocks * p.T, p.total_tokens);
-  const int64_t units = (max_len + p.T - 1) / p.T * L.per_block.d;
-  const int64_t all_units = std::min<int64_t>(p.B * units, (p.total_tokens / p.T + p.B) * L.per_block.d);
-  if (!force && all_units < 2 * resident) return cudaSuccess;
-  // Blocks per sequence: its share of one wave of resident blocks, or more where that would give
-  // a block more than one round of the pipeline (kPageStages units): short blocks let the
-  // hardware's block scheduler balance the SMs. With a fixed share per block the 64K gather's
-  // blocks finished between 43 and 100 us (gather_timeline.py, run 126) and 1M ran at 87 % of
-  // copy; with one round per block 92 % (run 127).
-  const int64_t share = std::max<int64_t>(1, resident / std::max<int64_t>(1, p.B));
-  const int64_t per_seq = std::max(std::min(units, share), (units + kPageStages - 1) / kPageStages);
-  const unsigned gx = static_cast<unsigned>(std::max<int64_t>(1, per_seq));
-  const cudaError_t err = launch_sequences(kernel, L, p.B, gx, kPageThreads, smem, device, stream);
-  *launched = err == cudaSuccess;
-  return err;
+  *resident = static_cast<int64_t>(sm_count(device)) * per_sm;
+  return cudaSuccess;
 }
 
-static std::atomic<int> g_gather_kernel{kGatherAuto};  // nvfp4kv_set_gather_kernel
+template <DType kDType>
+cudaError_t launch_gather_pages(const GatherParams& p, const GatherShape& shape, const PagesPlan& plan,
+                                int64_t resident, int device, cudaStream_t stream) {
+  GatherPagesLaunch L = pages_launch(p, plan);
+  const int64_t gx = gather_pages_blocks_per_seq(shape, plan, resident);
+  return launch_sequences(gather_pages_kernel<kDType>, L, p.B, gx, kPageThreads, pages_smem(plan), device, stream);
+}
 
-void cuda_set_gather_kernel(int which) { g_gather_kernel.store(which, std::memory_order_relaxed); }
-
-int cuda_gather(const GatherParams& p, int device, void* stream_ptr, const char** message) {
-  *message = nullptr;
-  if (p.B == 0 || p.total_tokens == 0) return 0;
-  DeviceGuard guard(device);
-  if (guard.error() != cudaSuccess) return guard.error();
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const bool vec = sides_vec(p.k, p.v, dtype_bytes(p.dtype), 2);
-  const int which = g_gather_kernel.load(std::memory_order_relaxed);
-  const bool pairs = gather_pairs_ok(p, vec);
-  GatherPagesLaunch pages;
-  if (which != kGatherRows && gather_pages_plan(p, vec, device, pages)) {
-    const bool force = which == kGatherPages || !pairs;  // the general kernel is far slower
-    bool launched = false;
-    const cudaError_t err = p.dtype == DType::kFloat16
-                                ? launch_gather_pages<DType::kFloat16>(pages, force, device, stream, &launched)
-                                : launch_gather_pages<DType::kBFloat16>(pages, force, device, stream, &launched);
-    if (err != cudaSuccess) *message = check_kernel_image(err);
-    if (err != cudaSuccess || launched) return err;
-  }
-  if (pairs) {
-    const cudaError_t err = p.dtype == DType::kFloat16 ? launch_gather_pairs<DType::kFloat16>(p, device, stream)
-                                                       : launch_gather_pairs<DType::kBFloat16>(p, device, stream);
-    if (err != cudaSuccess) *message = check_kernel_image(err);
-    return err;
-  }
+cudaError_t launch_gather_general(const GatherParams& p, bool vec, int device, cudaStream_t stream) {
   GatherLaunch L;
   L.p = p;
   L.items = RowItems(p.H, p.k.cache.D, p.v.cache.D, 1);
@@ -790,12 +520,66 @@ int cuda_gather(const GatherParams& p, int device, void* stream_ptr, const char*
       case DType::kFloat16: err = launch_gather<DType::kFloat16>(L, vec, grid, device, stream); break;
       default: err = launch_gather<DType::kBFloat16>(L, vec, grid, device, stream); break;
     }
-    if (err != cudaSuccess) {
-      *message = check_kernel_image(err);
-      return err;
-    }
+    if (err != cudaSuccess) return err;
   }
-  return 0;
+  return cudaSuccess;
+}
+
+std::atomic<int> g_gather_kernel{NVFP4KV_TESTING_GATHER_AUTO};  // nvfp4kv_testing_set_gather_kernel
+
+template <DType kDType>
+cudaError_t gather_16bit(const GatherParams& p, const GatherShape& shape, const DeviceInfo& info, int device,
+                         cudaStream_t stream) {
+  const auto forced = static_cast<nvfp4kv_testing_gather_kernel>(g_gather_kernel.load(std::memory_order_relaxed));
+  const PagesPlan plan = plan_gather_pages(shape, info);
+  const bool runnable = plan.heads > 0 && forced != NVFP4KV_TESTING_GATHER_ROWS && pages_runnable<kDType>(device);
+  int64_t resident = 0;
+  if (runnable) {
+    const cudaError_t err = pages_resident<kDType>(plan, device, &resident);
+    if (err != cudaSuccess) return err;
+  }
+  switch (select_gather_kernel(shape, plan, runnable, resident, forced)) {
+    case GatherKernel::kPages: return launch_gather_pages<kDType>(p, shape, plan, resident, device, stream);
+    case GatherKernel::kPairs: return launch_gather_pairs<kDType>(p, shape, device, stream);
+    case GatherKernel::kGeneral: break;
+  }
+  return launch_gather_general(p, shape.vec, device, stream);
+}
+
+}  // namespace
+
+void cuda_set_gather_kernel(nvfp4kv_testing_gather_kernel kernel) {
+  g_gather_kernel.store(kernel, std::memory_order_relaxed);
+}
+
+int cuda_gather(const GatherParams& p, int device, void* stream_ptr, const char** message) {
+  *message = nullptr;
+  if (p.B == 0 || p.total_tokens == 0) return 0;
+  DeviceGuard guard(device);
+  if (guard.error() != cudaSuccess) return guard.error();
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  GatherShape shape;
+  shape.dtype = p.dtype;
+  shape.layout = p.layout;
+  shape.H = p.H;
+  shape.T = p.T;
+  shape.Dk = p.k.cache.D;
+  shape.Dv = p.v.cache.D;
+  shape.B = p.B;
+  shape.max_blocks = p.max_blocks;
+  shape.total_tokens = p.total_tokens;
+  shape.vec = sides_vec(p.k, p.v, dtype_bytes(p.dtype), 2);
+  shape.k_aligned16 = aligned(16, p.k.cache.base, {p.k.cache.page_stride});
+  shape.v_aligned16 = aligned(16, p.v.cache.base, {p.v.cache.page_stride});
+  const DeviceInfo info = device_info(device);
+  cudaError_t err;
+  switch (p.dtype) {
+    case DType::kFloat16: err = gather_16bit<DType::kFloat16>(p, shape, info, device, stream); break;
+    case DType::kBFloat16: err = gather_16bit<DType::kBFloat16>(p, shape, info, device, stream); break;
+    default: err = launch_gather_general(p, shape.vec, device, stream); break;
+  }
+  if (err != cudaSuccess) *message = check_kernel_image(err);
+  return err;
 }
 
 }  // namespace nvfp4kv

@@ -1,0 +1,28 @@
+// The cache argument of every operation: a combined cache (5-D, or packed 4-D) or two sides,
+// resolved to the geometry its shape and strides imply (layout from strides, never from the
+// shape alone), plus the global scales. Part of the C ABI's argument checks (tensor.h).
+#pragma once
+
+#include "params.h"
+#include "tensor.h"
+
+namespace nvfp4kv {
+
+struct Cache {
+  CacheSide k, v;
+  int64_t N, T, H;
+  Layout layout;
+  DLDevice device;
+  const char* k_name;  // argument to name in messages about the K side
+  const char* v_name;
+};
+
+// The cache of kv_cache (combined) or of key_cache = kv_cache and value_cache (two sides).
+Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache);
+// The scale profile's interleaving of V scales, checked against the geometry.
+void apply_profile(Cache& c, nvfp4kv_scale_profile profile);
+// A global scale: a host float (checked now) or a device pointer on the cache's device.
+ScaleArg resolve_scale(const DLTensor* scale, const char* name, DLDevice data_device);
+void check_head_size(int64_t D, const char* name);
+
+}  // namespace nvfp4kv

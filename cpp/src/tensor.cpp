@@ -1,0 +1,165 @@
+// Tensor arguments of the C ABI (tensor.h).
+#include "tensor.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+namespace nvfp4kv {
+
+void fail(nvfp4kv_status status, const char* fmt, ...) {
+  char buf[1024];
+  va_list args;
+  va_start(args, fmt);
+  vsnprintf(buf, sizeof buf, fmt, args);
+  va_end(args);
+  throw Failure{status, buf};
+}
+
+std::string dtype_name(DLDataType t) {
+  const char* base = nullptr;
+  switch (t.code) {
+    case kDLInt: base = "int"; break;
+    case kDLUInt: base = "uint"; break;
+    case kDLFloat: base = "float"; break;
+    case kDLBfloat: base = "bfloat"; break;
+    case kDLBool: return "bool";
+    case kDLComplex: base = "complex"; break;
+    default: break;
+  }
+  std::string s = base ? std::string(base) + std::to_string(t.bits)
+                       : "dtype(code=" + std::to_string(t.code) + ", bits=" +
+                             std::to_string(t.bits) + ")";
+  if (t.lanes != 1) s += "x" + std::to_string(t.lanes);
+  return s;
+}
+
+bool is_dtype(DLDataType t, uint8_t code, uint8_t bits) {
+  return t.code == code && t.bits == bits && t.lanes == 1;
+}
+
+std::string device_name(DLDevice d) {
+  switch (d.device_type) {
+    case kDLCPU: return "cpu";
+    case kDLCUDA: return "cuda:" + std::to_string(d.device_id);
+    case kDLCUDAHost: return "cuda_host";
+    case kDLCUDAManaged: return "cuda_managed:" + std::to_string(d.device_id);
+    default: return "device(type=" + std::to_string(d.device_type) + ")";
+  }
+}
+
+bool host_readable(DLDevice d) { return d.device_type == kDLCPU || d.device_type == kDLCUDAHost; }
+
+bool same_device(DLDevice a, DLDevice b) {
+  if (host_readable(a) && host_readable(b)) return true;
+  return a.device_type == b.device_type && a.device_id == b.device_id;
+}
+
+Tensor::Tensor(const DLTensor* tensor, const char* n) : t(tensor), name(n) {
+  if (!t) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: NULL tensor", name);
+  if (t->ndim < 0 || t->ndim > 8) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: rank %d", name, t->ndim);
+  if (t->ndim > 0 && !t->shape)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: rank %d with a NULL shape pointer", name, t->ndim);
+  numel_ = 1;
+  bool empty = false;
+  for (int i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] < 0)
+      fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: extent %lld along dimension %d; extents must be >= 0",
+           name, static_cast<long long>(t->shape[i]), i);
+    empty = empty || t->shape[i] == 0;
+  }
+  // Element count and compact strides, with overflow checked (a count past 2^62 elements cannot
+  // describe memory; the check keeps every later product of extents in range).
+  int64_t s = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    stride_[i] = t->strides ? t->strides[i] : s;
+    if (empty)  // no memory behind it: compact strides as row-major would give them
+      s = static_cast<int64_t>(static_cast<uint64_t>(s) * static_cast<uint64_t>(t->shape[i]));
+    else if (__builtin_mul_overflow(s, t->shape[i], &s))
+      fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: shape %s has more than 2^62 elements", name,
+           shape_str().c_str());
+  }
+  numel_ = empty ? 0 : s;
+  if (numel_ > (int64_t{1} << 62))
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: shape %s has more than 2^62 elements", name, shape_str().c_str());
+  if (numel_ > 0 && !t->data)
+    fail(NVFP4KV_ERROR_INVALID_VALUE,
+         "%s: NULL data pointer for a tensor of %lld elements (a meta or fake tensor has no memory "
+         "to read or write)",
+         name, static_cast<long long>(numel_));
+}
+
+std::string Tensor::shape_str() const {
+  std::string s = "(";
+  for (int i = 0; i < t->ndim; ++i) s += (i ? ", " : "") + std::to_string(t->shape[i]);
+  return s + (t->ndim == 1 ? ",)" : ")");
+}
+
+std::string Tensor::strides_str() const {
+  std::string s = "(";
+  for (int i = 0; i < t->ndim; ++i) s += (i ? ", " : "") + std::to_string(stride_[i]);
+  return s + (t->ndim == 1 ? ",)" : ")");
+}
+
+void Tensor::expect_ndim(int n, const char* what) const {
+  if (t->ndim != n)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: rank %d (shape %s) received; expected %s", name,
+         t->ndim, shape_str().c_str(), what);
+}
+
+DType float_dtype(const Tensor& x) {
+  const DLDataType t = x.t->dtype;
+  if (is_dtype(t, kDLFloat, 32)) return DType::kFloat32;
+  if (is_dtype(t, kDLFloat, 16)) return DType::kFloat16;
+  if (is_dtype(t, kDLBfloat, 16)) return DType::kBFloat16;
+  fail(NVFP4KV_ERROR_INVALID_DTYPE, "%s: dtype %s received; expected float32, float16 or bfloat16",
+       x.name, dtype_name(t).c_str());
+}
+
+void expect_uint8(const Tensor& x) {
+  if (!is_dtype(x.t->dtype, kDLUInt, 8))
+    fail(NVFP4KV_ERROR_INVALID_DTYPE,
+         "%s: dtype %s received; expected uint8 (the NVFP4 cache holds raw bytes)", x.name,
+         dtype_name(x.t->dtype).c_str());
+}
+
+void expect_same_device(const Tensor& x, const Tensor& ref) {
+  if (!same_device(x.device(), ref.device()))
+    fail(NVFP4KV_ERROR_DEVICE_MISMATCH, "%s: on %s, but %s is on %s; all tensors must be on one device",
+         x.name, device_name(x.device()).c_str(), ref.name, device_name(ref.device()).c_str());
+}
+
+bool index_is_int64(const Tensor& x) {
+  if (is_dtype(x.t->dtype, kDLInt, 64)) return true;
+  if (is_dtype(x.t->dtype, kDLInt, 32)) return false;
+  fail(NVFP4KV_ERROR_INVALID_DTYPE, "%s: dtype %s received; expected int64 or int32", x.name,
+       dtype_name(x.t->dtype).c_str());
+}
+
+IndexVec index_vec(const Tensor& x, const Tensor& ref, int64_t length) {
+  x.expect_ndim(1, "a vector");
+  expect_same_device(x, ref);
+  const bool i64 = index_is_int64(x);
+  if (length >= 0 && x.size(0) != length)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: %lld entries received; expected %lld", x.name,
+         static_cast<long long>(x.size(0)), static_cast<long long>(length));
+  return IndexVec{x.ptr(), x.stride(0), i64};
+}
+
+bool overlap(const Tensor& a, const Tensor& b) {
+  const auto range = [](const Tensor& x, uintptr_t& lo, uintptr_t& hi) {
+    int64_t first = 0, last = 0;
+    for (int i = 0; i < x.ndim(); ++i) {
+      if (x.size(i) == 0) return false;
+      const int64_t span = (x.size(i) - 1) * x.stride(i);
+      (span < 0 ? first : last) += span;
+    }
+    const int64_t bytes = (x.t->dtype.bits * x.t->dtype.lanes + 7) / 8;
+    lo = reinterpret_cast<uintptr_t>(x.ptr()) + first * bytes;
+    hi = reinterpret_cast<uintptr_t>(x.ptr()) + last * bytes + bytes;
+    return true;
+  };
+  uintptr_t alo, ahi, blo, bhi;
+  return range(a, alo, ahi) && range(b, blo, bhi) && alo < bhi && blo < ahi;
+}
+
+}  // namespace nvfp4kv

@@ -1,0 +1,122 @@
+// Kernel selection of the CUDA backend (plan.h).
+#include "plan.h"
+
+#include <algorithm>
+
+namespace nvfp4kv {
+
+StoreVariant select_store_variant(const StoreShape& s, const DeviceInfo& d,
+                                  nvfp4kv_testing_store_order order) {
+  const int64_t gk = s.Dk / kGroupSize, gv = s.Dv / kGroupSize;
+  // Two groups per item when both sides have an even number of groups and the 16-byte code
+  // stores stay aligned (D/2 is then a multiple of 16).
+  const bool pairs = s.vec && gk % 2 == 0 && gv % 2 == 0 && s.cache_aligned;
+  const int64_t per_sm = s.recipe == Recipe::kNvfp4 ? kSmallPerSm : kSmallPerSm4over6;
+  const bool small = s.vec && s.num_tokens <= per_sm * d.sm_count;
+  // Page order: HND pages (rows of one head are contiguous there), K and V rows of one size whose
+  // items (two groups each) tile a warp; token indices and slots within the kernels' 32 bits.
+  const int64_t units = gk / 2;
+  const bool can_sort = s.workspace && pairs && !small && s.layout == Layout::kHND && gk == gv &&
+                        units > 0 && 32 % units == 0 && s.num_tokens <= (int64_t{1} << 30) &&
+                        s.num_slots < (int64_t{1} << 31);
+  const int64_t rows = s.num_tokens * s.H * (full_dim(s.Dk) + full_dim(s.Dv));
+  // Not for nvfp4_4over6 by default: bound by its arithmetic, it was slower in page order.
+  const bool pays = s.recipe == Recipe::kNvfp4 && data_bytes(s.Dk) < kCacheLine &&
+                    rows >= kSortedL2Multiple * d.l2_bytes;
+  const bool sorted = can_sort && (order == NVFP4KV_TESTING_STORE_PAGE ||
+                                   (order == NVFP4KV_TESTING_STORE_AUTO && pays));
+  return small    ? StoreVariant::kSmall
+         : sorted ? StoreVariant::kSorted
+         : pairs  ? StoreVariant::kPairs
+         : s.vec  ? StoreVariant::kVec
+                  : StoreVariant::kScalar;
+}
+
+namespace {
+
+bool pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// Tokens a sequence can have at most: its block-table row, or the whole output.
+int64_t max_seq_len(const GatherShape& s) {
+  return std::min<int64_t>(s.max_blocks * s.T, s.total_tokens);
+}
+
+}  // namespace
+
+PagesPlan plan_gather_pages(const GatherShape& s, const DeviceInfo& d) {
+  PagesPlan none{0, 0, 0, 0};
+  // 16-bit outputs on the vector path, a GPU with bulk copies, head sizes a power of two from 64
+  // (8 outputs per 4 code bytes, shifts for the chunk arithmetic), 16-byte aligned sides.
+  if (!s.vec || s.dtype == DType::kFloat32 || d.cc_major < 9) return none;
+  if (!pow2(s.Dk) || !pow2(s.Dv) || s.Dk < 64 || s.Dv < 64 || !s.k_aligned16 || !s.v_aligned16) return none;
+  int64_t heads = s.H & -int64_t{s.H};  // the largest power of two dividing H
+  if (s.layout == Layout::kNHD && heads != s.H) return none;  // NHD interleaves heads: all of them
+  const int64_t D = std::max(s.Dk, s.Dv);
+  const auto stage = [&](int64_t h) { return h * s.T * (D / 2 + D / kGroupSize); };
+  // Fewer heads per unit where a unit would exceed its stage, or a position's chunks one pass.
+  const auto fits = [&](int64_t h) { return stage(h) <= kPagesMaxStage && h * D / 8 <= kPageThreads; };
+  while (s.layout == Layout::kHND && heads > 1 && !fits(heads)) heads /= 2;
+  if (!fits(heads)) return none;
+  // Each unit's codes and scales are two contiguous runs; bulk copies need both starts and both
+  // lengths in whole 16 bytes. The runs of the unit of heads h0 = k * heads start where the
+  // format core puts head h0's first code byte and first scale byte.
+  for (const int32_t Ds : {s.Dk, s.Dv}) {
+    const int64_t code_start = data_offset(row_index(s.layout, heads, 0, s.H, s.T), Ds);
+    const int64_t scale_start = scale_offset_linear(row_index(s.layout, heads, 0, s.H, s.T), 0, s.H, s.T, Ds);
+    const int64_t scale0 = scale_offset_linear(0, 0, s.H, s.T, Ds);
+    for (const int64_t v : {code_start, scale0, scale_start - scale0, heads * s.T * (Ds / 2),
+                            heads * s.T * (Ds / kGroupSize)})
+      if (v % 16 != 0) return none;
+  }
+  PagesPlan p;
+  p.heads = heads;
+  p.stage_bytes = (stage(heads) + 15) / 16 * 16;
+  p.units_per_seq = (max_seq_len(s) + s.T - 1) / s.T * (2 * s.H / heads);
+  p.units = std::min<int64_t>(s.B * p.units_per_seq, (s.total_tokens / s.T + s.B) * (2 * s.H / heads));
+  return p;
+}
+
+bool gather_pairs_ok(const GatherShape& s) {
+  // 16-bit outputs on the vector path, head sizes a multiple of 64, 16-byte aligned code rows, a
+  // token row of at most 1024 items.
+  if (!s.vec || s.dtype == DType::kFloat32) return false;
+  if (s.Dk % 64 != 0 || s.Dv % 64 != 0 || !s.k_aligned16 || !s.v_aligned16) return false;
+  return int64_t{s.H} * (s.Dk + s.Dv) / 32 <= 1024;
+}
+
+GatherKernel select_gather_kernel(const GatherShape& s, const PagesPlan& pages, bool pages_runnable,
+                                  int64_t pages_resident, nvfp4kv_testing_gather_kernel forced) {
+  const bool pairs = gather_pairs_ok(s);
+  if (pages.heads > 0 && pages_runnable && forced != NVFP4KV_TESTING_GATHER_ROWS) {
+    // Where each block would get one unit, nothing overlaps the unit's copy latency and the row
+    // kernel is faster; the general row kernel is far slower, so without pairs the page-side
+    // kernel takes every call it can.
+    if (forced == NVFP4KV_TESTING_GATHER_PAGES || !pairs ||
+        pages.units >= kPagesMinUnitsPerBlock * pages_resident)
+      return GatherKernel::kPages;
+  }
+  return pairs ? GatherKernel::kPairs : GatherKernel::kGeneral;
+}
+
+int64_t gather_rows_blocks_per_seq(const GatherShape& s, int64_t tokens_per_block, int64_t resident) {
+  const int64_t per_seq = (max_seq_len(s) + tokens_per_block - 1) / tokens_per_block;
+  // Blocks stride through their sequence's tokens. Four waves of resident blocks for large
+  // gathers; a small one gets fewer blocks with more steps each, so fewer blocks start late in a
+  // last partial wave: 1 wave up to 2 waves' worth of single steps, 2 up to 8.
+  const int64_t steps = per_seq * s.B;  // blocks if each made one step
+  const int64_t waves = steps <= 2 * resident ? 1 : steps <= 8 * resident ? 2 : 4;
+  const int64_t share = std::max<int64_t>(1, waves * resident / std::max<int64_t>(1, s.B));
+  return std::max<int64_t>(1, std::min(per_seq, share));
+}
+
+int64_t gather_pages_blocks_per_seq(const GatherShape& s, const PagesPlan& pages, int64_t resident) {
+  // A sequence's share of one wave of resident blocks, or more where that would give a block more
+  // than one round of the pipeline (kPageStages units): short blocks let the hardware's block
+  // scheduler balance the SMs.
+  const int64_t share = std::max<int64_t>(1, resident / std::max<int64_t>(1, s.B));
+  const int64_t per_seq =
+      std::max(std::min(pages.units_per_seq, share), (pages.units_per_seq + kPageStages - 1) / kPageStages);
+  return std::max<int64_t>(1, per_seq);
+}
+
+}  // namespace nvfp4kv

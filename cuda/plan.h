@@ -1,0 +1,96 @@
+// Kernel selection of the CUDA backend: which kernel takes a call and how its grid is sized, as
+// pure host functions over a description of the call and of the device. No CUDA headers: unit
+// tested on any machine (tests/cpp/test_plan.cpp). Each threshold is named once, here, with the
+// design note (docs/design-notes.md) that gives its measured reason.
+#pragma once
+
+#include <stdint.h>
+
+#include "nvfp4kv/format.h"
+#include "testing.h"
+
+namespace nvfp4kv {
+
+// What selection needs to know of a device.
+struct DeviceInfo {
+  int sm_count;      // multiprocessors
+  int64_t l2_bytes;  // L2 cache
+  int cc_major;      // compute capability major (bulk copies and PDL from 9)
+};
+
+// ---- Store ---------------------------------------------------------------------------------------
+// "Store: the small-call kernel": calls of at most this many tokens per SM take the small kernel.
+// nvfp4_4over6 computes four reciprocals per group there where the table kernel reads them, so
+// its limit is lower.
+constexpr int64_t kSmallPerSm = 8;
+constexpr int64_t kSmallPerSm4over6 = 2;
+// "Store: page order with a workspace": with a workspace, nvfp4 calls whose cache rows add up to
+// at least this many times the L2 go in page order, where head rows are narrower than a line.
+constexpr int64_t kSortedL2Multiple = 3;
+constexpr int64_t kCacheLine = 128;
+
+enum class StoreVariant {
+  kSmall,   // one token per block, one group per thread, no out-scale table
+  kPairs,   // vector loads, two groups per thread, token order
+  kSorted,  // vector loads, two groups per thread, page order (needs the workspace)
+  kVec,     // vector loads, one group per thread
+  kScalar   // scalar loads (unaligned inputs or cache sides)
+};
+
+struct StoreShape {
+  int64_t num_tokens, num_slots;
+  int32_t H, T, Dk, Dv;
+  Recipe recipe;
+  Layout layout;
+  bool vec;            // input rows 16-byte aligned, cache sides 8-byte aligned
+  bool cache_aligned;  // cache sides 16-byte aligned (16-byte code stores of group pairs)
+  bool workspace;      // a store workspace was given
+};
+
+StoreVariant select_store_variant(const StoreShape& s, const DeviceInfo& d,
+                                  nvfp4kv_testing_store_order order);
+
+// ---- Gather ------------------------------------------------------------------------------------
+// "Gather: the row kernel and the page-side kernel".
+constexpr int64_t kPagesMinUnitsPerBlock = 2;  // page-side kernel from 2 units per resident block
+constexpr int kPageStages = 4;                 // units one page-side block has in flight
+constexpr int kPageThreads = 256;
+constexpr int64_t kPagesMaxStage = 16 * 1024;  // bytes of one unit's stage in shared memory
+
+enum class GatherKernel {
+  kPages,   // gather_pages_kernel: whole page sides through bulk copies (sm_90+)
+  kPairs,   // gather_pairs_kernel: rows, two groups per thread
+  kGeneral  // gather_kernel: rows, one group per thread, any dtype or alignment
+};
+
+struct GatherShape {
+  DType dtype;
+  Layout layout;
+  int32_t H, T, Dk, Dv;
+  int64_t B, max_blocks, total_tokens;
+  bool vec;            // outputs 16-byte aligned, cache sides 8-byte aligned
+  bool k_aligned16;    // K side's base and page stride 16-byte aligned
+  bool v_aligned16;
+};
+
+// The page-side kernel's unit: `heads` heads of one side of one page (0: the kernel does not
+// apply to this call), its stage in shared memory, and the units of the whole call.
+struct PagesPlan {
+  int64_t heads;
+  int64_t stage_bytes;  // the larger side's codes and scales of one unit, rounded up to 16
+  int64_t units;        // upper bound on the units of the call (block-table rows, output size)
+  int64_t units_per_seq;
+};
+
+PagesPlan plan_gather_pages(const GatherShape& s, const DeviceInfo& d);
+bool gather_pairs_ok(const GatherShape& s);
+// pages_resident: page-side blocks resident at once on the device (occupancy), 0 if unknown.
+GatherKernel select_gather_kernel(const GatherShape& s, const PagesPlan& pages, bool pages_runnable,
+                                  int64_t pages_resident, nvfp4kv_testing_gather_kernel forced);
+
+// Blocks per sequence. Row kernel: tokens_per_block tokens per block step, `resident` blocks at
+// once. Page-side kernel: `resident` blocks at once.
+int64_t gather_rows_blocks_per_seq(const GatherShape& s, int64_t tokens_per_block, int64_t resident);
+int64_t gather_pages_blocks_per_seq(const GatherShape& s, const PagesPlan& pages, int64_t resident);
+
+}  // namespace nvfp4kv

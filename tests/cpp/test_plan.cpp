@@ -1,0 +1,163 @@
+// Kernel selection of the CUDA backend (cuda/plan.h): pure host functions, tested on any machine.
+// Each case states which kernel a call must get and why (the thresholds' design notes).
+#include <stdio.h>
+
+#include "plan.h"
+
+using namespace nvfp4kv;
+
+static int g_failures = 0;
+#define CHECK(cond, ...)                                                 \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      ++g_failures;                                                      \
+      fprintf(stderr, "%s:%d: CHECK(%s) ", __FILE__, __LINE__, #cond);   \
+      fprintf(stderr, __VA_ARGS__);                                      \
+      fprintf(stderr, "\n");                                             \
+    }                                                                    \
+  } while (0)
+
+static const DeviceInfo kH200{132, 60 << 20, 9};
+static const DeviceInfo kA100{108, 40 << 20, 8};
+
+static StoreShape store_shape(int64_t tokens) {
+  StoreShape s{};
+  s.num_tokens = tokens;
+  s.num_slots = int64_t{1} << 22;
+  s.H = 8;
+  s.T = 16;
+  s.Dk = s.Dv = 128;
+  s.recipe = Recipe::kNvfp4;
+  s.layout = Layout::kHND;
+  s.vec = s.cache_aligned = true;
+  s.workspace = false;
+  return s;
+}
+
+static void test_store() {
+  const auto AUTO = NVFP4KV_TESTING_STORE_AUTO, PAGE = NVFP4KV_TESTING_STORE_PAGE, TOKEN = NVFP4KV_TESTING_STORE_TOKEN;
+  // The small kernel up to kSmallPerSm tokens per SM, then group pairs.
+  CHECK(select_store_variant(store_shape(1), kH200, AUTO) == StoreVariant::kSmall, "1 token");
+  CHECK(select_store_variant(store_shape(kSmallPerSm * 132), kH200, AUTO) == StoreVariant::kSmall, "8 per SM");
+  CHECK(select_store_variant(store_shape(kSmallPerSm * 132 + 1), kH200, AUTO) == StoreVariant::kPairs, "past it");
+  StoreShape s = store_shape(3 * 132);
+  s.recipe = Recipe::kNvfp4_4over6;  // its limit is kSmallPerSm4over6
+  CHECK(select_store_variant(s, kH200, AUTO) == StoreVariant::kPairs, "4over6 at 3 per SM");
+  s.num_tokens = 2 * 132;
+  CHECK(select_store_variant(s, kH200, AUTO) == StoreVariant::kSmall, "4over6 at 2 per SM");
+  // Unaligned inputs: scalar loads at any size; D = 16 * odd: one group per item.
+  s = store_shape(1);
+  s.vec = false;
+  CHECK(select_store_variant(s, kH200, AUTO) == StoreVariant::kScalar, "unaligned");
+  s = store_shape(100000);
+  s.Dk = s.Dv = 80;
+  CHECK(select_store_variant(s, kH200, AUTO) == StoreVariant::kVec, "D 80");
+  s = store_shape(100000);
+  s.cache_aligned = false;
+  CHECK(select_store_variant(s, kH200, AUTO) == StoreVariant::kVec, "8-byte aligned cache");
+  // Page order: only with a workspace, by default from kSortedL2Multiple times the L2.
+  const int64_t row_bytes = 8 * 2 * full_dim(128);  // a token's cache bytes, H 8
+  const int64_t at = (kSortedL2Multiple * kH200.l2_bytes + row_bytes - 1) / row_bytes;
+  s = store_shape(at);
+  CHECK(select_store_variant(s, kH200, AUTO) == StoreVariant::kPairs, "no workspace");
+  s.workspace = true;
+  CHECK(select_store_variant(s, kH200, AUTO) == StoreVariant::kSorted, "at the L2 multiple");
+  CHECK(select_store_variant(s, kH200, TOKEN) == StoreVariant::kPairs, "forced token order");
+  s.num_tokens = at - 1;
+  CHECK(select_store_variant(s, kH200, AUTO) == StoreVariant::kPairs, "below the L2 multiple");
+  CHECK(select_store_variant(s, kH200, PAGE) == StoreVariant::kSorted, "forced page order");
+  s.num_tokens = 4 * at;
+  s.recipe = Recipe::kNvfp4_4over6;
+  CHECK(select_store_variant(s, kH200, AUTO) == StoreVariant::kPairs, "4over6 stays in token order");
+  s = store_shape(4 * at);
+  s.workspace = true;
+  s.layout = Layout::kNHD;
+  CHECK(select_store_variant(s, kH200, PAGE) == StoreVariant::kPairs, "NHD has no page order");
+  s = store_shape(16 * at);
+  s.workspace = true;
+  s.Dk = s.Dv = 256;  // rows of whole 128-byte lines: token order by default
+  CHECK(select_store_variant(s, kH200, AUTO) == StoreVariant::kPairs, "D 256");
+  CHECK(select_store_variant(s, kH200, PAGE) == StoreVariant::kSorted, "D 256 forced");
+}
+
+static GatherShape gather_shape(int64_t B, int64_t len) {
+  GatherShape s{};
+  s.dtype = DType::kBFloat16;
+  s.layout = Layout::kHND;
+  s.H = 8;
+  s.T = 16;
+  s.Dk = s.Dv = 128;
+  s.B = B;
+  s.max_blocks = (len + 15) / 16;
+  s.total_tokens = B * len;
+  s.vec = s.k_aligned16 = s.v_aligned16 = true;
+  return s;
+}
+
+static void test_gather() {
+  const auto AUTO = NVFP4KV_TESTING_GATHER_AUTO, PAGES = NVFP4KV_TESTING_GATHER_PAGES, ROWS = NVFP4KV_TESTING_GATHER_ROWS;
+  GatherShape s = gather_shape(8, 512);  // 4096 tokens
+  PagesPlan p = plan_gather_pages(s, kH200);
+  CHECK(p.heads == 8 && p.stage_bytes == 8 * 16 * 72, "unit of 8 heads: %lld heads, %lld bytes",
+        static_cast<long long>(p.heads), static_cast<long long>(p.stage_bytes));
+  CHECK(p.units_per_seq == 32 * 2 && p.units == 8 * 64, "units %lld", static_cast<long long>(p.units));
+  const int64_t resident = 132 * 5;
+  // 512 units < 2 per resident block: the row kernel (pairs); 16K tokens: the page-side kernel.
+  CHECK(select_gather_kernel(s, p, true, resident, AUTO) == GatherKernel::kPairs, "4K");
+  CHECK(select_gather_kernel(s, p, true, resident, PAGES) == GatherKernel::kPages, "4K forced");
+  s = gather_shape(8, 2048);
+  p = plan_gather_pages(s, kH200);
+  CHECK(p.units == 8 * 256 && select_gather_kernel(s, p, true, resident, AUTO) == GatherKernel::kPages, "16K");
+  CHECK(select_gather_kernel(s, p, true, resident, ROWS) == GatherKernel::kPairs, "16K forced rows");
+  CHECK(select_gather_kernel(s, p, false, resident, AUTO) == GatherKernel::kPairs, "no sm_90 code");
+  // No bulk copies before sm_90; fp32 outputs only through the general kernel.
+  CHECK(plan_gather_pages(s, kA100).heads == 0, "A100");
+  s.dtype = DType::kFloat32;
+  CHECK(plan_gather_pages(s, kH200).heads == 0 && !gather_pairs_ok(s), "fp32");
+  CHECK(select_gather_kernel(s, plan_gather_pages(s, kH200), true, resident, AUTO) == GatherKernel::kGeneral, "fp32 kernel");
+  // D 96: pairs (multiple of 64? no) -> general; D 192: pairs, no page side (not a power of two).
+  s = gather_shape(8, 2048);
+  s.Dk = s.Dv = 192;
+  CHECK(plan_gather_pages(s, kH200).heads == 0 && gather_pairs_ok(s), "D 192");
+  s.Dk = s.Dv = 96;
+  CHECK(!gather_pairs_ok(s), "D 96");
+  // Without pairs the page-side kernel takes every call it can (the general kernel is slow).
+  s = gather_shape(1, 16);
+  s.Dk = 64;
+  s.Dv = 128;
+  s.H = 4;
+  p = plan_gather_pages(s, kH200);
+  CHECK(p.heads == 4 && gather_pairs_ok(s), "mixed D");
+  // D 512 with H 8: a unit of fewer heads so that its stage fits.
+  s = gather_shape(8, 2048);
+  s.Dk = s.Dv = 512;
+  p = plan_gather_pages(s, kH200);
+  CHECK(p.heads == 2 && p.stage_bytes <= kPagesMaxStage, "D 512: %lld heads", static_cast<long long>(p.heads));
+  // NHD: a unit is every head.
+  s = gather_shape(8, 2048);
+  s.layout = Layout::kNHD;
+  s.H = 6;
+  CHECK(plan_gather_pages(s, kH200).heads == 0, "NHD with H 6 (not a power of two)");
+  s = gather_shape(1, 64);  // 32 block steps: one wave, a block per step
+  CHECK(gather_rows_blocks_per_seq(s, 2, resident) == 32, "64 tokens");
+  // Grid sizes: one wave of the row kernel for small gathers, up to four for large ones; the
+  // page-side kernel gives each block at most kPageStages units.
+  s = gather_shape(8, 512);  // 2048 block steps: two waves of 660 blocks over 8 sequences
+  CHECK(gather_rows_blocks_per_seq(s, 2, resident) == 165, "4K rows: %lld",
+        static_cast<long long>(gather_rows_blocks_per_seq(s, 2, resident)));
+  s = gather_shape(8, 131072);
+  p = plan_gather_pages(s, kH200);
+  CHECK(gather_pages_blocks_per_seq(s, p, resident) == p.units_per_seq / kPageStages, "1M pages: %lld",
+        static_cast<long long>(gather_pages_blocks_per_seq(s, p, resident)));
+}
+
+int main() {
+  test_store();
+  test_gather();
+  if (g_failures) {
+    fprintf(stderr, "test_plan: %d failures\n", g_failures);
+    return 1;
+  }
+  printf("test_plan: all checks passed\n");
+  return 0;
+}
