@@ -1,7 +1,7 @@
 // Memory ceilings of the store's and the gather's access patterns, with no quantization: what the
 // memory system allows for each pattern, so the library's kernels can be judged against the
 // right ceiling. Standalone (CUDA runtime only):
-//   nvcc -O3 -arch=sm_90 -o /tmp/patterns benchmarks/patterns.cu && /tmp/patterns
+//   nvcc -O3 -arch=sm_90 -o /tmp/patterns tools/patterns.cu && /tmp/patterns
 // Geometry of the issues' benchmark: H 8, D 128, T 16, bf16, HND pages [K data|K scale|V data|V
 // scale], random unique slots. The "compute" is an XOR fold so the loads cannot be dropped.
 #include <cuda_runtime.h>
