@@ -9,9 +9,10 @@ commit 2cec24c, where this script was added, or at ee557e6, the last commit that
   python3 tools/gather_timeline.py [tokens ...]
 The kernel then reads a device buffer's address from $NVFP4KV_TIMELINE (set per call here) and lane 0 of every warp
 writes, in ns: 0 entry (before the wait on the previous grid), 1 wait released, 2 sequence
-length known, 3 first unit in shared memory, 4 first unit's stores issued, 5 exit (NAMES). Back-to-back calls as in the
-benchmark; the last three complete launches are printed as percentiles over warps, relative to
-the launch's first wait release, with the previous launch's last exit.
+length known, 3 first unit in shared memory, 4 first unit's stores issued, 5 exit (NAMES).
+Back-to-back calls as in the benchmark; the last three complete launches are printed as
+percentiles over warps, relative to the launch's first wait release, with the previous launch's
+last exit.
 """
 import os
 import sys
