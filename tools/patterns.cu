@@ -225,7 +225,8 @@ int main(int argc, char** argv) {
   std::mt19937 rng(0);
   // Random unique slots, the tokens taken in order of their slot's window of pages (stable: by
   // token within a window), for K windows: K = 1 is plain token order. Ten launches per sample.
-  // Each window's rows then fill up in L2 before they are written back (RESULTS.md run 110).
+  // Each window's rows then fill up in L2 before they are written back (docs/design-notes.md,
+  // "Store: page order with a workspace").
   for (int n : {16384, 65536, 262144}) {
     const int pages = n / T;
     std::vector<int32_t> perm(n);
