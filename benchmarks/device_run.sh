@@ -35,7 +35,7 @@ for step in $steps; do
       so=$(python3 -c "import nvfp4kv, pathlib; print(next(pathlib.Path(nvfp4kv.__file__).parent.glob('lib/libnvfp4kv.so')))")
       cuobjdump --dump-resource-usage "$so" 2>&1 | grep -A1 'DTypeE2ELNS_6RecipeE0ELb1ELi2' | tail -1
       cuobjdump --dump-sass -arch sm_90 "$so" > /tmp/sass.txt 2>&1
-      python3 benchmarks/sass_stats.py "DTypeE2ELNS_6RecipeE0ELb1ELi2" "$OUT/sass_store_bf16.txt" < /tmp/sass.txt ;;
+      python3 tools/sass_stats.py "DTypeE2ELNS_6RecipeE0ELb1ELi2" "$OUT/sass_store_bf16.txt" < /tmp/sass.txt ;;
     noimage)
       log "build for sm_80 only: a store on this GPU must fail with a clear error"
       python3 -m pip install --no-build-isolation --no-deps -q -C cmake.define.NVFP4KV_CUDA_ARCHS=80-real -C build-dir=/tmp/build-sm80 . > "$OUT/build80.log" 2>&1 || tail -5 "$OUT/build80.log"
@@ -71,7 +71,7 @@ except Exception as e:
       python3 -m pip install --no-build-isolation --no-deps -q . > /dev/null 2>&1 ;;
     host)
       log "small calls through each torch import path"
-      (cd /tmp && python3 "$OLDPWD/benchmarks/host_overhead.py") 2>&1 | tee "$OUT/host.txt" ;;
+      (cd /tmp && python3 "$OLDPWD/tools/host_overhead.py") 2>&1 | tee "$OUT/host.txt" ;;
     bench)
       log bench
       python3 benchmarks/bench_store.py ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | tail -40 ;;

@@ -151,8 +151,8 @@ def copy_gpu_us(torch, nbytes: int, sets: int = 1, quick: bool = False) -> float
 def _calls(nbytes: int) -> int:
     """Calls per timing sample for a case or copy of `nbytes`: about 200 MB per sample, 10 to 200
     calls. At least 10: with a single call the events also bracket the host's preparation of that
-    call while the GPU idles (7-14 us on a 100 us kernel, RESULTS.md run 34); back to back, later
-    calls are prepared while earlier ones run, as in an engine."""
+    call while the GPU idles (7-14 us on a 100 us kernel; docs/design-notes.md, "Benchmark: what is
+    timed"); back to back, later calls are prepared while earlier ones run, as in an engine."""
     return max(10, min(200, int(2e8 // max(nbytes, 1))))
 
 

@@ -1,7 +1,7 @@
 """Stores of 65536 tokens (H 8, D 128, bf16, HND) for an Nsight Compute stall profile: token order
 with random slots, token order with sequential slots, and page order (forced) with random slots.
 Each configuration runs twice (both launches are profiled).
-Usage: ncu -k regex:store_kernel ... python3 benchmarks/store_stalls.py [page]   (page: only the page order)"""
+Usage: ncu -k regex:store_kernel ... python3 tools/store_stalls.py [page]   (page: only the page order)"""
 import torch
 
 import nvfp4kv

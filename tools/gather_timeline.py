@@ -1,14 +1,18 @@
-"""Per-warp timeline of the fast gather (gather_pairs_kernel), from %globaltimer stamps.
+"""Per-warp timeline of the page-side gather (gather_pages_kernel), from %globaltimer stamps.
 
-Needs a build with -DNVFP4KV_GATHER_TIMELINE (benchmarks/device_run.sh does not make one):
+Needs a build with -DNVFP4KV_GATHER_TIMELINE. The shipped kernels no longer have that hook:
+re-add it locally from git history (the NVFP4KV_GATHER_TIMELINE blocks of cuda/dequant.cu at
+commit 2cec24c, where this script was added, or at ee557e6, the last commit that has them), then
+(benchmarks/device_run.sh does not make such a build):
   pip install --no-build-isolation --no-deps -C cmake.define.NVFP4KV_CUDA_ARCHS=90-real \
       -C "cmake.define.CMAKE_CUDA_FLAGS=-DNVFP4KV_GATHER_TIMELINE" .
-  python3 benchmarks/gather_timeline.py [tokens ...]
+  python3 tools/gather_timeline.py [tokens ...]
 The kernel then reads a device buffer's address from $NVFP4KV_TIMELINE (set per call here) and lane 0 of every warp
-writes, in ns: 0 entry (before the wait on the previous grid), 1 wait released, 2/4 step 1/2
-decoded (stage written), 3/5 step 1/2 stores issued, 6 exit. Back-to-back calls as in the
-benchmark; the last three complete launches are printed as percentiles over warps, relative to
-the launch's first wait release, with the previous launch's last exit.
+writes, in ns: 0 entry (before the wait on the previous grid), 1 wait released, 2 sequence
+length known, 3 first unit in shared memory, 4 first unit's stores issued, 5 exit (NAMES).
+Back-to-back calls as in the benchmark; the last three complete launches are printed as
+percentiles over warps, relative to the launch's first wait release, with the previous launch's
+last exit.
 """
 import os
 import sys
@@ -49,8 +53,8 @@ for n in [int(a) for a in sys.argv[1:]] or [4096]:
         p = a[(launch - 1) % 4, 16: 16 + 8 * W].reshape(W, 8).astype(np.int64)
         ref = s[:, 1].min()
         rel = lambda x: ((x - ref + (1 << 31)) % (1 << 32)) - (1 << 31)  # uint32 wrap
-        print(f"  launch {launch}: previous launch's last exit {rel(p[:, 6].max()) / 1e3:+.2f} us, "
-              f"its last step-2 store {rel(p[:, 5].max()) / 1e3:+.2f} us")
+        print(f"  launch {launch}: previous launch's last exit {rel(p[:, 5].max()) / 1e3:+.2f} us, "
+              f"its last first-unit store {rel(p[:, 4].max()) / 1e3:+.2f} us")
         for k, name in enumerate(NAMES):
             col = s[:, k]
             used = col != 0

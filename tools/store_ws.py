@@ -1,6 +1,6 @@
 """Stores in token order and in page order (with a workspace; nvfp4kv_set_store_order forces
 each), in one process: device µs and % of copy.
-Usage: python3 benchmarks/store_ws.py [tokens:key=value,... ...]
+Usage: python3 tools/store_ws.py [tokens:key=value,... ...]
 e.g. 65536 65536:H=32 262144:slots=sequential (default: the bench's H 8, D 128, bf16, HND)."""
 import sys
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the store kernel with compile-time variants (CMAKE_CUDA_FLAGS) and times each on the
-# same cases, for A/B decisions on the lent GPU. Usage: bash benchmarks/store_variants.sh "FLAGS1" "FLAGS2" ...
+# same cases, for A/B decisions on the lent GPU. Usage: bash tools/store_variants.sh "FLAGS1" "FLAGS2" ...
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"

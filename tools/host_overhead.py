@@ -1,6 +1,6 @@
 """Per-call time of small stores and gathers through each of the binding's torch import paths.
 
-Run on a GPU machine: python3 benchmarks/host_overhead.py. Small calls back to back are bound by
+Run on a GPU machine: python3 tools/host_overhead.py. Small calls back to back are bound by
 the host's work per call (reading the tensors, the launch), which is what the paths differ in.
 """
 import torch

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Instruction mix of one kernel in `cuobjdump --dump-sass` output (reads stdin).
 
-Usage: cuobjdump --dump-sass -arch sm_90 lib.so | python3 benchmarks/sass_stats.py SUBSTRING [OUT]
+Usage: cuobjdump --dump-sass -arch sm_90 lib.so | python3 tools/sass_stats.py SUBSTRING [OUT]
 Prints the opcode histogram of the first function whose mangled name contains SUBSTRING and of
 its innermost loop (the span between the last backward branch and its target), and writes the
 function's SASS to OUT if given.

@@ -7,7 +7,7 @@
 // last rows are nvfp4kv_store itself.
 //   inc=$(python3 -c "import nvfp4kv; print(nvfp4kv.get_include())")
 //   lib=$(python3 -c "import nvfp4kv; print(nvfp4kv.get_library_dir())")
-//   nvcc -O2 -arch=sm_90 -I$inc benchmarks/launch_latency.cu -L$lib -lnvfp4kv -Xlinker -rpath=$lib -o /tmp/lat && /tmp/lat
+//   nvcc -O2 -arch=sm_90 -I$inc tools/launch_latency.cu -L$lib -lnvfp4kv -Xlinker -rpath=$lib -o /tmp/lat && /tmp/lat
 #include <cuda_runtime.h>
 
 #include <chrono>

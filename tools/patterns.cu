@@ -1,7 +1,7 @@
 // Memory ceilings of the store's and the gather's access patterns, with no quantization: what the
 // memory system allows for each pattern, so the library's kernels can be judged against the
 // right ceiling. Standalone (CUDA runtime only):
-//   nvcc -O3 -arch=sm_90 -o /tmp/patterns benchmarks/patterns.cu && /tmp/patterns
+//   nvcc -O3 -arch=sm_90 -o /tmp/patterns tools/patterns.cu && /tmp/patterns
 // Geometry of the issues' benchmark: H 8, D 128, T 16, bf16, HND pages [K data|K scale|V data|V
 // scale], random unique slots. The "compute" is an XOR fold so the loads cannot be dropped.
 #include <cuda_runtime.h>
@@ -225,7 +225,8 @@ int main(int argc, char** argv) {
   std::mt19937 rng(0);
   // Random unique slots, the tokens taken in order of their slot's window of pages (stable: by
   // token within a window), for K windows: K = 1 is plain token order. Ten launches per sample.
-  // Each window's rows then fill up in L2 before they are written back (RESULTS.md run 110).
+  // Each window's rows then fill up in L2 before they are written back (docs/design-notes.md,
+  // "Store: page order with a workspace").
   for (int n : {16384, 65536, 262144}) {
     const int pages = n / T;
     std::vector<int32_t> perm(n);

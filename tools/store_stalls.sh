@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # One device call: Nsight Compute warp-stall profile of the store kernels (store_stalls.py), or of
 # the kernels matching STALLS_KERNEL launched by the script and arguments in STALLS_CMD, e.g.
-#   STALLS_KERNEL=gather_pairs STALLS_CMD="benchmarks/profile_sizes.py 4096" bash benchmarks/store_stalls.sh
-# Usage (on the lent GPU machine): bash benchmarks/store_stalls.sh   (results under $OUT)
+#   STALLS_KERNEL=gather_pairs STALLS_CMD="tools/profile_sizes.py 4096" bash tools/store_stalls.sh
+# Usage (on the lent GPU machine): bash tools/store_stalls.sh   (results under $OUT)
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 repo=$PWD
 python3 -m pip install --no-build-isolation --no-deps -q ${NVFP4KV_PIP_ARGS:-} . > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 cd /tmp
-cmd=${STALLS_CMD:-"benchmarks/store_stalls.py ${STALLS_ARGS:-}"}
+cmd=${STALLS_CMD:-"tools/store_stalls.py ${STALLS_ARGS:-}"}
 ncu --clock-control none -k regex:"${STALLS_KERNEL:-store_kernel}" --set full --import-source no -f -o "$OUT/stalls" \
   python3 "$repo/"$cmd > "$OUT/ncu.log" 2>&1 || tail -20 "$OUT/ncu.log"
 ncu -i "$OUT/stalls.ncu-rep" --page raw --csv > "$OUT/stalls_raw.csv" 2>&1

@@ -1,6 +1,6 @@
 """Where the time of a gather goes: the gather against its own output written alone.
 
-Run on a GPU machine (torch and cupy): python3 benchmarks/gather_diag.py. For 4K, 16K and 64K
+Run on a GPU machine (torch and cupy): python3 tools/gather_diag.py. For 4K, 16K and 64K
 tokens (H 8, D 128, bf16, 8 sequences) it times, queued behind a spin like the benchmark's
 "gpu us": the gather; the gather with every block-table entry bad (it writes zeros and reads no
 pages: the kernel's write side alone); a plain write-only kernel (16-byte streaming stores,

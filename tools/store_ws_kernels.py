@@ -1,5 +1,5 @@
 """One sorted and one token-order store per size, for a per-kernel profile under Nsight Compute:
-ncu --metrics gpu__time_duration.sum python3 benchmarks/store_ws_kernels.py"""
+ncu --metrics gpu__time_duration.sum python3 tools/store_ws_kernels.py"""
 import torch
 
 import nvfp4kv
