@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
     // store touches 16 lines, half a sector per lane; staged through shared memory, store i writes chunk
     // (lane % 4) of lane 8i + lane / 4, so a row of a warp goes out as 512 contiguous bytes per
     // store (a plain write of the 4K gather's output took 7.0 µs in this kernel's old pattern,
-    // 5.2 µs in 512-byte runs; benchmarks/gather_diag.py). The stage's padding (kStageChunks)
+    // 5.2 µs in 512-byte runs; tools/gather_diag.py). The stage's padding (kStageChunks)
     // keeps both its writes and its reads free of bank conflicts.
 #pragma unroll
     for (int q = 0; q < 4; ++q)  // chunk 4 lane + q

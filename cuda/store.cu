@@ -213,7 +213,7 @@ __device__ __forceinline__ void store_item(const StoreLaunch& L, const Lane& lan
   uint8_t* data = base + lane.at.data(pos);
   // Code words are written once and whole (16 or 8 bytes, whole sectors per warp): streaming
   // (evict-first) stores leave L2 to the scale bytes that are still being filled. In a copy of
-  // the store's access pattern without the arithmetic (benchmarks/patterns.cu) this took 65536
+  // the store's access pattern without the arithmetic (tools/patterns.cu) this took 65536
   // random-slot tokens from 115.9 to 102.0 µs; in this kernel the difference was within the
   // run-to-run noise (docs/design-notes.md, "Store: streaming input loads, evict-last scale
   // stores").

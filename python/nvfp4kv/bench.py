@@ -227,7 +227,7 @@ def bench_store_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 
 def gather_case(torch, nvfp4kv, n: int, H: int = 8, D: int = 128, T: int = 16, seqs: int = 8,
                 dtype: str = "bfloat16") -> Dict:
     """The benchmark's gather of n tokens in `seqs` equal sequences, pages in random order (also
-    used by benchmarks/gather_diag.py and gather_timeline.py): its tensors, and "call", which
+    used by tools/gather_diag.py and gather_timeline.py): its tensors, and "call", which
     runs it (outputs and cu_seqlens given: no host sync)."""
     pages = (n + T - 1) // T
     spec = nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D, cache_dtype="nvfp4")

@@ -243,8 +243,8 @@ NVFP4KV_HD uint32_t sign_word(const float* x) { return fast::sign_word(x); }
 // base + (E2M1 magnitude code of m), for m >= 0, as a float: round-to-nearest-even onto
 // 0, 0.5, 1, 1.5, 2, 3, 4, 6 with saturation (the ladder of FORMAT.md §2), in six float
 // operations and no comparison. On Hopper the float pipe runs twice the rate of the integer and
-// compare pipe, and the store kernel is bound by instruction issue, so this is the per-element
-// cost that matters (docs/design-notes.md, "Format core: the float E2M1 encoder").
+// compare pipe, and this is the per-element cost that bounds nvfp4_4over6 and the store's
+// instruction budget (docs/design-notes.md, "Format core: the float E2M1 encoder").
 // With base an even integer in [2^23, 2^24), where a float's ulp is 1:
 //   acc = base + rint(4 * min(m/2, 1))      = base + min(rint(2m), 4)   codes 0..4, spacing 0.5
 //   acc = acc + 2 * clamp(m/2 - 1, 0, 1)    adds rint(m - 2) once m > 2 codes 4..6, spacing 1
