@@ -4,7 +4,7 @@ Pure Python: works on torch tensors (any device, through ``as_strided`` on the s
 and numpy arrays, never copies, and imports neither torch nor numpy itself: a torch tensor can
 only exist once its caller has imported torch.
 
-Byte contract (``spec/FORMAT.md`` §4). ``D`` head size, ``H`` KV heads, ``T`` block size,
+Byte contract (``docs/FORMAT.md`` §4). ``D`` head size, ``H`` KV heads, ``T`` block size,
 ``S = D/16``, ``F = D/2 + S``. Each page holds ``[K side | V side]``; inside a side all packed
 data comes first, then all scale bytes. Rows are ``r = h*T + t`` (HND) or ``r = t*H + h`` (NHD).
 Offsets from the start of a side:

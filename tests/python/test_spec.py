@@ -1,6 +1,6 @@
 """Tests of nvfp4kv.spec: dtype strings, shapes, page sizes, allocation, lazy torch import.
 
-The expected numbers are computed by hand from FORMAT.md §4 (F(D) = D/2 + D/16, page =
+The expected numbers are computed by hand from docs/FORMAT.md §4 (F(D) = D/2 + D/16, page =
 T*H*(F(D) + F(Dv))), not by calling the module.
 """
 

@@ -1,4 +1,4 @@
-"""Tests of nvfp4kv.views: the views address exactly the bytes FORMAT.md §4 names.
+"""Tests of nvfp4kv.views: the views address exactly the bytes docs/FORMAT.md §4 names.
 
 Each test builds a cache as a strided view of a flat random byte buffer, writes fresh random
 bytes through the views, and compares the whole buffer with what an independent offset
