@@ -278,7 +278,7 @@ def dequantize(
     value_out: Any = None,
     stream: Any = None,
 ) -> Tuple[Any, Any]:
-    """Dequantize pages of an NVFP4 cache (FORMAT.md §6).
+    """Dequantize pages of an NVFP4 cache (docs/FORMAT.md §6).
 
     Parameters
     ----------

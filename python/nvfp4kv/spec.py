@@ -4,7 +4,7 @@ Pure Python. Nothing here imports the compiled extension, and torch is only impo
 caller asks for a torch object (a ``torch.dtype`` from :data:`STR_DTYPE_TO_TORCH_DTYPE`, or a
 torch-backed :func:`allocate_kv_cache`), so ``import nvfp4kv.spec`` works without torch.
 
-The byte contract is ``spec/FORMAT.md``; the numbers used here are its §4:
+The byte contract is ``docs/FORMAT.md``; the numbers used here are its §4:
 
 - ``F(D) = D/2 + D/16`` bytes per (token, head) row of an NVFP4 cache ("full dim");
 - one page holds both sides, ``[K side | V side]``, each ``H*T*F`` bytes;

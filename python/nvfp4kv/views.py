@@ -4,7 +4,7 @@ Pure Python: works on torch tensors (any device, through ``as_strided`` on the s
 and numpy arrays, never copies, and imports neither torch nor numpy itself: a torch tensor can
 only exist once its caller has imported torch.
 
-Byte contract (``spec/FORMAT.md`` §4). ``D`` head size, ``H`` KV heads, ``T`` block size,
+Byte contract (``docs/FORMAT.md`` §4). ``D`` head size, ``H`` KV heads, ``T`` block size,
 ``S = D/16``, ``F = D/2 + S``. Each page holds ``[K side | V side]``; inside a side all packed
 data comes first, then all scale bytes. Rows are ``r = h*T + t`` (HND) or ``r = t*H + h`` (NHD).
 Offsets from the start of a side:
@@ -128,9 +128,14 @@ def _check_nonempty(T: int, H: int, name: str):
         )
 
 
-def _check_free_stride(stride: int, name: str, what: str):
-    if stride < 0:
-        raise ValueError(f"{name}: negative {what} stride {stride} is not supported")
+def _check_page_stride(N: int, stride: int, page_bytes: int, name: str):
+    # As the C ABI's check_page_stride: with N > 1 pages must not overlap; with N <= 1 the page
+    # stride never addresses memory (any value, negative included, is accepted).
+    if N > 1 and stride < page_bytes:
+        raise ValueError(
+            f"{name}: page stride {stride} bytes; pages would overlap (one page needs "
+            f"{page_bytes} bytes)"
+        )
 
 
 def _side_views(x, offset, N, T, H, D, page_stride, layout, scale_layout, name):
@@ -175,8 +180,10 @@ def nvfp4_kv_cache_split_views(kv_cache: Any, scale_layout: str = "vllm"):
     kv_cache : torch.Tensor or numpy.ndarray, uint8
         Either 5-D ``(N, 2, T, H, F)`` with HND strides (physical ``[N][2][H][T][F]``,
         ``T`` stride ``F``, ``H`` stride ``T*F``) or NHD strides (``H`` stride ``F``, ``T``
-        stride ``H*F``); the page and side strides are free. Or packed 4-D ``(N, 2H, T, F)``
-        (HND, K = head slots ``0..H-1``, V = ``H..2H-1``; strides ``(free, T*F, F, 1)``).
+        stride ``H*F``); the side stride is ``H*T*F`` (V right after K). Or packed 4-D
+        ``(N, 2H, T, F)`` (HND, K = head slots ``0..H-1``, V = ``H..2H-1``; strides
+        ``(page, T*F, F, 1)``). The page stride is free as long as pages do not overlap
+        (at least ``2*H*T*F`` when ``N > 1``). These are the strides the store accepts.
         ``F = 9*D/16``. When ``H == 1`` or ``T == 1`` HND and NHD are the same bytes; the
         cache is then treated as HND.
     scale_layout : {"vllm", "linear"}, optional
@@ -207,8 +214,8 @@ def nvfp4_kv_cache_split_views(kv_cache: Any, scale_layout: str = "vllm"):
         If ``kv_cache`` is not a torch tensor / numpy array, or not uint8.
     ValueError
         For a wrong rank, a dimension that is not 2 / even where the layout needs it, a last
-        dimension that is not ``9*D/16``, strides that are neither HND nor NHD, negative
-        strides, or an unknown or unusable ``scale_layout``.
+        dimension that is not ``9*D/16``, strides that are neither HND nor NHD, a side stride
+        other than ``H*T*F``, overlapping pages, or an unknown or unusable ``scale_layout``.
     """
     name = "kv_cache"
     if scale_layout not in _CACHE_SCALE_LAYOUTS:
@@ -222,8 +229,14 @@ def nvfp4_kv_cache_split_views(kv_cache: Any, scale_layout: str = "vllm"):
         if two != 2:
             raise ValueError(f"{name}: dimension 1 of a 5-D cache must be 2 (K, V), got {two}")
         layout = _side_layout(T, H, F, st, sh, sf, name)
-        _check_free_stride(sn, name, "page")
-        _check_free_stride(s2, name, "side")
+        if s2 != H * T * F:
+            # The C ABI takes a 5-D cache only with V right after K (stride H*T*F).
+            raise ValueError(
+                f"{name}: side (dimension 1) stride {s2}; a 5-D cache must have its V side "
+                f"right after its K side (stride H*T*F = {H * T * F}); for sides elsewhere "
+                f"use nvfp4_split_data_scale on {name}[:, 0] and {name}[:, 1]"
+            )
+        _check_page_stride(N, sn, 2 * H * T * F, name)
         k_offset, v_offset = 0, s2
     elif len(shape) == 4:
         N, H2, T, F = shape
@@ -238,7 +251,7 @@ def nvfp4_kv_cache_split_views(kv_cache: Any, scale_layout: str = "vllm"):
                 f"{name}: a packed 4-D cache (N, 2H, T, F) must have strides "
                 f"(page, {T * F}, {F}, 1), got {strides}"
             )
-        _check_free_stride(sn, name, "page")
+        _check_page_stride(N, sn, 2 * H * T * F, name)
         layout = "HND"
         k_offset, v_offset = 0, H * T * F
     else:
@@ -268,7 +281,8 @@ def nvfp4_split_data_scale(side: Any, scale_layout: str = "linear"):
         Logical shape ``(N, T, H, F)``, ``F = 9*D/16``, e.g. ``kv_cache[:, 0]`` (K) or
         ``kv_cache[:, 1]`` (V) of a 5-D cache, or vLLM's ``key_cache`` / ``value_cache``.
         Strides HND (``T`` stride ``F``, ``H`` stride ``T*F``) or NHD (``H`` stride ``F``,
-        ``T`` stride ``H*F``); the page stride is free. HND when ``H == 1`` or ``T == 1``.
+        ``T`` stride ``H*F``); the page stride is free as long as pages do not overlap (at
+        least ``H*T*F`` when ``N > 1``). HND when ``H == 1`` or ``T == 1``.
     scale_layout : {"linear", "interleaved"}, optional
         How this side's scales are laid out: "linear" (default), or "interleaved" for
         token-4 interleaved (HND, ``T % 4 == 0``, ``D % 64 == 0``; V under vLLM's profile).
@@ -288,7 +302,7 @@ def nvfp4_split_data_scale(side: Any, scale_layout: str = "linear"):
         If ``side`` is not a torch tensor / numpy array, or not uint8.
     ValueError
         For a wrong rank, a last dimension that is not ``9*D/16``, strides that are neither
-        HND nor NHD, or an unknown or unusable ``scale_layout``.
+        HND nor NHD, overlapping pages, or an unknown or unusable ``scale_layout``.
     """
     name = "side"
     if scale_layout not in _SIDE_SCALE_LAYOUTS:
@@ -302,7 +316,7 @@ def nvfp4_split_data_scale(side: Any, scale_layout: str = "linear"):
     sn, st, sh, sf = strides
     _check_nonempty(T, H, name)
     layout = _side_layout(T, H, F, st, sh, sf, name)
-    _check_free_stride(sn, name, "page")
+    _check_page_stride(N, sn, H * T * F, name)
     D = _head_size_from_full_dim(F, name)
     if scale_layout == "interleaved":
         _check_interleaved(layout, T, D, name)

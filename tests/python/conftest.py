@@ -115,7 +115,7 @@ class CacheUnderTest:
         return slice(0, s), slice(v0, v0 + s)
 
     def canonical(self, snap):
-        """(N, 2, H*T*F) copy of the K and V sides of a snapshot (the bytes of FORMAT.md)."""
+        """(N, 2, H*T*F) copy of the K and V sides of a snapshot (the bytes of docs/FORMAT.md)."""
         k, v = self._side_slices()
         return np.stack([snap[:, k], snap[:, v]], axis=1)
 

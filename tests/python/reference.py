@@ -1,11 +1,11 @@
-"""Independent NumPy reference of the NVFP4 paged KV-cache format (shared/spec/FORMAT.md).
+"""Independent NumPy reference of the NVFP4 paged KV-cache format (docs/FORMAT.md).
 
 Written from the spec only; it must never import nvfp4kv, so that the library is checked against
 an implementation that shares no code with it.  Everything favours being obviously correct over
 being fast: the fp32 arithmetic is done with np.float32 operands in exactly the operation order of
 FORMAT.md §2 (NumPy never fuses a multiply and an add, and it rounds every fp32 operation RNE).
 
-Decisions taken where FORMAT.md is silent (see also the test-suite report):
+Decisions taken where FORMAT.md is silent:
 - store_reference: if two tokens of one call map to the same slot, the LATER token wins.
 - e2m1_encode of a NaN gives magnitude 7 (the ladder's "else"); quantize_groups never feeds it a
   NaN produced by the input (NaN groups are handled before), see quantize_groups for 0*Inf.

@@ -1,4 +1,4 @@
-"""The ``nvfp4kv`` command line (python/nvfp4kv/cli.py): output, JSON schema, exit codes, and the
+"""The ``nvfp4kv`` command line (python/nvfp4kv/cli/): output, JSON schema, exit codes, and the
 capacity planner's numbers against hand-computed cases.
 
 Most tests call ``cli.main([...])`` in-process; a few run ``python -m nvfp4kv`` as a user would.
@@ -384,3 +384,28 @@ def test_console_script_if_installed():
     )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["command"] == "info"
+
+
+def test_console_script_entry_point_resolves_to_cli_main():
+    # pyproject.toml's [project.scripts] nvfp4kv = "nvfp4kv.cli:main", as installed.
+    from importlib.metadata import entry_points
+
+    eps = entry_points()
+    scripts = eps.select(group="console_scripts") if hasattr(eps, "select") else eps["console_scripts"]
+    ep = [e for e in scripts if e.name == "nvfp4kv"]
+    if not ep:
+        pytest.skip("nvfp4kv is not installed with its metadata")
+    assert ep[0].value == "nvfp4kv.cli:main"
+    assert ep[0].load() is cli.main
+
+
+def test_cli_package_names_and_python_m_cli():
+    # The names the command's package keeps at nvfp4kv.cli, whichever module defines them.
+    for name in ("main", "build_parser", "CLIError", "parse_size", "plan_capacity", "run_demo",
+                 "collect_info"):
+        assert callable(getattr(cli, name)), name
+    assert issubclass(cli.CLIError, Exception)
+    p = subprocess.run([sys.executable, "-m", "nvfp4kv.cli", "plan", "--list-models"],
+                       check=False, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == run("plan", "--list-models")[1]

@@ -49,7 +49,7 @@ def check_dequantize(nv, cache, k_scale, v_scale, scale_layout, dtype="float32",
 @pytest.mark.parametrize("view,layout,scale_layout", view_combos())
 def test_dequantize_poisoned_cache_every_view(nv, backend, view, layout, scale_layout):
     # Random bytes: every code, every scale byte including 0x7F/0xFF (NaN) and the negative
-    # ones (0x80..0xFE), and never-written pages; all must decode per FORMAT.md §6.
+    # ones (0x80..0xFE), and never-written pages; all must decode per docs/FORMAT.md §6.
     cache = make_cache(3, 8, 3, 64, view, layout, backend, pad=0 if view == "packed4d" else 24,
                        seed=21)
     for dtype in dtypes_for(backend):

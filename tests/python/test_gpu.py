@@ -280,7 +280,7 @@ def test_invalid_device_scale_writes_nan_groups(bad, many):
     sides = raw.view(N, 2, H * T * F).cpu()
     page, pos = (slots // T).cpu(), (slots % T).cpu()
     r = torch.arange(H)[None, :] * T + pos[:, None]  # [n, H] rows (HND)
-    data = r[..., None] * (D // 2) + torch.arange(D // 2)  # byte offsets in a side (FORMAT.md §4)
+    data = r[..., None] * (D // 2) + torch.arange(D // 2)  # byte offsets in a side (docs/FORMAT.md §4)
     scale = H * T * D // 2 + r[..., None] * (D // 16) + torch.arange(D // 16)
     k_side, v_side = sides[:, 0], sides[:, 1]
     assert torch.all(k_side[page[:, None, None], data] == 0)

@@ -129,7 +129,7 @@ def test_e4m3_encode_subnormal_edge_by_hand():
 
 # ------------------------------------------------------------------------------------ Groups
 def scalar_quantize_group(x, g, recipe):
-    """Second, scalar derivation of FORMAT.md §2 for one group, with ml_dtypes doing the
+    """Second, scalar derivation of docs/FORMAT.md §2 for one group, with ml_dtypes doing the
     rounding (so a shared mistake in the vectorised reference's rounding would show)."""
     x = [F32(v) for v in x]
     if any(np.isnan(v) for v in x):

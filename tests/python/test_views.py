@@ -1,4 +1,4 @@
-"""Tests of nvfp4kv.views: the views address exactly the bytes FORMAT.md §4 names.
+"""Tests of nvfp4kv.views: the views address exactly the bytes docs/FORMAT.md §4 names.
 
 Each test builds a cache as a strided view of a flat random byte buffer, writes fresh random
 bytes through the views, and compares the whole buffer with what an independent offset
@@ -451,8 +451,71 @@ def test_rejects_bad_strides():
         V.nvfp4_kv_cache_split_views(gap, "linear")
     with pytest.raises(ValueError, match="packed 4-D"):
         V.nvfp4_kv_cache_split_views(np.zeros((2, 16, 4, 36), np.uint8).transpose(0, 2, 1, 3))
-    with pytest.raises(ValueError, match="negative"):
+    with pytest.raises(ValueError, match="page stride -.*overlap"):
         V.nvfp4_kv_cache_split_views(c[::-1], "vllm")
+
+
+# What the views accept is what the store (the C ABI's side_layout / check_page_stride and its
+# 5-D / packed checks) accepts: (name, which entry point, shape, strides, accepted).
+_T, _H, _D = 4, 2, 64
+_F = 9 * _D // 16
+_SIDE = _H * _T * _F
+_HND5 = (_F, _T * _F, 1)  # the (T, H, F) strides of an HND side
+_AGREE = [
+    ("5d canonical", "5d", (3, 2, _T, _H, _F), (2 * _SIDE, _SIDE) + _HND5, True),
+    ("5d padded pages", "5d", (3, 2, _T, _H, _F), (2 * _SIDE + 7, _SIDE) + _HND5, True),
+    # (2, N, ...) storage seen as (N, 2, ...): the sides are not adjacent
+    ("5d sides apart", "5d", (3, 2, _T, _H, _F), (_SIDE, 3 * _SIDE) + _HND5, False),
+    ("5d side gap", "5d", (3, 2, _T, _H, _F), (3 * _SIDE, _SIDE + 5) + _HND5, False),
+    ("5d pages overlap", "5d", (3, 2, _T, _H, _F), (_SIDE, _SIDE) + _HND5, False),
+    ("5d one page, negative stride", "5d", (1, 2, _T, _H, _F), (-9, _SIDE) + _HND5, True),
+    ("packed pages overlap", "4d", (3, 2 * _H, _T, _F), (2 * _SIDE - 1, _T * _F, _F, 1), False),
+    ("packed padded pages", "4d", (3, 2 * _H, _T, _F), (2 * _SIDE + 1, _T * _F, _F, 1), True),
+    ("side canonical", "side", (3, _T, _H, _F), (_SIDE,) + _HND5, True),
+    ("side pages overlap", "side", (3, _T, _H, _F), (_SIDE - _F,) + _HND5, False),
+    ("side page stride 0", "side", (2, _T, _H, _F), (0,) + _HND5, False),
+    ("side one page, stride 0", "side", (1, _T, _H, _F), (0,) + _HND5, True),
+    ("side one page, negative stride", "side", (1, _T, _H, _F), (-_SIDE,) + _HND5, True),
+    ("side NHD", "side", (2, _T, _H, _F), (_SIDE, _H * _F, _F, 1), True),
+]
+
+
+@pytest.mark.parametrize("case", _AGREE, ids=[c[0] for c in _AGREE])
+def test_views_accept_what_the_store_accepts(case):
+    try:
+        import nvfp4kv
+    except ImportError:
+        pytest.skip("needs the nvfp4kv extension (the store) to compare with")
+    _, kind, shape, strides, accepted = case
+    # numpy: strides in bytes, negative ones allowed; a buffer large enough for every case
+    buf = np.zeros(16 * _SIDE, np.uint8)
+    base = 4 * _SIDE
+    x = np.lib.stride_tricks.as_strided(buf[base:], shape, strides)
+    key = np.ones((1, _H, _D), np.float32)
+    slots = np.array([0], np.int64)
+
+    def store():
+        if kind == "side":  # the other side: a contiguous one of the same geometry and layout
+            N, T, H, F = shape
+            nhd = strides[2] == F
+            value_cache = (np.zeros((N, T, H, F), np.uint8) if nhd
+                           else np.zeros((N, H, T, F), np.uint8).transpose(0, 2, 1, 3))
+            nvfp4kv.store(key, key, x, slots, value_cache=value_cache, scale_layout="linear")
+        else:
+            nvfp4kv.store(key, key, x, slots, scale_layout="linear")
+
+    def views():
+        if kind == "side":
+            V.nvfp4_split_data_scale(x)
+        else:
+            V.nvfp4_kv_cache_split_views(x, "linear")
+
+    for what, fn in (("store", store), ("views", views)):
+        if accepted:
+            fn()
+        else:
+            with pytest.raises(ValueError, match="stride"):
+                fn()
 
 
 def test_rejects_scale_layout():

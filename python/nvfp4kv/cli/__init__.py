@@ -1,0 +1,104 @@
+"""The ``nvfp4kv`` command (also ``python -m nvfp4kv``).
+
+Subcommands:
+
+- ``demo``  (the default): quantize a realistic K/V batch of Llama-3.1-8B geometry into a paged
+  NVFP4 cache, read it back, print sizes, errors and store speed.
+- ``plan``: how many tokens / sequences fit in a GPU memory budget, bf16 vs fp8 vs nvfp4.
+- ``bench``: the GPU store benchmark (:mod:`nvfp4kv.bench`).
+- ``info``: version, build details, devices.
+
+Every subcommand has ``--help`` and ``--json`` (machine-readable output on stdout). Bad
+arguments exit with status 2, runtime errors with status 1, each with one line on stderr.
+Progress goes to stderr, so stdout stays clean for tables and JSON. Set ``NVFP4KV_DEBUG=1`` to
+get the Python traceback of a runtime error.
+
+Layout: this module has the parser and :func:`main`; each subcommand is a module (``demo``,
+``plan``, ``bench``, ``info``) with its ``add_parser(sub, common)`` and its command function;
+``_common`` has what they share (:class:`CLIError`, argument types, output helpers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from . import bench, demo, info, plan
+from ._common import PROG, CLIError, parse_size
+from .demo import run_demo
+from .info import collect_info
+from .plan import plan_capacity
+
+__all__ = [
+    "CLIError",
+    "build_parser",
+    "collect_info",
+    "main",
+    "parse_size",
+    "plan_capacity",
+    "run_demo",
+]
+
+
+# ------------------------------------------------------------------------------ argument parsing
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (and exit status 2)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+# ------------------------------------------------------------------------------------ parser, main
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``nvfp4kv`` command."""
+    try:
+        from .. import __version__ as version
+    except ImportError:  # the extension is missing: still show --help
+        version = "unknown"
+    ap = _Parser(
+        prog=PROG,
+        description="NVFP4 paged KV cache: demo, capacity planner, benchmark, "
+        "build info. Without a subcommand, runs 'demo'.",
+    )
+    ap.add_argument("--version", action="version", version=f"{PROG} {version}")
+    sub = ap.add_subparsers(dest="command", metavar="{demo,plan,bench,info}")
+
+    common = _Parser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+    common.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    for module in (demo, plan, bench, info):  # the order of --help
+        module.add_parser(sub, common)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``nvfp4kv`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        argv = ["demo"]
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version (0) and usage errors (2)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    if args.command is None:  # only top-level options were given
+        args = build_parser().parse_args(argv + ["demo"])
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `nvfp4kv plan | head -1`: stop quietly
+        # Python flushes stdout at exit, which would raise again; point fd 1 at /dev/null.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 0
+    except (CLIError, ValueError, TypeError, RuntimeError, OSError, ImportError, KeyError) as e:
+        if os.environ.get("NVFP4KV_DEBUG"):
+            raise
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        msg = " ".join(str(msg).split())  # one line
+        print(f"{PROG} {args.command}: error: {msg}", file=sys.stderr)
+        return 1

@@ -1,0 +1,206 @@
+"""What the subcommands of the ``nvfp4kv`` command share: the runtime error, argument types
+(sizes, fractions, positive integers, model presets), progress lines on stderr, tables, byte
+and ratio formatting, JSON output, and the per-format page sizes that demo and plan print."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any
+
+from ..models import ModelGeometry, get_model
+
+PROG = "nvfp4kv"
+
+# The formats compared by demo and plan: display name -> vLLM kv_cache_dtype string.
+_SIZE_FORMATS = (("bf16", "bfloat16"), ("fp8", "fp8"), ("nvfp4", "nvfp4"))
+
+
+class CLIError(Exception):
+    """A runtime error that is the user's to fix: printed as one line, exit status 1."""
+
+
+# ------------------------------------------------------------------------------ argument types
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in a size such as ``80GiB``, ``80 GB``, ``512MiB``, ``1.5e9`` or ``85899345920``.
+
+    Units (case-insensitive): B, KB/MB/GB/TB (powers of 10), KiB/MiB/GiB/TiB (powers of 2).
+    A bare ``G``/``M``/``K``/``T`` is rejected as ambiguous. Fractions of a byte are dropped.
+
+    Raises
+    ------
+    ValueError
+        For anything else, or a negative size.
+    """
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a size (examples: 80GiB, 80GB, 512MiB, 1e9)")
+    number, unit = m.group(1), m.group(2).lower()
+    if unit not in _SIZE_UNITS:
+        if unit in ("k", "m", "g", "t"):
+            raise ValueError(
+                f"{text!r}: unit {m.group(2)!r} is ambiguous; "
+                f"write {m.group(2).upper()}iB (binary) or {m.group(2).upper()}B (decimal)"
+            )
+        raise ValueError(
+            f"{text!r}: unknown unit {m.group(2)!r}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
+        )
+    return int(Fraction(number) * _SIZE_UNITS[unit])
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _fraction_arg(text: str) -> Fraction:
+    try:
+        value = Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not in (0, 1]")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+def _model_arg(text: str) -> ModelGeometry:
+    try:
+        return get_model(text)
+    except KeyError as e:
+        raise argparse.ArgumentTypeError(e.args[0]) from None
+
+
+# ------------------------------------------------------------------------------------- output
+class _Progress:
+    """Status lines on stderr: rewritten in place on a terminal, one line each otherwise."""
+
+    def __init__(self, command: str, enabled: bool = True):
+        self.prefix = f"[{PROG} {command}] "
+        self.enabled = enabled
+        self.tty = enabled and sys.stderr.isatty()
+
+    def __call__(self, message: str):
+        if not self.enabled:
+            return
+        if self.tty:
+            sys.stderr.write("\r\033[K" + self.prefix + message)
+        else:
+            sys.stderr.write(self.prefix + message + "\n")
+        sys.stderr.flush()
+
+    def done(self):
+        if self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str = "") -> str:
+    """Aligned text table. ``align`` has one letter per column, "l" or "r"; by default the
+    first column is left-aligned and the others (numbers) right-aligned."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    align = align or "l" + "r" * (len(headers) - 1)
+
+    def line(row):
+        return "  ".join(
+            c.ljust(w) if a == "l" else c.rjust(w) for a, c, w in zip(align, row, widths)
+        ).rstrip()
+
+    return "\n".join(
+        [line(cells[0]), line(["-" * w for w in widths])] + [line(r) for r in cells[1:]]
+    )
+
+
+def _human_bytes(n: float) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def _fmt_ratio(r: float | None) -> str:
+    return "n/a" if r is None else f"{r:.2f}x"
+
+
+def _print_json(obj: Any):
+    print(json.dumps(obj, indent=2))
+
+
+def _geometry_json(geo: ModelGeometry) -> dict[str, Any]:
+    return {
+        "name": geo.name,
+        "hf_id": geo.hf_id,
+        "layers": geo.layers,
+        "kv_heads": geo.kv_heads,
+        "head_size": geo.head_size,
+        "note": geo.note,
+    }
+
+
+def _format_sizes(
+    geo: ModelGeometry, block_size: int, formats=_SIZE_FORMATS
+) -> list[dict[str, Any]]:
+    """Page sizes of each format for the whole model, from KVCacheSpec (the library's logic)."""
+    from ..spec import KVCacheSpec
+
+    rows = []
+    for name, dtype in formats:
+        spec = KVCacheSpec(
+            block_size=block_size,
+            num_kv_heads=geo.kv_heads,
+            head_size=geo.head_size,
+            cache_dtype=dtype,
+        )
+        rows.append(
+            {
+                "name": name,
+                "cache_dtype": dtype,
+                "page_bytes_per_layer": spec.page_size_bytes,
+                "page_bytes": spec.page_size_bytes * geo.layers,
+                "bytes_per_token": spec.page_size_bytes * geo.layers // block_size,
+                "spec": spec,
+            }
+        )
+    by_name = {r["name"]: r for r in rows}
+    for r in rows:
+        r["gain_vs_bf16"] = _ratio(by_name["bf16"]["page_bytes"], r["page_bytes"])
+        r["gain_vs_fp8"] = _ratio(by_name["fp8"]["page_bytes"], r["page_bytes"])
+    return rows
+
+
+def _strip_private(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "spec"} for r in rows]

@@ -1,0 +1,50 @@
+"""``nvfp4kv bench``: the command-line wrapper of the GPU store benchmark, which itself lives in
+:mod:`nvfp4kv.bench`."""
+
+from __future__ import annotations
+
+from ._common import CLIError, _print_json
+
+
+def _cmd_bench(args) -> int:
+    try:
+        import torch
+    except ImportError:
+        raise CLIError("needs torch with CUDA (pip install torch) and a GPU") from None
+    if not torch.cuda.is_available():
+        raise CLIError("no CUDA device visible to torch; the benchmark needs a GPU")
+    import nvfp4kv
+
+    info = nvfp4kv.build_info()
+    if not info["cuda_available"]:
+        raise CLIError(f"CUDA unavailable in nvfp4kv: {info['cuda_unavailable_reason']}")
+    from .. import bench
+
+    try:
+        if args.json:
+            result = bench.run(quick=args.quick, json_path=args.output, progress=not args.quiet)
+            _print_json(result)
+            return 0
+        argv = (["--quick"] if args.quick else []) + (
+            ["--json", args.output] if args.output else []
+        )
+        return bench.main(argv) or 0
+    except SystemExit as e:  # bench reports a missing GPU as SystemExit("message")
+        if isinstance(e.code, str):
+            raise CLIError(e.code.replace("nvfp4kv bench: ", "", 1)) from None
+        return e.code or 0
+
+
+def add_parser(sub, common) -> None:
+    """Register the ``bench`` subcommand on ``sub`` (the subparsers of build_parser)."""
+    p = sub.add_parser(
+        "bench",
+        parents=[common],
+        help="GPU store benchmark (needs a GPU)",
+        description="Run the GPU store benchmark of nvfp4kv.bench: copy-bandwidth "
+        "and launch ceilings, then the store at several sizes. Needs torch with "
+        "CUDA and a CUDA build of nvfp4kv.",
+    )
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
+    p.add_argument("--output", metavar="PATH", help="also write the results as JSON to PATH")
+    p.set_defaults(func=_cmd_bench)

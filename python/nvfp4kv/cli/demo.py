@@ -1,0 +1,328 @@
+"""``nvfp4kv demo`` (the default subcommand): quantize a realistic K/V batch of Llama-3.1-8B
+geometry into a paged NVFP4 cache, read it back, print sizes, errors and store speed."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..models import DEFAULT_MODEL, get_model
+from ._common import (
+    _SIZE_FORMATS,
+    CLIError,
+    _fmt_ratio,
+    _format_sizes,
+    _geometry_json,
+    _positive_int,
+    _print_json,
+    _Progress,
+    _strip_private,
+    _table,
+)
+
+_DEMO_FORMATS = _SIZE_FORMATS + (("nvfp4_4over6", "nvfp4_4over6"),)
+_RECIPES = ("nvfp4", "nvfp4_4over6")
+
+
+def _pick_device(device: str, backend: str):
+    """(device, backend, torch module or None) for the demo."""
+    import nvfp4kv
+
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    info = nvfp4kv.build_info()
+    gpu_ok = torch is not None and torch.cuda.is_available() and info["cuda_available"]
+    if device == "cuda":
+        if torch is None:
+            raise CLIError("--device cuda needs torch with CUDA (pip install torch)")
+        if backend == "numpy":
+            raise CLIError("--backend numpy only works with --device cpu")
+        if not torch.cuda.is_available():
+            raise CLIError("--device cuda: torch sees no CUDA device")
+        if not info["cuda_available"]:
+            raise CLIError(f"--device cuda: {info['cuda_unavailable_reason']}")
+    elif device == "auto":
+        device = "cuda" if gpu_ok and backend != "numpy" else "cpu"
+    if backend == "torch" and torch is None:
+        raise CLIError("--backend torch: torch is not installed")
+    if backend == "auto":
+        backend = "torch" if torch is not None else "numpy"
+    return device, backend, (torch if backend == "torch" else None)
+
+
+def _demo_data(np, rng, n: int, H: int, D: int):
+    """Heavy-tailed K/V: Student-t(4) x per-token log-normal magnitude x per-channel spread;
+    K also has 8 outlier channels (of H*D) at 10-50x, as real K projections do."""
+
+    def side(outliers: int):
+        x = rng.standard_t(4.0, size=(n, H, D))
+        x *= np.exp(rng.normal(0.0, 0.5, size=(n, H, 1)))  # per-token magnitude
+        x *= np.exp(rng.normal(0.0, 0.3, size=(1, H, D)))  # per-channel spread
+        if outliers:
+            flat = x.reshape(n, H * D)
+            channels = rng.choice(H * D, size=outliers, replace=False)
+            flat[:, channels] *= rng.uniform(10.0, 50.0, size=outliers)
+        return x.astype(np.float32)
+
+    return side(8), side(0)
+
+
+def _error_stats(x, y, torch) -> dict[str, float]:
+    """Relative L2 error over the batch and cosine similarity per (token, head) vector."""
+    if torch is not None:
+        x, y = x.double(), y.double()
+        rel = (torch.linalg.vector_norm(y - x) / torch.linalg.vector_norm(x)).item()
+        den = torch.linalg.vector_norm(x, dim=-1) * torch.linalg.vector_norm(y, dim=-1)
+        cos = (x * y).sum(-1) / den.clamp_min(1e-300)
+        return {"rel_l2": rel, "cosine_mean": cos.mean().item(), "cosine_min": cos.min().item()}
+    import numpy as np
+
+    x, y = x.astype(np.float64), y.astype(np.float64)
+    rel = float(np.linalg.norm(y - x) / np.linalg.norm(x))
+    den = np.linalg.norm(x, axis=-1) * np.linalg.norm(y, axis=-1)
+    cos = (x * y).sum(-1) / np.maximum(den, 1e-300)
+    return {"rel_l2": rel, "cosine_mean": float(cos.mean()), "cosine_min": float(cos.min())}
+
+
+def _time_store(fn, sync, min_seconds: float, max_calls: int = 1000) -> tuple[float, int]:
+    """Seconds per call of fn (already warmed up), over at least min_seconds or max_calls."""
+    calls, start = 0, time.perf_counter()
+    elapsed = 0.0
+    while calls < 3 or (elapsed < min_seconds and calls < max_calls):
+        fn()
+        calls += 1
+        if sync is not None and (calls < 3 or calls % 8 == 0):
+            sync()
+        elapsed = time.perf_counter() - start
+    if sync is not None:
+        sync()
+        elapsed = time.perf_counter() - start
+    return elapsed / calls, calls
+
+
+def run_demo(
+    tokens: int | None = None,
+    device: str = "auto",
+    seed: int = 0,
+    backend: str = "auto",
+    progress: _Progress | None = None,
+) -> dict[str, Any]:
+    """Run the demo and return its results (the ``--json`` object)."""
+    import numpy as np
+
+    import nvfp4kv
+
+    progress = progress or _Progress("demo", enabled=False)
+    geo = get_model(DEFAULT_MODEL)
+    T, H, D = 16, geo.kv_heads, geo.head_size
+    progress("checking devices ...")
+    device, backend, torch = _pick_device(device, backend)
+    n = tokens if tokens is not None else (16384 if device == "cuda" else 2048)
+
+    progress(f"generating {n} tokens of K and V (seed {seed}) ...")
+    rng = np.random.default_rng(seed)
+    key_np, value_np = _demo_data(np, rng, n, H, D)
+    pages = -(-n // T) + max(1, -(-n // T) // 4)  # 25% more pages than needed: slots scatter
+    slots_np = rng.permutation(pages * T)[:n].astype(np.int64)
+
+    if torch is not None:
+        key = torch.from_numpy(key_np).to(device=device, dtype=torch.bfloat16)
+        value = torch.from_numpy(value_np).to(device=device, dtype=torch.bfloat16)
+        slots = torch.from_numpy(slots_np).to(device)
+        key_ref, value_ref = key.float(), value.float()  # what the library is given
+        k_scale = key_ref.abs().max().item() / 448.0
+        v_scale = value_ref.abs().max().item() / 448.0
+        sync = torch.cuda.synchronize if device == "cuda" else None
+        in_dtype, elem = "bfloat16", 2
+        page_idx, pos_idx = slots // T, slots % T
+    else:
+        key, value, slots = key_np, value_np, slots_np
+        key_ref, value_ref = key_np, value_np
+        k_scale = float(np.abs(key_np).max()) / 448.0
+        v_scale = float(np.abs(value_np).max()) / 448.0
+        sync = None
+        in_dtype, elem = "float32", 4
+        page_idx, pos_idx = slots_np // T, slots_np % T
+
+    sizes = _format_sizes(geo, T, _DEMO_FORMATS)
+    recipes = []
+    for recipe in _RECIPES:
+        spec = nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D, cache_dtype=recipe)
+        cache = nvfp4kv.allocate_kv_cache(spec, pages, device=device, backend=backend)
+        progress(f"{recipe}: store {n} tokens into {pages} pages ...")
+
+        def store(cache=cache, recipe=recipe):
+            nvfp4kv.store(key, value, cache, slots, k_scale, v_scale, recipe=recipe)
+
+        store()  # warm-up; it also fills the cache that is checked below
+        if sync is not None:
+            sync()
+        progress(f"{recipe}: timing the store ...")
+        seconds, calls = _time_store(store, sync, 0.5 if device == "cuda" else 0.3)
+        progress(f"{recipe}: dequantize and compare ...")
+        k_out, v_out = nvfp4kv.dequantize(cache, k_scale, v_scale)
+        k_err = _error_stats(key_ref, k_out[page_idx, pos_idx], torch)
+        v_err = _error_stats(value_ref, v_out[page_idx, pos_idx], torch)
+        # Bytes moved per token under the benchmark's model: read K and V, write the NVFP4 rows
+        # of both sides (KVCacheSpec.bytes_per_token), read the int64 slot.
+        moved = n * (2 * H * D * elem + spec.bytes_per_token + 8)
+        recipes.append(
+            {
+                "recipe": recipe,
+                "k": k_err,
+                "v": v_err,
+                "store": {
+                    "seconds_per_call": seconds,
+                    "calls": calls,
+                    "tokens_per_s": n / seconds,
+                    "GBps": moved / seconds / 1e9,
+                    "bytes_per_call": moved,
+                },
+            }
+        )
+    progress.done()
+
+    return {
+        "command": "demo",
+        "nvfp4kv": nvfp4kv.__version__,
+        "model": _geometry_json(geo),
+        "block_size": T,
+        "device": device,
+        "backend": backend,
+        "framework_version": torch.__version__ if torch is not None else np.__version__,
+        "input_dtype": in_dtype,
+        "tokens": n,
+        "pages": pages,
+        "seed": seed,
+        "data": (
+            "K = Student-t(4) x per-token log-normal x per-channel spread, 8 outlier "
+            "channels at 10-50x; V = the same without outlier channels"
+        ),
+        "k_scale": k_scale,
+        "v_scale": v_scale,
+        "formats": _strip_private(sizes),
+        "recipes": recipes,
+    }
+
+
+def _print_demo(r: dict[str, Any]):
+    m = r["model"]
+    fw = "torch" if r["backend"] == "torch" else "numpy"
+    print(
+        f"nvfp4kv {r['nvfp4kv']} demo: {m['name']} geometry ({m['layers']} layers, "
+        f"{m['kv_heads']} KV heads, head size {m['head_size']}, block size {r['block_size']})"
+    )
+    print(f"device:  {r['device']} ({fw} {r['framework_version']}, {r['input_dtype']} input)")
+    print(
+        f"batch:   {r['tokens']:,} tokens of one layer at random slots in {r['pages']:,} pages, "
+        f"seed {r['seed']}"
+    )
+    for part in r["data"].split("; "):
+        print(f"data:    {part}")
+    print(f"scales:  k_scale = amax/448 = {r['k_scale']:.6g}, v_scale = {r['v_scale']:.6g}")
+    print()
+    print(f"KV cache size, whole model ({m['layers']} layers):")
+    print(
+        _table(
+            ["format", "page B/layer", "page B", "B/token", "vs bf16", "vs fp8"],
+            [
+                [
+                    f["name"],
+                    f"{f['page_bytes_per_layer']:,}",
+                    f"{f['page_bytes']:,}",
+                    f"{f['bytes_per_token']:,}",
+                    _fmt_ratio(f["gain_vs_bf16"]),
+                    _fmt_ratio(f["gain_vs_fp8"]),
+                ]
+                for f in r["formats"]
+            ],
+        )
+    )
+    print()
+    print(f"Accuracy (dequantized vs input) and store speed, one layer, {r['tokens']:,} tokens:")
+    rows = []
+    for x in r["recipes"]:
+        s = x["store"]
+        rows.append(
+            [
+                x["recipe"],
+                f"{x['k']['rel_l2']:.4f}",
+                f"{x['k']['cosine_mean']:.5f}",
+                f"{x['v']['rel_l2']:.4f}",
+                f"{x['v']['cosine_mean']:.5f}",
+                f"{s['seconds_per_call'] * 1e6:,.0f}",
+                f"{s['tokens_per_s']:,.0f}",
+                f"{s['GBps']:.2f}",
+            ]
+        )
+    print(
+        _table(
+            [
+                "recipe",
+                "K rel L2",
+                "K cosine",
+                "V rel L2",
+                "V cosine",
+                "store us",
+                "tokens/s",
+                "GB/s",
+            ],
+            rows,
+        )
+    )
+    print()
+    print(
+        "rel L2 = ||x_hat - x|| / ||x|| over the batch; cosine = mean over (token, head) vectors;"
+    )
+    print(
+        "GB/s counts K/V read + NVFP4 bytes written + slot read per token; "
+        "'nvfp4kv bench' measures the GPU."
+    )
+
+
+def _cmd_demo(args) -> int:
+    progress = _Progress("demo", enabled=not args.quiet)
+    try:
+        result = run_demo(args.tokens, args.device, args.seed, args.backend, progress)
+    finally:
+        progress.done()
+    if args.json:
+        _print_json(result)
+    else:
+        _print_demo(result)
+    return 0
+
+
+def add_parser(sub, common) -> None:
+    """Register the ``demo`` subcommand on ``sub`` (the subparsers of build_parser)."""
+    p = sub.add_parser(
+        "demo",
+        parents=[common],
+        help="quantize a realistic K/V batch and report size, accuracy and speed (default)",
+        description="Quantize a heavy-tailed K/V batch with Llama-3.1-8B geometry "
+        "(8 KV heads, head size 128, block size 16) into a paged NVFP4 cache at "
+        "random slots, read it back, and report cache sizes (bf16, fp8, nvfp4), "
+        "errors of both recipes and store throughput.",
+    )
+    p.add_argument(
+        "--tokens",
+        type=_positive_int,
+        default=None,
+        help="tokens to store (default: 2048 on CPU, 16384 on GPU)",
+    )
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto: CUDA when torch sees a GPU and nvfp4kv has CUDA kernels (default)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("auto", "torch", "numpy"),
+        default="auto",
+        help="array library (auto: torch if installed, bf16 input; numpy: float32)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="numpy RNG seed (default 0)")
+    p.set_defaults(func=_cmd_demo)

@@ -1,0 +1,209 @@
+"""``nvfp4kv plan``: how many KV-cache pages, tokens and sequences fit in a memory budget."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+from ..models import DEFAULT_MODEL, MODELS, ModelGeometry, custom_geometry, get_model
+from ._common import (
+    CLIError,
+    _fmt_ratio,
+    _format_sizes,
+    _fraction_arg,
+    _geometry_json,
+    _human_bytes,
+    _model_arg,
+    _positive_int,
+    _print_json,
+    _ratio,
+    _size_arg,
+    _strip_private,
+    _table,
+    parse_size,
+)
+
+
+def plan_capacity(
+    geo: ModelGeometry,
+    memory_bytes: int,
+    utilization: Fraction = Fraction(9, 10),
+    weights_bytes: int = 0,
+    block_size: int = 16,
+    context: int = 8192,
+) -> dict[str, Any]:
+    """How many pages, tokens and sequences fit, per format (see ``nvfp4kv plan --help``).
+
+    The KV budget is ``floor(memory * utilization) - weights`` bytes; every layer has its own
+    cache, so a page of the model is ``KVCacheSpec.page_size_bytes * layers`` and the page count
+    is ``KVCacheSpec.num_blocks_for(budget, layers)``.
+
+    Raises
+    ------
+    CLIError
+        If the weights do not leave any memory for the cache.
+    ValueError
+        From KVCacheSpec, for a geometry the format cannot store.
+    """
+    usable = int(Fraction(memory_bytes) * Fraction(utilization))
+    budget = usable - weights_bytes
+    if budget < 0:
+        raise CLIError(
+            f"the weights ({_human_bytes(weights_bytes)}) exceed the usable memory "
+            f"({_human_bytes(memory_bytes)} x {float(utilization):g} = "
+            f"{_human_bytes(usable)})"
+        )
+    pages_per_seq = -(-context // block_size)
+    rows = _format_sizes(geo, block_size)
+    for r in rows:
+        spec = r["spec"]
+        r["pages"] = spec.num_blocks_for(budget, geo.layers)
+        r["max_tokens"] = spec.max_tokens_for(budget, geo.layers)
+        r["max_sequences"] = r["pages"] // pages_per_seq
+    bf16_tokens = rows[0]["max_tokens"]
+    for r in rows:
+        r["gain_vs_bf16"] = _ratio(r["max_tokens"], bf16_tokens)
+        del r["gain_vs_fp8"]
+    return {
+        "command": "plan",
+        "model": _geometry_json(geo),
+        "memory_bytes": memory_bytes,
+        "utilization": float(utilization),
+        "weights_bytes": weights_bytes,
+        "kv_budget_bytes": budget,
+        "block_size": block_size,
+        "context": context,
+        "pages_per_sequence": pages_per_seq,
+        "formats": _strip_private(rows),
+    }
+
+
+def _cmd_plan(args) -> int:
+    if args.list_models:
+        models = [_geometry_json(m) for m in MODELS.values()]
+        if args.json:
+            _print_json({"command": "plan", "models": models})
+        else:
+            print(
+                _table(
+                    ["model", "layers", "kv heads", "head size", "source (config.json)"],
+                    [
+                        [m["name"], m["layers"], m["kv_heads"], m["head_size"], m["hf_id"]]
+                        for m in models
+                    ],
+                    align="lrrrl",
+                )
+            )
+            notes = [m for m in models if m["note"]]
+            for m in notes:
+                print(f"note: {m['name']}: {m['note']}")
+        return 0
+
+    explicit = (args.layers, args.kv_heads, args.head_size)
+    if args.model is None and all(v is not None for v in explicit):
+        geo = custom_geometry(None, *explicit)
+    else:
+        geo = custom_geometry(args.model or get_model(DEFAULT_MODEL), *explicit)
+    result = plan_capacity(
+        geo, args.memory, args.utilization, args.weights, args.block_size, args.context
+    )
+    if args.json:
+        _print_json(result)
+        return 0
+
+    src = f" ({geo.hf_id})" if geo.hf_id else ""
+    print(
+        f"model:   {geo.name}{src}: {geo.layers} layers, {geo.kv_heads} KV heads, "
+        f"head size {geo.head_size}"
+    )
+    print(
+        f"memory:  {_human_bytes(result['memory_bytes'])} x {result['utilization']:g} - "
+        f"{_human_bytes(result['weights_bytes'])} weights = "
+        f"{_human_bytes(result['kv_budget_bytes'])} for the KV cache "
+        f"({result['kv_budget_bytes']:,} B)"
+    )
+    print(
+        f"paging:  block size {result['block_size']}, context {result['context']:,} tokens = "
+        f"{result['pages_per_sequence']:,} pages per sequence"
+    )
+    print()
+    rows = [
+        [
+            r["name"],
+            f"{r['page_bytes']:,}",
+            f"{r['bytes_per_token']:,}",
+            f"{r['pages']:,}",
+            f"{r['max_tokens']:,}",
+            f"{r['max_sequences']:,}",
+            _fmt_ratio(r["gain_vs_bf16"]),
+        ]
+        for r in result["formats"]
+    ]
+    print(
+        _table(
+            [
+                "format",
+                f"page B ({geo.layers} layers)",
+                "B/token",
+                "pages",
+                "max tokens",
+                f"seqs @ {result['context']:,}",
+                "vs bf16",
+            ],
+            rows,
+        )
+    )
+    if geo.note:
+        print(f"\nnote: {geo.note}")
+    return 0
+
+
+def add_parser(sub, common) -> None:
+    """Register the ``plan`` subcommand on ``sub`` (the subparsers of build_parser)."""
+    p = sub.add_parser(
+        "plan",
+        parents=[common],
+        help="KV-cache capacity planner",
+        description="How many KV-cache pages, tokens and sequences fit in a memory "
+        "budget, for bf16, fp8 and nvfp4. The budget is memory x utilization - "
+        "weights; every layer has its own cache (KVCacheSpec.page_size_bytes x "
+        "layers per page).",
+    )
+    p.add_argument(
+        "--model",
+        type=_model_arg,
+        default=None,
+        help=f"model preset (default {DEFAULT_MODEL}); see --list-models",
+    )
+    p.add_argument("--list-models", action="store_true", help="list the model presets and exit")
+    p.add_argument("--layers", type=_positive_int, help="override: layers with a KV cache")
+    p.add_argument("--kv-heads", type=_positive_int, help="override: KV heads per layer")
+    p.add_argument("--head-size", type=_positive_int, help="override: head size D")
+    p.add_argument(
+        "--memory",
+        type=_size_arg,
+        default=parse_size("80GiB"),
+        help="GPU memory, e.g. 80GiB, 141GB, 24576MiB, bytes (default 80GiB)",
+    )
+    p.add_argument(
+        "--utilization",
+        type=_fraction_arg,
+        default=Fraction(9, 10),
+        help="fraction of --memory the engine may use, in (0, 1] (default 0.9)",
+    )
+    p.add_argument(
+        "--weights",
+        type=_size_arg,
+        default=0,
+        help="memory taken by weights and activations, subtracted (default 0)",
+    )
+    p.add_argument(
+        "--block-size", type=_positive_int, default=16, help="tokens per page (default 16)"
+    )
+    p.add_argument(
+        "--context",
+        type=_positive_int,
+        default=8192,
+        help="tokens per sequence for the concurrency column (default 8192)",
+    )
+    p.set_defaults(func=_cmd_plan)
