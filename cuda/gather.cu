@@ -28,17 +28,17 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const __grid_constant_
   wait_for_prior_grids();  // no parameter arithmetic worth overlapping: wait first
   allow_next_grids();
   const int64_t len = load_index(p.seq_lens, b), start = load_index(p.cu_seqlens, b);
-  if (len <= 0) return;
+  const SeqRows rows = gather_rows(len, start, p.total_tokens);  // never outside the output
+  if (rows.hi <= rows.lo) return;
   const float g_k = read_scale(p.k.scale), g_v = read_scale(p.v.scale);
   const uint32_t per_token = L.items.per_row.d;
-  const uint64_t items = static_cast<uint64_t>(len) * per_token;
+  const uint64_t items = static_cast<uint64_t>(rows.hi - rows.lo) * per_token;
   for (uint64_t u = blockIdx.x * kThreads + threadIdx.x; u < items; u += gridDim.x * kThreads) {
-    const uint32_t j = static_cast<uint32_t>(L.items.per_row.div_any(static_cast<int64_t>(u)));
-    const uint32_t r = static_cast<uint32_t>(u - static_cast<uint64_t>(j) * per_token);
-    const int64_t out_tok = start + j;
-    if (out_tok < 0 || out_tok >= p.total_tokens) continue;  // never write outside the output
-    const uint32_t blk = static_cast<uint32_t>(L.block_size.div_any(j));
-    const uint32_t t = j - blk * L.block_size.d;
+    const int64_t i = L.items.per_row.div_any(static_cast<int64_t>(u));
+    const uint32_t r = static_cast<uint32_t>(u - static_cast<uint64_t>(i) * per_token);
+    const int64_t j = rows.lo + i, out_tok = start + j;
+    const int64_t blk = L.block_size.div_any(j);
+    const uint32_t t = static_cast<uint32_t>(j - blk * L.block_size.d);
     const int64_t page = blk < p.max_blocks ? load_index(block_table_row(p, b), blk) : -1;
     int side;
     uint32_t h, g;
@@ -109,8 +109,8 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
   };
   const auto load_step = [&](int64_t j) {
     Step r{make_uint4(0u, 0u, 0u, 0u), {0u, 0u}, false};
-    const uint32_t blk = static_cast<uint32_t>(L.block_size.div_any(j));
-    const uint32_t pos = static_cast<uint32_t>(j - static_cast<int64_t>(blk) * p.T);
+    const int64_t blk = L.block_size.div_any(j);
+    const uint32_t pos = static_cast<uint32_t>(j - blk * p.T);
     const int64_t page = blk < p.max_blocks ? load_index(bt_row, blk) : -1;
     if (page >= 0 && page < p.N) {  // a bad entry reads as zeros; nothing outside the cache is read
       const uint8_t* base = cache + page * page_stride;
@@ -170,11 +170,16 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
     __syncwarp();  // the stage is rewritten in the next step
   };
 
-  for (int64_t j = j0;; j += gridDim.x * L.tokens_per_block) {
-    const bool active = lane_used && j < len;
+  // Only the positions that land in the output (gather_rows); the first step's preload is used
+  // when the range starts at 0 (unless cu_seqlens holds a negative start, always).
+  const SeqRows rows = gather_rows(len, start, p.total_tokens);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * L.tokens_per_block;
+  const int64_t j_first = rows.lo > j0 ? j0 + (rows.lo - j0 + stride - 1) / stride * stride : j0;
+  for (int64_t j = j_first;; j += stride) {
+    const bool active = lane_used && j < rows.hi;
     if (!__any_sync(0xffffffffu, active)) break;  // warp-uniform: the shuffles see every lane
     const int64_t out_tok = start + j;
-    const bool write = active && out_tok >= 0 && out_tok < p.total_tokens;
+    const bool write = active && j >= rows.lo;
     // Codes and scale bytes of this step (the first step's were loaded above). Where nothing is
     // read (a bad block-table entry, or a lane with nothing to write) they stay zero and so does
     // the scale, which decodes to +0: the zeros a bad entry must give, without a separate path.
@@ -242,9 +247,11 @@ __global__ void __launch_bounds__(kPageThreads, 4) gather_pages_kernel(const __g
     int64_t blk;
     uint32_t side, h0;
   };
+  int64_t first_unit = 0;  // units before the first block-table column that lands in the output
   const auto unit = [&](int64_t i) {
-    const int64_t blk = L.per_block.div_any(blockIdx.x + i * gridDim.x);
-    const uint32_t r = static_cast<uint32_t>(blockIdx.x + i * gridDim.x - blk * L.per_block.d);
+    const int64_t k = first_unit + blockIdx.x + i * gridDim.x;
+    const int64_t blk = L.per_block.div_any(k);
+    const uint32_t r = static_cast<uint32_t>(k - blk * L.per_block.d);
     const uint32_t side = L.groups.div(r);
     return Unit{blk, side, (r - side * L.groups.d) * L.heads};
   };
@@ -262,13 +269,18 @@ __global__ void __launch_bounds__(kPageThreads, 4) gather_pages_kernel(const __g
   // the length are read but not used): loaded beside them, the copies wait on one load, not two.
   if (threadIdx.x < 32) load_round(0);
   const int64_t len = load_index(p.seq_lens, b), start = load_index(p.cu_seqlens, b);
-  // Positions past the output's end are never written, so they need no units either.
-  const int64_t used = len < p.total_tokens - start ? len : p.total_tokens - start;
-  if (used <= 0) return;  // the whole block
+  // Positions outside the output are never written, so they need no units either.
+  const SeqRows rows = gather_rows(len, start, p.total_tokens);
+  const int64_t used = rows.hi;
+  if (rows.hi <= rows.lo) return;  // the whole block
+  if (rows.lo >= p.T) {  // a negative start (cu_seqlens): skip the columns before the output
+    first_unit = rows.lo / p.T * L.per_block.d;
+    if (threadIdx.x < 32) load_round(0);
+  }
   const float gk = read_scale(p.k.scale), gv = read_scale(p.v.scale);
   // Units of blocks past the block table's width read as zeros, like bad entries (as in the
   // other gather kernels).
-  const int64_t avail = (used + p.T - 1) / p.T * L.per_block.d;
+  const int64_t avail = (used + p.T - 1) / p.T * L.per_block.d - first_unit;
   const int64_t n = avail > blockIdx.x ? (avail - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
 
   for (int64_t r0 = 0; r0 < n; r0 += kPageStages) {

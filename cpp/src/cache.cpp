@@ -14,7 +14,7 @@ namespace {
 
 // Head size of a cache side from its full dim F = 9D/16.
 int64_t head_size_from_full_dim(const Tensor& c, int64_t F) {
-  if (F <= 0 || F % 9 != 0 || F / 9 * 16 > kMaxHeadSize)
+  if (F <= 0 || F % 9 != 0 || F > full_dim(kMaxHeadSize))
     fail(NVFP4KV_ERROR_INVALID_VALUE,
          "%s: last dimension %lld received; expected F = D/2 + D/16 = 9*D/16 for a head size D "
          "that is a multiple of 16 up to %d (D=128 gives F=72)",
@@ -35,11 +35,25 @@ void check_page_stride(const Tensor& c, int64_t N, int64_t page_stride, int64_t 
 }
 
 
+// Block size and head count, and the bytes of one side of one page (H * T * F, the largest F of
+// the two sides): the kernels address a page side with 32-bit offsets and divide positions by T
+// in 32 bits, so a side must stay below 2 GiB.
+constexpr int64_t kMaxSideBytes = (int64_t{1} << 31) - 1;
+
 void check_geometry(const Tensor& c, int64_t T, int64_t H) {
   if (T <= 0) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: block size T=%lld; must be positive", c.name,
                    static_cast<long long>(T));
   if (H <= 0) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: number of KV heads H=%lld; must be positive",
                    c.name, static_cast<long long>(H));
+}
+
+void check_side_bytes(const Tensor& c, int64_t T, int64_t H, int64_t F) {
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(H, T, &bytes) || __builtin_mul_overflow(bytes, F, &bytes) || bytes > kMaxSideBytes)
+    fail(NVFP4KV_ERROR_INVALID_VALUE,
+         "%s: block size %lld with %lld KV heads of F=%lld bytes: one side of a page would hold "
+         "more than 2 GiB - 1 bytes, the most the kernels address",
+         c.name, static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(F));
 }
 
 // One side tensor (N, T, H, F): layout read from its strides (HND when H or T is 1: the same
@@ -81,6 +95,7 @@ Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache) {
     const int64_t Fk = kc.size(3), Fv = vc.size(3);
     r.k.D = static_cast<int32_t>(head_size_from_full_dim(kc, Fk));
     r.v.D = static_cast<int32_t>(head_size_from_full_dim(vc, Fv));
+    check_side_bytes(kc, r.T, r.H, Fk > Fv ? Fk : Fv);
     const Layout lk = side_layout(kc, r.T, r.H, Fk), lv = side_layout(vc, r.T, r.H, Fv);
     if (lk != lv)
       fail(NVFP4KV_ERROR_INVALID_VALUE, "value_cache: layout %s but key_cache is %s",
@@ -92,6 +107,9 @@ Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache) {
     r.v.page_stride = vc.stride(0);
     check_page_stride(kc, r.N, r.k.page_stride, r.H * r.T * Fk);
     check_page_stride(vc, r.N, r.v.page_stride, r.H * r.T * Fv);
+    if (elements_overlap(kc, vc))  // split views of one allocation pass: their bytes interleave
+      fail(NVFP4KV_ERROR_INVALID_VALUE,
+           "value_cache: shares memory with key_cache; the two sides of a cache must not overlap");
     r.device = kc.device();
     r.k_name = "key_cache";
     r.v_name = "value_cache";
@@ -113,6 +131,7 @@ Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache) {
     check_geometry(c, r.T, r.H);
     const int64_t F = c.size(4);
     r.k.D = r.v.D = static_cast<int32_t>(head_size_from_full_dim(c, F));
+    check_side_bytes(c, r.T, r.H, F);
     const int64_t side = r.H * r.T * F;
     const bool tail_ok = c.stride(4) == 1 && c.stride(1) == side;
     const bool hnd = tail_ok && stride_ok(r.T, c.stride(2), F) && stride_ok(r.H, c.stride(3), r.T * F);
@@ -143,6 +162,7 @@ Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache) {
     check_geometry(c, r.T, r.H);
     const int64_t F = c.size(3);
     r.k.D = r.v.D = static_cast<int32_t>(head_size_from_full_dim(c, F));
+    check_side_bytes(c, r.T, r.H, F);
     const int64_t side = r.H * r.T * F;
     if (c.stride(3) != 1 || !stride_ok(r.T, c.stride(2), F) || c.stride(1) != r.T * F)
       fail(NVFP4KV_ERROR_INVALID_VALUE,

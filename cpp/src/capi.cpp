@@ -8,6 +8,7 @@
 
 #include "backend.h"
 #include "cache.h"
+#include "float_mode.h"
 #include "nvfp4kv/nvfp4kv.h"
 #include "tensor.h"
 #include "testing.h"
@@ -30,6 +31,7 @@ thread_local std::string g_last_error;
 // Runs `body` and converts whatever it throws into a status; the only exit from the ABI.
 template <class Body>
 nvfp4kv_status guarded(const char* fn, Body&& body) {
+  const FloatModeGuard ieee;  // the caller's FTZ/DAZ or rounding mode changes no check and no byte
   try {
     body();
     g_last_error.clear();
@@ -172,6 +174,12 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
          "NVFP4KV_RECIPE_NVFP4_4OVER6 (1, 'nvfp4_4over6')",
          static_cast<int>(recipe));
   apply_profile(c, profile);
+  {
+    const Tensor vcache = value_cache ? Tensor(value_cache, c.v_name) : cache_ref;
+    const Tensor ks(k_scale ? k_scale : kv_cache, "k_scale"), vs(v_scale ? v_scale : kv_cache, "v_scale");
+    check_apart({&cache_ref, value_cache ? &vcache : nullptr}, {&key, &value, &slots, k_scale ? &ks : nullptr, v_scale ? &vs : nullptr},
+                /*outputs_checked=*/true);  // the sides: resolve_cache
+  }
 
   StoreParams p{};
   p.k = StoreSide{key.ptr(), key.stride(0), key.stride(1), c.k, resolve_scale(k_scale, "k_scale", c.device)};
@@ -241,6 +249,13 @@ void dequantize(const DLTensor* kv_cache, const DLTensor* value_cache, const DLT
   const DType dtype = check_outputs(ko, vo, cache_ref, {c.N, c.T, c.H}, c.k.D, c.v.D,
                                     "(num_blocks, block_size, num_kv_heads, head_size)");
 
+  {
+    const Tensor vcache = value_cache ? Tensor(value_cache, c.v_name) : cache_ref;
+    const Tensor ks(k_scale ? k_scale : kv_cache, "k_scale"), vs(v_scale ? v_scale : kv_cache, "v_scale");
+    const Tensor pg = pages ? Tensor(pages, "pages") : cache_ref;
+    check_apart({&ko, &vo}, {&cache_ref, value_cache ? &vcache : nullptr, pages ? &pg : nullptr, k_scale ? &ks : nullptr, v_scale ? &vs : nullptr});
+  }
+
   DequantParams p{};
   p.k = DequantSide{c.k, resolve_scale(k_scale, "k_scale", c.device), ko.ptr(),
                     {ko.stride(0), ko.stride(1), ko.stride(2)}};
@@ -279,6 +294,13 @@ void gather(const DLTensor* kv_cache, const DLTensor* value_cache, const DLTenso
   const int64_t total = ko.ndim() == 3 ? ko.size(0) : 0;
   const DType dtype = check_outputs(ko, vo, cache_ref, {total, c.H}, c.k.D, c.v.D,
                                     "(total_tokens, num_kv_heads, head_size)");
+
+  {
+    const Tensor vcache = value_cache ? Tensor(value_cache, c.v_name) : cache_ref;
+    const Tensor ks(k_scale ? k_scale : kv_cache, "k_scale"), vs(v_scale ? v_scale : kv_cache, "v_scale");
+    const Tensor sl(seq_lens, "seq_lens"), cu(cu_seqlens, "cu_seqlens");
+    check_apart({&ko, &vo}, {&cache_ref, value_cache ? &vcache : nullptr, &bt, &sl, &cu, k_scale ? &ks : nullptr, v_scale ? &vs : nullptr});
+  }
 
   GatherParams p{};
   p.k = DequantSide{c.k, resolve_scale(k_scale, "k_scale", c.device), ko.ptr(),

@@ -105,6 +105,23 @@ struct GatherParams {
   Layout layout;
 };
 
+// The positions j of one sequence that a gather writes: those with j < len and an output row
+// start + j inside [0, total), as [lo, hi). Every gather loop runs over this range only, so its
+// work is bounded by the output whatever the (device-resident, unchecked) lengths and starts
+// hold. total <= 2^62 (the C ABI's element bound); start + j never overflows.
+struct SeqRows {
+  int64_t lo, hi;
+};
+
+NVFP4KV_HD SeqRows gather_rows(int64_t len, int64_t start, int64_t total) {
+  if (len <= 0 || start >= total) return SeqRows{0, 0};
+  const int64_t lo = start >= 0 ? 0 : (start > -len ? -start : len);
+  constexpr int64_t kMax = INT64_MAX;
+  const int64_t room = start >= 0 || start >= total - kMax ? total - start : kMax;  // total - start, saturated
+  const int64_t hi = len < room ? len : room;
+  return SeqRows{lo, hi > lo ? hi : lo};
+}
+
 // Row b of the block table as an index vector over its blocks (entries [0, max_blocks)).
 NVFP4KV_HD IndexVec block_table_row(const GatherParams& p, int64_t b) {
   const int64_t i = b * p.bt_stride[0];

@@ -162,4 +162,118 @@ bool overlap(const Tensor& a, const Tensor& b) {
   return range(a, alo, ahi) && range(b, blo, bhi) && alo < bhi && blo < ahi;
 }
 
+namespace {
+
+// Whether two distinct indices of x address the same element: with the dimensions of size > 1
+// sorted by |stride|, each stride must exceed the span of the ones before it.
+bool self_overlapping(const Tensor& x) {
+  if (x.numel() <= 1) return false;
+  int64_t dims[8][2];  // |stride|, size
+  int n = 0;
+  for (int i = 0; i < x.ndim(); ++i)
+    if (x.size(i) > 1) {
+      const int64_t st = x.stride(i) < 0 ? -x.stride(i) : x.stride(i);
+      int k = n++;
+      while (k > 0 && dims[k - 1][0] > st) {
+        dims[k][0] = dims[k - 1][0];
+        dims[k][1] = dims[k - 1][1];
+        --k;
+      }
+      dims[k][0] = st;
+      dims[k][1] = x.size(i);
+    }
+  int64_t span = 0;  // largest offset reachable with the dimensions so far
+  for (int k = 0; k < n; ++k) {
+    if (dims[k][0] <= span) return true;
+    if (__builtin_mul_overflow(dims[k][1] - 1, dims[k][0], &dims[k][1]) ||
+        __builtin_add_overflow(span, dims[k][1], &span))
+      return true;  // beyond any memory
+  }
+  return false;
+}
+
+}  // namespace
+
+// Whether some element of b occupies a byte of some element of a. Exact where the two share
+// their element size and strides (non-negative, each larger than the span of the smaller ones:
+// the views of one allocation, such as the K and V halves of a paged cache): b's offsets minus
+// a's, delta, must then be a sum of j_k * stride_k with j_k inside both extents, which a search
+// over at most two candidates per dimension decides. Elsewhere the byte ranges decide
+// (conservative: a false "overlap" only for interleaved views of different layouts).
+bool elements_overlap(const Tensor& a, const Tensor& b) {
+  if (!overlap(a, b)) return false;
+  const int64_t e = (a.t->dtype.bits * a.t->dtype.lanes + 7) / 8;
+  if ((b.t->dtype.bits * b.t->dtype.lanes + 7) / 8 != e || a.ndim() != b.ndim() || e == 0) return true;
+  struct Dim {
+    int64_t stride, lo, hi;  // j in [lo, hi]
+  } dims[8];
+  int n = 0;
+  for (int i = 0; i < a.ndim(); ++i) {
+    if (a.size(i) <= 1 && b.size(i) <= 1) continue;
+    if (a.stride(i) != b.stride(i) || a.stride(i) <= 0) return true;
+    int k = n++;
+    while (k > 0 && dims[k - 1].stride < a.stride(i)) {  // descending strides
+      dims[k] = dims[k - 1];
+      --k;
+    }
+    dims[k] = Dim{a.stride(i), -(b.size(i) - 1), a.size(i) - 1};
+  }
+  const intptr_t diff = reinterpret_cast<intptr_t>(b.ptr()) - reinterpret_cast<intptr_t>(a.ptr());
+  if (diff % e != 0) return true;
+  // span[k]: the largest |sum| of the dimensions after k (smaller strides).
+  int64_t span[9] = {0};
+  for (int k = n - 1; k >= 0; --k) {
+    const int64_t reach = (dims[k].hi > -dims[k].lo ? dims[k].hi : -dims[k].lo) * dims[k].stride;
+    span[k] = span[k + 1] + reach;
+    if (span[k + 1] >= dims[k].stride) return true;  // not a layout the search decides
+  }
+  const auto floor_div = [](int64_t x, int64_t y) { return x / y - ((x % y != 0) && ((x < 0) != (y < 0))); };
+  // Depth-first over the dimensions, largest stride first: j_k must leave a remainder the
+  // smaller dimensions can still reach.
+  struct Search {
+    const Dim* dims;
+    const int64_t* span;
+    int n;
+    decltype(floor_div) fdiv;
+    bool operator()(int k, int64_t r) const {
+      if (k == n) return r == 0;
+      const Dim& d = dims[k];
+      int64_t j_lo = -fdiv(-(r - span[k + 1]), d.stride), j_hi = fdiv(r + span[k + 1], d.stride);
+      if (j_lo < d.lo) j_lo = d.lo;
+      if (j_hi > d.hi) j_hi = d.hi;
+      for (int64_t j = j_lo; j <= j_hi; ++j)
+        if ((*this)(k + 1, r - j * d.stride)) return true;
+      return false;
+    }
+  };
+  return Search{dims, span, n, floor_div}(0, static_cast<int64_t>(diff / e));
+}
+
+void check_apart(std::initializer_list<const Tensor*> outputs, std::initializer_list<const Tensor*> inputs,
+                 bool outputs_checked) {
+  for (const Tensor* o : outputs) {
+    if (!o) continue;
+    if (self_overlapping(*o))
+      fail(NVFP4KV_ERROR_INVALID_VALUE,
+           "%s: shape %s with strides %s addresses some elements more than once (an expand()ed or "
+           "as_strided view); an output must address each element once",
+           o->name, o->shape_str().c_str(), o->strides_str().c_str());
+  }
+  const auto apart = [](const Tensor& a, const Tensor& b) {
+    return !same_device(a.device(), b.device()) || !elements_overlap(a, b);
+  };
+  for (const Tensor* const* a = outputs.begin(); a != outputs.end(); ++a) {
+    if (!*a) continue;
+    if (!outputs_checked)
+      for (const Tensor* const* b = a + 1; b != outputs.end(); ++b)
+        if (*b && !apart(**a, **b))
+          fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: shares memory with %s; the outputs of a call must not overlap",
+               (*b)->name, (*a)->name);
+    for (const Tensor* in : inputs)
+      if (in && !apart(**a, *in))
+        fail(NVFP4KV_ERROR_INVALID_VALUE,
+             "%s: shares memory with %s; an input must not overlap an output of the call", in->name, (*a)->name);
+  }
+}
+
 }  // namespace nvfp4kv

@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include <initializer_list>
 #include <string>
 
 #include "nvfp4kv/format.h"
@@ -62,5 +63,15 @@ bool index_is_int64(const Tensor& x);                               // int64 (tr
 IndexVec index_vec(const Tensor& x, const Tensor& ref, int64_t length);
 // Whether two tensors' byte ranges (from their lowest to their highest element) intersect.
 bool overlap(const Tensor& a, const Tensor& b);
+// Whether some element of b shares a byte with some element of a: exact for views of one
+// allocation with the same strides (the K and V halves of a paged cache), else by byte range.
+bool elements_overlap(const Tensor& a, const Tensor& b);
+// The one overlap rule of every operation, checked before anything is written: no output
+// addresses an element twice (expand()), no two outputs share a byte range, and no output shares
+// one with an input; a failure names both arguments. Absent (nullptr) entries are skipped.
+// `outputs_checked` skips the output pairs (the caller proved them apart otherwise, as the two
+// sides of a cache, page by page).
+void check_apart(std::initializer_list<const Tensor*> outputs, std::initializer_list<const Tensor*> inputs,
+                 bool outputs_checked = false);
 
 }  // namespace nvfp4kv

@@ -280,8 +280,17 @@ void import_optional(Arg& a, nb::handle obj, const char* name, bool writable) {
 
 // A global scale: a Python number becomes a host float32 scalar, anything else an array.
 void import_scale(Arg& a, nb::handle obj, const char* name) {
+  if (PyBool_Check(obj.ptr()))
+    throw nb::type_error((std::string(name) + ": a bool received; expected a float (the decode scale) "
+                          "or a 1-element float32 tensor").c_str());
   if (nb::isinstance<nb::float_>(obj) || nb::isinstance<nb::int_>(obj)) {
-    a.scalar = static_cast<float>(nb::cast<double>(obj));
+    const double v = PyFloat_AsDouble(obj.ptr());  // ints too; OverflowError past the double range
+    if (v == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      throw nb::value_error((std::string(name) + ": " + nb::repr(obj).c_str() +
+                             " received; a global scale must be a finite float > 0").c_str());
+    }
+    a.scalar = static_cast<float>(v);
     a.t.data = &a.scalar;
     a.t.device = DLDevice{kDLCPU, 0};
     a.t.ndim = 0;
@@ -304,10 +313,11 @@ nb::object api_helper(const char* name) {
 // recipe / scale_layout strings -> enum values; anything else goes to api._choice, which raises.
 int choice(nb::handle value, const char* const* names, int count, const char* table, const char* arg) {
   if (PyUnicode_Check(value.ptr())) {
-    const char* v = PyUnicode_AsUTF8AndSize(value.ptr(), nullptr);  // in the limited API
+    Py_ssize_t size = 0;
+    const char* v = PyUnicode_AsUTF8AndSize(value.ptr(), &size);  // in the limited API
     if (!v) throw nb::python_error();
-    for (int i = 0; i < count; ++i)
-      if (std::strcmp(v, names[i]) == 0) return i;
+    for (int i = 0; i < count; ++i)  // the whole string: "nvfp4\0junk" is not "nvfp4"
+      if (std::strlen(names[i]) == static_cast<size_t>(size) && std::memcmp(v, names[i], size) == 0) return i;
   }
   return nb::cast<int>(api_helper("_choice")(value, api_helper(table), arg));
 }
@@ -315,8 +325,20 @@ int choice(nb::handle value, const char* const* names, int count, const char* ta
 // The stream to run on: an int as given; None: none for a cache on the CPU, torch's current
 // stream of the cache's device when the cache is a CUDA torch tensor (read in C++: this is the
 // per-call path of a decode step); every other case through api._stream_handle.
+// A stream handle from a Python int: a cudaStream_t is a pointer, so [0, 2^64).
+uintptr_t handle_value(nb::handle v) {
+  if (PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr())) {
+    const unsigned long long h = PyLong_AsUnsignedLongLong(v.ptr());
+    if (!(h == static_cast<unsigned long long>(-1) && PyErr_Occurred())) return static_cast<uintptr_t>(h);
+    PyErr_Clear();
+  }
+  throw nb::value_error((std::string("stream: ") + nb::repr(v).c_str() +
+                         " received; expected None, a stream object, or a cudaStream_t handle as an "
+                         "integer in [0, 2**64)").c_str());
+}
+
 uintptr_t stream_handle(nb::handle stream, nb::handle like, const Arg& cache) {
-  if (PyLong_Check(stream.ptr())) return nb::cast<uintptr_t>(stream);
+  if (PyLong_Check(stream.ptr())) return handle_value(stream);
   if (stream.is_none() && cache.t.device.device_type == kDLCPU) return 0;  // no stream on the CPU
   if (stream.is_none() && cache.keep_alive.is_valid() && cache.t.device.device_type == kDLCUDA) {
     const TorchInfo* info = torch_info();
@@ -329,10 +351,10 @@ uintptr_t stream_handle(nb::handle stream, nb::handle like, const Arg& cache) {
     if (info && info->raw_stream) {
       nb::object s = nb::steal(PyObject_CallFunction(info->raw_stream, "i", cache.t.device.device_id));
       if (!s.is_valid()) throw nb::python_error();
-      return nb::cast<uintptr_t>(s);
+      return handle_value(s);
     }
   }
-  return nb::cast<uintptr_t>(api_helper("_stream_handle")(stream, like));
+  return handle_value(api_helper("_stream_handle")(stream, like));
 }
 
 // k_scale / v_scale: a Python number or an array as they are; numpy scalars and the like

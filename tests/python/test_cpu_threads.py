@@ -94,9 +94,10 @@ def test_dequantize_and_gather_same_bytes_on_threads(nv, view):
             assert_bytes_equal(b, a)
 
 
-def test_overlapping_tensors_run_on_one_thread(nv):
-    """A V cache that starts one page into the K cache's bytes, and a value_out one page into
-    key_out's: the single-threaded bytes (later writes win), whatever the thread count."""
+def test_overlapping_sides_and_outputs_are_rejected(nv):
+    """A V cache that starts one page into the K cache's bytes, or a value_out one page into
+    key_out's, is rejected before anything is written (the overlap rule of every entry point),
+    whatever the thread count."""
     rng = np.random.default_rng(9)
     F = ref.full_dim(D)
     page = T * H * F
@@ -105,22 +106,17 @@ def test_overlapping_tensors_run_on_one_thread(nv):
     vc = torch.as_strided(raw, (N, T, H, F), (page, H * F, F, 1), page)
     k = torch.randn(n, H, D, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(1))
     slots = torch.from_numpy(rng.permutation(N * T)[:n])
-    out = torch.zeros((N + 1) * T * H * D, dtype=torch.float32)
+    out = torch.full(((N + 1) * T * H * D,), 7.0, dtype=torch.float32)
     ko = torch.as_strided(out, (N, T, H, D), (T * H * D, H * D, D, 1), 0)
     vo = torch.as_strided(out, (N, T, H, D), (T * H * D, H * D, D, 1), T * H * D)
-    got = []
-    for threads in (1, 8, 8):
+    before_raw, before_out = raw.clone(), out.clone()
+    for threads in (1, 8):
         nv.set_cpu_threads(threads)
-        raw_t = raw.clone()
-        kc_t = torch.as_strided(raw_t, kc.shape, kc.stride(), 0)
-        vc_t = torch.as_strided(raw_t, vc.shape, vc.stride(), page)
-        nv.store(k, k.flip(0), kc_t, slots, 0.3, 0.7, value_cache=vc_t, scale_layout="linear")
-        out.zero_()
-        nv.dequantize(kc_t, 0.3, 0.7, value_cache=vc_t, scale_layout="linear", key_out=ko, value_out=vo)
-        got.append((raw_t.numpy().reshape(N + 1, -1).copy(), out.view(torch.uint8).numpy().reshape(N + 1, -1).copy()))
-    for other in got[1:]:
-        assert_bytes_equal(other[0], got[0][0])
-        assert_bytes_equal(other[1], got[0][1])
+        with pytest.raises(ValueError, match="value_cache: shares memory with key_cache"):
+            nv.store(k, k.flip(0), kc, slots, 0.3, 0.7, value_cache=vc, scale_layout="linear")
+        with pytest.raises(ValueError, match="value_out: shares memory with key_out"):
+            nv.dequantize(kc, 0.3, 0.7, value_cache=vc.clone(), scale_layout="linear", key_out=ko, value_out=vo)
+        assert torch.equal(raw, before_raw) and torch.equal(out, before_out)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc (Linux)")

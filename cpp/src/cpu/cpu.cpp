@@ -1,6 +1,7 @@
 // The CPU path: loops over the parameter structs, calling the format core for every byte.
 // A real, shipped path (engines without a GPU, tests' oracle for the kernels), not a helper.
 #include "backend.h"
+#include "float_mode.h"
 
 #include <errno.h>
 #include <math.h>
@@ -71,7 +72,10 @@ void for_shares(double work, bool separate, const Fn& fn) {
   pool.reserve(n - 1);
   for (int k = 1; k < n; ++k) {
     try {
-      pool.emplace_back(fn, k, n);
+      pool.emplace_back([&fn, k, n] {
+        const FloatModeGuard ieee;  // whatever mode a new thread starts in
+        fn(k, n);
+      });
     } catch (...) {  // no thread could be started (resources): this thread takes that share too
       fn(k, n);
     }
@@ -294,9 +298,9 @@ void gather_impl(const GatherParams& p) {
     for (int64_t b = 0; b < p.B; ++b) {
       const int64_t len = load_index(p.seq_lens, b), start = load_index(p.cu_seqlens, b);
       const IndexVec row = block_table_row(p, b);
-      for (int64_t j = 0; j < len; ++j) {
+      const SeqRows rows = gather_rows(len, start, p.total_tokens);  // never outside the output
+      for (int64_t j = rows.lo; j < rows.hi; ++j) {
         const int64_t out_tok = start + j;
-        if (out_tok < 0 || out_tok >= p.total_tokens) continue;  // never write outside the output
         if (!in_share(out_tok / 64, k, n)) continue;
         const int64_t blk = j / p.T;
         const int64_t page = blk < p.max_blocks ? load_index(row, blk) : -1;
