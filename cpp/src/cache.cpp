@@ -73,9 +73,19 @@ Layout side_layout(const Tensor& c, int64_t T, int64_t H, int64_t F) {
        static_cast<long long>(T * F), static_cast<long long>(H * F), static_cast<long long>(F));
 }
 
+// A view whose dimension `h_dim` should hold the heads but whose dimension `t_dim` holds them.
+void check_orientation(const Tensor& c, int h_dim, int t_dim, int64_t heads, const char* heads_arg) {
+  if (heads <= 0 || c.size(h_dim) == heads || c.size(t_dim) != heads) return;
+  fail(NVFP4KV_ERROR_INVALID_VALUE,
+       "%s: shape %s has the %lld KV heads of %s in dimension %d; expected heads in dimension %d, as in "
+       "(num_blocks, block_size, num_kv_heads, F) for a side. The halves of a packed (N, 2H, T, F) cache "
+       "from split(H, dim=1) are (N, H, T, F): pass their transpose(1, 2), or the packed cache itself",
+       c.name, c.shape_str().c_str(), static_cast<long long>(heads), heads_arg, t_dim, h_dim);
+}
+
 }  // namespace
 
-Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache) {
+Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache, int64_t heads, const char* heads_arg) {
   Cache r{};
   if (value_cache) {
     Tensor kc(kv_cache, "key_cache"), vc(value_cache, "value_cache");
@@ -88,6 +98,8 @@ Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache) {
       if (kc.size(i) != vc.size(i))
         fail(NVFP4KV_ERROR_INVALID_VALUE, "value_cache: shape %s does not match key_cache %s",
              vc.shape_str().c_str(), kc.shape_str().c_str());
+    check_orientation(kc, 2, 1, heads, heads_arg);
+    check_orientation(vc, 2, 1, heads, heads_arg);
     r.N = kc.size(0);
     r.T = kc.size(1);
     r.H = kc.size(2);
@@ -125,6 +137,7 @@ Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache) {
       fail(NVFP4KV_ERROR_INVALID_VALUE,
            "kv_cache: shape %s received; expected (num_blocks, 2, block_size, num_kv_heads, F)",
            c.shape_str().c_str());
+    check_orientation(c, 3, 2, heads, heads_arg);
     r.N = c.size(0);
     r.T = c.size(2);
     r.H = c.size(3);

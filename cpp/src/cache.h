@@ -17,8 +17,12 @@ struct Cache {
   const char* v_name;
 };
 
-// The cache of kv_cache (combined) or of key_cache = kv_cache and value_cache (two sides).
-Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache);
+// The cache of kv_cache (combined) or of key_cache = kv_cache and value_cache (two sides). A side
+// (4-D) is (N, T, H, F) and a 5-D cache (N, 2, T, H, F) in logical order, HND or NHD by strides;
+// `heads` (from `heads_arg`, the call's key or output; -1: unknown) catches a view whose heads
+// and positions are swapped (vLLM's kv_cache.split(H, dim=1) halves), which strides alone cannot
+// tell from an NHD side.
+Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache, int64_t heads, const char* heads_arg);
 // The scale profile's interleaving of V scales, checked against the geometry.
 void apply_profile(Cache& c, nvfp4kv_scale_profile profile);
 // A global scale: a host float (checked now) or a device pointer on the cache's device.

@@ -146,7 +146,7 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
            const DLTensor* workspace, void* stream) {
   Tensor key(key_t, "key"), value(value_t, "value"), slots(slot_t, "slot_mapping");
   if (!kv_cache) fail(NVFP4KV_ERROR_INVALID_VALUE, "kv_cache: NULL tensor");
-  Cache c = resolve_cache(kv_cache, value_cache);
+  Cache c = resolve_cache(kv_cache, value_cache, key.ndim() == 3 ? key.size(1) : -1, "key");
   const Tensor cache_ref(kv_cache, c.k_name);
 
   expect_same_device(key, cache_ref);
@@ -158,15 +158,17 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
          dtype_name(value.t->dtype).c_str(), dtype_name(key.t->dtype).c_str());
   check_input(key, c, c.k.D, c.k_name);
   check_input(value, c, c.v.D, c.v_name);
-  if (value.size(0) != key.size(0))
-    fail(NVFP4KV_ERROR_INVALID_VALUE, "value: %lld tokens (shape %s) but key has %lld",
-         static_cast<long long>(value.size(0)), value.shape_str().c_str(),
-         static_cast<long long>(key.size(0)));
 
   const IndexVec slot_vec = index_vec(slots, cache_ref, -1);
-  if (slots.size(0) != key.size(0))
-    fail(NVFP4KV_ERROR_INVALID_VALUE, "slot_mapping: %lld entries but key has %lld tokens",
-         static_cast<long long>(slots.size(0)), static_cast<long long>(key.size(0)));
+  // key/value may have more rows than slot_mapping (an engine pads them for CUDA graphs, as vLLM
+  // does): the first slot_mapping.size(0) rows are stored, as vLLM's and FlashInfer's kernels do.
+  for (const Tensor* x : {&key, &value})
+    if (x->size(0) < slots.size(0))
+      fail(NVFP4KV_ERROR_INVALID_VALUE,
+           "%s: %lld tokens (shape %s) but slot_mapping has %lld entries; key and value need a row "
+           "for each slot (extra rows are padding and are not stored)",
+           x->name, static_cast<long long>(x->size(0)), x->shape_str().c_str(),
+           static_cast<long long>(slots.size(0)));
 
   if (recipe != NVFP4KV_RECIPE_NVFP4 && recipe != NVFP4KV_RECIPE_NVFP4_4OVER6)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
@@ -186,7 +188,7 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
   p.v = StoreSide{value.ptr(), value.stride(0), value.stride(1), c.v,
                   resolve_scale(v_scale, "v_scale", c.device)};
   p.slots = slot_vec;
-  p.num_tokens = key.size(0);
+  p.num_tokens = slots.size(0);
   p.num_slots = c.N * c.T;
   p.H = static_cast<int32_t>(c.H);
   p.T = static_cast<int32_t>(c.T);
@@ -242,10 +244,10 @@ void dequantize(const DLTensor* kv_cache, const DLTensor* value_cache, const DLT
                 const DLTensor* k_scale, const DLTensor* v_scale, nvfp4kv_scale_profile profile,
                 DLTensor* key_out_t, DLTensor* value_out_t, void* stream) {
   if (!kv_cache) fail(NVFP4KV_ERROR_INVALID_VALUE, "kv_cache: NULL tensor");
-  Cache c = resolve_cache(kv_cache, value_cache);
+  const Tensor ko(key_out_t, "key_out"), vo(value_out_t, "value_out");
+  Cache c = resolve_cache(kv_cache, value_cache, ko.ndim() == 4 ? ko.size(2) : -1, "key_out");
   apply_profile(c, profile);
   const Tensor cache_ref(kv_cache, c.k_name);
-  const Tensor ko(key_out_t, "key_out"), vo(value_out_t, "value_out");
   const DType dtype = check_outputs(ko, vo, cache_ref, {c.N, c.T, c.H}, c.k.D, c.v.D,
                                     "(num_blocks, block_size, num_kv_heads, head_size)");
 
@@ -282,7 +284,8 @@ void gather(const DLTensor* kv_cache, const DLTensor* value_cache, const DLTenso
             const DLTensor* v_scale, nvfp4kv_scale_profile profile, DLTensor* key_out_t,
             DLTensor* value_out_t, void* stream) {
   if (!kv_cache) fail(NVFP4KV_ERROR_INVALID_VALUE, "kv_cache: NULL tensor");
-  Cache c = resolve_cache(kv_cache, value_cache);
+  const Tensor ko(key_out_t, "key_out"), vo(value_out_t, "value_out");
+  Cache c = resolve_cache(kv_cache, value_cache, ko.ndim() == 3 ? ko.size(1) : -1, "key_out");
   apply_profile(c, profile);
   const Tensor cache_ref(kv_cache, c.k_name);
   const Tensor bt(block_table_t, "block_table");
@@ -290,7 +293,6 @@ void gather(const DLTensor* kv_cache, const DLTensor* value_cache, const DLTenso
   expect_same_device(bt, cache_ref);
   const bool bt64 = index_is_int64(bt);
   const int64_t B = bt.size(0);
-  const Tensor ko(key_out_t, "key_out"), vo(value_out_t, "value_out");
   const int64_t total = ko.ndim() == 3 ? ko.size(0) : 0;
   const DType dtype = check_outputs(ko, vo, cache_ref, {total, c.H}, c.k.D, c.v.D,
                                     "(total_tokens, num_kv_heads, head_size)");

@@ -4,6 +4,8 @@ Byte-compatible with vLLM's ``kv_cache_dtype="nvfp4"`` layout; CPU path and CUDA
 (Ampere, Hopper, Blackwell) that write identical bytes. Torch is optional.
 """
 
+import sys as _sys
+
 from ._C import __version__
 from .api import (build_info, cpu_threads, dequantize, gather_dequant, prepare_store, reshape_and_cache_flash,
                   set_cpu_threads, store, store_workspace, store_workspace_bytes)
@@ -21,6 +23,9 @@ from .spec import (
     nvfp4_kv_cache_full_dim,
 )
 from .views import nvfp4_kv_cache_split_views, nvfp4_split_data_scale
+
+if "torch" in _sys.modules:  # torch is optional: the custom ops only where it is already loaded
+    from . import ops  # noqa: F401  (registers torch.ops.nvfp4kv.*)
 
 __all__ = [
     "__version__",

@@ -9,6 +9,7 @@ options, whose error messages they produce). This module also allocates outputs.
 from __future__ import annotations
 
 import numbers
+import sys
 from typing import Any, Optional, Tuple
 
 from . import _C
@@ -127,8 +128,34 @@ def store(
     TypeError, ValueError, RuntimeError
         Bad dtype; bad shape/value/device; CUDA failure. The cache is untouched on error.
     """
-    _C.store(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cache, recipe, scale_layout, stream,
-             workspace)
+    try:
+        _C.store(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cache, recipe, scale_layout, stream,
+                 workspace)
+    except ValueError:
+        if not _without_data(key, value, kv_cache, value_cache, slot_mapping, workspace):
+            raise
+        _ops().store(key, value, kv_cache, slot_mapping, _ops().scale_tensor(k_scale), _ops().scale_tensor(v_scale),
+                     value_cache, recipe, scale_layout, workspace)
+
+
+def _ops():
+    """nvfp4kv.ops (the torch custom ops), imported on first use."""
+    from . import ops
+
+    return ops
+
+
+def _without_data(*args: Any) -> bool:
+    """Whether every tensor argument is a torch tensor without memory (meta, or fake under
+    FakeTensorMode): such calls go to the torch custom ops, whose fake implementations need no
+    data. A call mixing them with real tensors keeps the extension's error. Asked only after the
+    extension refused a call, so it costs nothing on the eager path."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    given = [a for a in args if a is not None]
+    return bool(given) and all(isinstance(a, torch.Tensor) and (a.is_meta or hasattr(a, "fake_mode"))
+                               for a in given)
 
 
 def prepare_store(
@@ -203,14 +230,25 @@ def reshape_and_cache_flash(
     ``kv_cache[:, 0]``, ``kv_cache[:, 1]``), except that out-of-range slots are skipped instead
     of written out of bounds. See :func:`store` for shapes, dtypes and ``workspace``.
     """
+    _check_kv_cache_dtype(kv_cache_dtype)
+    # Straight to the binding, as store() does (one Python call less per layer and step).
+    try:
+        _C.store(key, value, key_cache, slot_mapping, k_scale, v_scale, value_cache, kv_cache_dtype,
+                 scale_layout, stream, workspace)
+    except ValueError:
+        if not _without_data(key, value, key_cache, value_cache, slot_mapping, workspace):
+            raise
+        ops = _ops()
+        ops.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                    ops.scale_tensor(k_scale), ops.scale_tensor(v_scale), scale_layout, workspace)
+
+
+def _check_kv_cache_dtype(kv_cache_dtype: Any) -> None:
     if kv_cache_dtype not in _RECIPES:
         raise ValueError(
             f"kv_cache_dtype: {kv_cache_dtype!r} is not supported by nvfp4kv; expected one of "
             f"{', '.join(map(repr, _RECIPES))} (use vLLM's own op for other cache dtypes)"
         )
-    # Straight to the binding, as store() does (one Python call less per layer and step).
-    _C.store(key, value, key_cache, slot_mapping, k_scale, v_scale, value_cache, kv_cache_dtype,
-             scale_layout, stream, workspace)
 
 
 def _cache_geometry(kv_cache: Any, value_cache: Any) -> Tuple[int, int, int, int, int]:
@@ -265,6 +303,31 @@ def _dtype_name(dtype: Any) -> str:
     return name
 
 
+def _dequantize_outputs(kv_cache: Any, value_cache: Any, dtype: Any, key_out: Any, value_out: Any) -> Tuple[Any, Any]:
+    """dequantize()'s outputs: the ones given, else new arrays of the cache's geometry."""
+    if key_out is None or value_out is None:
+        n, t, h, d, dv = _cache_geometry(kv_cache, value_cache)
+        name = _dtype_name(dtype)
+        key_out = _empty(kv_cache, (n, t, h, d), name) if key_out is None else key_out
+        value_out = _empty(kv_cache, (n, t, h, dv), name) if value_out is None else value_out
+    return key_out, value_out
+
+
+def _gather_outputs(kv_cache: Any, value_cache: Any, cu_seqlens: Any, dtype: Any, key_out: Any,
+                    value_out: Any) -> Tuple[Any, Any]:
+    """gather_dequant()'s outputs: the ones given, else new arrays of cu_seqlens[-1] rows (read on
+    the host: a synchronization with the GPU)."""
+    if key_out is None or value_out is None:
+        _, _, h, d, dv = _cache_geometry(kv_cache, value_cache)  # only to allocate (~1 µs)
+        total = int(cu_seqlens[-1])
+        if dtype is None:
+            dtype = "bfloat16" if _framework(kv_cache) == "torch" else "float32"
+        name = _dtype_name(dtype)
+        key_out = _empty(kv_cache, (total, h, d), name) if key_out is None else key_out
+        value_out = _empty(kv_cache, (total, h, dv), name) if value_out is None else value_out
+    return key_out, value_out
+
+
 def dequantize(
     kv_cache: Any,
     k_scale: Any = 1.0,
@@ -299,12 +362,15 @@ def dequantize(
         In the cache's framework and device. Values are ``e2m1 * scale * global_scale`` in fp32,
         rounded to nearest even; NaN for groups stored from NaN input.
     """
-    n, t, h, d, dv = _cache_geometry(kv_cache, value_cache)
-    if key_out is None or value_out is None:
-        name = _dtype_name(dtype)
-        key_out = _empty(kv_cache, (n, t, h, d), name) if key_out is None else key_out
-        value_out = _empty(kv_cache, (n, t, h, dv), name) if value_out is None else value_out
-    _C.dequantize(kv_cache, value_cache, pages, k_scale, v_scale, scale_layout, key_out, value_out, stream)
+    key_out, value_out = _dequantize_outputs(kv_cache, value_cache, dtype, key_out, value_out)
+    try:
+        _C.dequantize(kv_cache, value_cache, pages, k_scale, v_scale, scale_layout, key_out, value_out, stream)
+    except ValueError:
+        if not _without_data(kv_cache, value_cache, pages, key_out, value_out):
+            raise
+        ops = _ops()
+        ops.dequantize(kv_cache, ops.scale_tensor(k_scale), ops.scale_tensor(v_scale), key_out, value_out,
+                       value_cache, pages, scale_layout)
     return key_out, value_out
 
 
@@ -367,16 +433,16 @@ def gather_dequant(
     """
     if cu_seqlens is None:
         cu_seqlens = _prefix_sums(seq_lens)
-    if key_out is None or value_out is None:
-        _, _, h, d, dv = _cache_geometry(kv_cache, value_cache)  # only to allocate (~1 µs)
-        total = int(cu_seqlens[-1])
-        if dtype is None:
-            dtype = "bfloat16" if _framework(kv_cache) == "torch" else "float32"
-        name = _dtype_name(dtype)
-        key_out = _empty(kv_cache, (total, h, d), name) if key_out is None else key_out
-        value_out = _empty(kv_cache, (total, h, dv), name) if value_out is None else value_out
-    _C.gather_dequant(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, k_scale, v_scale,
-                      scale_layout, key_out, value_out, stream)
+    key_out, value_out = _gather_outputs(kv_cache, value_cache, cu_seqlens, dtype, key_out, value_out)
+    try:
+        _C.gather_dequant(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, k_scale, v_scale,
+                          scale_layout, key_out, value_out, stream)
+    except ValueError:
+        if not _without_data(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, key_out, value_out):
+            raise
+        ops = _ops()
+        ops.gather_dequant(kv_cache, block_table, seq_lens, cu_seqlens, ops.scale_tensor(k_scale),
+                           ops.scale_tensor(v_scale), key_out, value_out, value_cache, scale_layout)
     return key_out, value_out, cu_seqlens
 
 

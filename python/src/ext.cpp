@@ -233,7 +233,16 @@ void import_array(Arg& a, nb::handle obj, const char* name, bool writable) {
   if (info) {
     const int is_tensor = PyObject_IsInstance(obj.ptr(), info->tensor_type);
     if (is_tensor < 0) throw nb::python_error();
-    if (is_tensor) reject_negated(obj, info, name);
+    if (is_tensor) {
+      // A tensor without memory (meta, or a FakeTensor under FakeTensorMode / torch.compile):
+      // rejected before anything could read its pointer; nvfp4kv.api then routes the call to the
+      // torch custom ops, whose fake implementations take such tensors (nvfp4kv/ops.py).
+      nb::object meta = nb::getattr(obj, "is_meta", nb::none());
+      if (meta.ptr() == Py_True || nb::hasattr(obj, "fake_mode"))
+        throw nb::value_error((std::string(name) + ": a tensor without data (meta or fake); such tensors "
+                               "go through torch.ops.nvfp4kv").c_str());
+      reject_negated(obj, info, name);
+    }
   }
   bool ok = false;
   if (writable) {
@@ -366,6 +375,34 @@ nb::object scale_arg(nb::handle x) {
   return api_helper("_scale")(x);
 }
 
+// Cache sides given apart are (N, T, H, F) in logical order (vLLM's reshape_and_cache_flash
+// convention). The halves of a packed (N, 2H, T, F) cache taken with split(H, dim=1) are
+// (N, H, T, F): where H != T the C ABI names the mistake (its heads check), but where H == T
+// their shape and strides equal those of an NHD side, and only their origin tells them apart. So
+// for torch sides of that one geometry (nothing is asked otherwise: the decode path pays nothing),
+// halves whose _base is such a packed cache, with the same strides, are read transposed.
+bool split_half(nb::handle obj, const Arg& a) {
+  const TorchInfo* info = torch_info();
+  if (!info || !PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(info->tensor_type))) return false;
+  nb::object base = nb::getattr(obj, "_base", nb::none());
+  if (base.is_none()) return false;
+  nb::object shape = base.attr("shape"), stride = base.attr("stride")();
+  if (nb::len(shape) != 4) return false;
+  if (nb::cast<int64_t>(shape[1]) != 2 * a.shape[1]) return false;
+  for (int i = 0; i < 4; ++i)
+    if (nb::cast<int64_t>(stride[i]) != a.strides[i]) return false;
+  return true;
+}
+
+void orient_sides(Arg& c, nb::handle c_obj, Arg& vc, nb::handle vc_obj) {
+  if (!vc.present || c.t.ndim != 4 || vc.t.ndim != 4 || c.shape[1] != c.shape[2]) return;
+  if (!split_half(c_obj, c) || !split_half(vc_obj, vc)) return;
+  for (Arg* a : {&c, &vc}) {
+    std::swap(a->shape[1], a->shape[2]);
+    std::swap(a->strides[1], a->strides[2]);
+  }
+}
+
 const char* const kRecipeNames[] = {"nvfp4", "nvfp4_4over6"};          // enum order
 const char* const kScaleLayoutNames[] = {"vllm", "linear"};           // enum order
 
@@ -397,6 +434,7 @@ struct PreparedStore {
     const nb::object ksc = scale_arg(k_scale_), vsc = scale_arg(v_scale_);
     import_array(cache, kv_cache, value_cache_.is_none() ? "kv_cache" : "key_cache", true);
     import_optional(value_cache, value_cache_, "value_cache", true);
+    orient_sides(cache, kv_cache, value_cache, value_cache_);
     import_scale(k_scale, ksc, "k_scale");
     import_scale(v_scale, vsc, "v_scale");
     import_optional(workspace, workspace_, "workspace", true);
@@ -436,6 +474,7 @@ void dequantize(nb::handle kv_cache, nb::handle value_cache, nb::handle pages, n
   Arg c, vc, pg, ks, vs, ko, vo;
   import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
   import_optional(vc, value_cache, "value_cache", false);
+  orient_sides(c, kv_cache, vc, value_cache);
   import_optional(pg, pages, "pages", false);
   import_scale(ks, ksc, "k_scale");
   import_scale(vs, vsc, "v_scale");
@@ -461,6 +500,7 @@ void gather_dequant(nb::handle kv_cache, nb::handle value_cache, nb::handle bloc
   Arg c, vc, bt, sl, cu, ks, vs, ko, vo;
   import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
   import_optional(vc, value_cache, "value_cache", false);
+  orient_sides(c, kv_cache, vc, value_cache);
   import_array(bt, block_table, "block_table", false);
   import_array(sl, seq_lens, "seq_lens", false);
   import_array(cu, cu_seqlens, "cu_seqlens", false);

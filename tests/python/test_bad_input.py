@@ -208,11 +208,13 @@ def test_slot_mapping_wrong_dtype(nv, backend, dtype):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("slots", [[1, 2], [1, 2, 3, 4], [[1, 2, 3]]], ids=["short", "long", "2d"])
+@pytest.mark.parametrize("slots", [[1, 2, 3, 4], [[1, 2, 3]]], ids=["long", "2d"])
 def test_slot_mapping_wrong_shape(nv, backend, slots):
+    # More slots than key rows, or not a vector. (Fewer slots than rows is CUDA-graph padding:
+    # test_store_cpu.py::test_padded_rows_store_the_first_slot_mapping_rows.)
     s = Setup(backend)
     assert_rejected(nv, s, s.store(slot_mapping=s.arr(np.array(slots, np.int64))), ValueError,
-                    "slot_mapping")
+                    "slot_mapping" if np.ndim(slots) == 2 else "key")
 
 
 # ---------------------------------------------------------------------------- global scales

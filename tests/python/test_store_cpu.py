@@ -216,6 +216,20 @@ def test_padding_and_out_of_range_slots(nv, backend, slot_dtype):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_padded_rows_store_the_first_slot_mapping_rows(nv, backend):
+    """key/value with more rows than slot_mapping (an engine's CUDA-graph padding, as in vLLM):
+    the first slot_mapping.size(0) tokens are stored, the padding rows are never read."""
+    rng = np.random.default_rng(32)
+    N, T, H, D, n, pad = 3, 16, 2, 64, 9, 7
+    k, v = mixed_tokens(rng, n + pad, H, D), mixed_tokens(rng, n + pad, H, D)
+    k[n:] = np.nan  # a padding row that were stored would leave NaN scale bytes
+    cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=10)
+    key, value, _, _ = make_kv(k, v, "float32", backend)
+    _, _, k32, v32 = make_kv(k[:n], v[:n], "float32", backend)
+    run_store(nv, cache, key, value, k32, v32, make_slots(scatter_slots(rng, n, N, T), "int64", backend))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("view", ["5d", "sides"])
 def test_workspace_on_the_cpu_is_checked_and_changes_nothing(nv, backend, view):
     """The CPU path needs no workspace; one given is validated like on the GPU, then unused."""

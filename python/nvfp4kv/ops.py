@@ -1,0 +1,175 @@
+"""nvfp4kv's operations as torch custom ops: ``torch.ops.nvfp4kv.*``.
+
+Registered when this module is imported, which ``import nvfp4kv`` does by itself when torch is
+already imported (torch stays optional: nothing here is imported otherwise). Each op declares
+the tensors it writes (``Tensor(a!)``), has a fake implementation (shapes only, no data: under
+``FakeTensorMode`` and while ``torch.compile`` traces, no pointer is ever read), and runs the
+same C ABI call as the Python API on the current torch stream. ``nvfp4kv.store``,
+``reshape_and_cache_flash``, ``dequantize`` and ``gather_dequant`` route through these ops when
+they are traced or given tensors without data (``nvfp4kv.api._route``); eager calls on real
+tensors go straight to the extension, so the ops cost the decode-time store nothing.
+
+Global scales are tensors in the schemas (a float given to the Python API inside a compiled
+region becomes a 0-d float32 CPU tensor, read on the host at each call).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _C
+
+__all__ = ["store", "reshape_and_cache_flash", "dequantize", "gather_dequant", "scale_tensor"]
+
+_NS = "nvfp4kv"
+
+_SCHEMAS = {
+    "store": (
+        "(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping, Tensor k_scale, "
+        "Tensor v_scale, Tensor(b!)? value_cache=None, str recipe='nvfp4', str scale_layout='vllm', "
+        "Tensor(c!)? workspace=None) -> ()"
+    ),
+    "reshape_and_cache_flash": (
+        "(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+        "Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, Tensor v_scale, "
+        "str scale_layout='vllm', Tensor(c!)? workspace=None) -> ()"
+    ),
+    "dequantize": (
+        "(Tensor kv_cache, Tensor k_scale, Tensor v_scale, Tensor(a!) key_out, Tensor(b!) value_out, "
+        "Tensor? value_cache=None, Tensor? pages=None, str scale_layout='vllm') -> ()"
+    ),
+    "gather_dequant": (
+        "(Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor cu_seqlens, "
+        "Tensor k_scale, Tensor v_scale, Tensor(a!) key_out, Tensor(b!) value_out, Tensor? value_cache=None, "
+        "str scale_layout='vllm') -> ()"
+    ),
+}
+
+
+def scale_tensor(x) -> torch.Tensor:
+    """A global scale as the ops take it: tensors as they are, numbers as 0-d float32 CPU tensors."""
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, bool):
+        raise TypeError("k_scale/v_scale: a bool received; expected a float or a 1-element float32 tensor")
+    return torch.tensor(float(x), dtype=torch.float32)
+
+
+def _store_impl(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cache=None, recipe="nvfp4",
+                scale_layout="vllm", workspace=None):
+    _C.store(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cache, recipe, scale_layout, None,
+             workspace)
+
+
+def _reshape_and_cache_flash_impl(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                                  v_scale, scale_layout="vllm", workspace=None):
+    from .api import _check_kv_cache_dtype
+
+    _check_kv_cache_dtype(kv_cache_dtype)
+    _C.store(key, value, key_cache, slot_mapping, k_scale, v_scale, value_cache, kv_cache_dtype, scale_layout, None,
+             workspace)
+
+
+def _dequantize_impl(kv_cache, k_scale, v_scale, key_out, value_out, value_cache=None, pages=None,
+                     scale_layout="vllm"):
+    _C.dequantize(kv_cache, value_cache, pages, k_scale, v_scale, scale_layout, key_out, value_out, None)
+
+
+def _gather_dequant_impl(kv_cache, block_table, seq_lens, cu_seqlens, k_scale, v_scale, key_out, value_out,
+                         value_cache=None, scale_layout="vllm"):
+    _C.gather_dequant(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, k_scale, v_scale, scale_layout,
+                      key_out, value_out, None)
+
+
+def _nothing(*args, **kwargs) -> None:
+    """The fake implementation of every op: they only write into tensors they were given."""
+    return None
+
+
+_IMPLS = {
+    "store": _store_impl,
+    "reshape_and_cache_flash": _reshape_and_cache_flash_impl,
+    "dequantize": _dequantize_impl,
+    "gather_dequant": _gather_dequant_impl,
+}
+
+
+def _register() -> None:
+    if hasattr(torch.ops, _NS) and hasattr(getattr(torch.ops, _NS), "store"):
+        try:  # registered already (this module imported twice under another name)
+            getattr(torch.ops, _NS).store.default
+            return
+        except AttributeError:
+            pass
+    for name, schema in _SCHEMAS.items():
+        qualname = f"{_NS}::{name}"
+        torch.library.define(qualname, schema)
+        # One Python implementation for every device: the C ABI dispatches on the tensors' device.
+        torch.library.impl(qualname, "CompositeExplicitAutograd")(_IMPLS[name])
+        torch.library.register_fake(qualname)(_nothing)
+
+
+_register()
+
+store = torch.ops.nvfp4kv.store.default
+reshape_and_cache_flash = torch.ops.nvfp4kv.reshape_and_cache_flash.default
+dequantize = torch.ops.nvfp4kv.dequantize.default
+gather_dequant = torch.ops.nvfp4kv.gather_dequant.default
+
+
+# ---- The Python API under torch.compile ----------------------------------------------------------
+# Dynamo traces these in place of nvfp4kv.store / reshape_and_cache_flash / dequantize /
+# gather_dequant (same signatures), so compiled code can call the API as eager code does; eager
+# calls never see them. Inside a compiled region the ops run on torch's current stream.
+from . import api as _api  # noqa: E402
+
+
+def _traced_as(original):
+    substitute = getattr(torch._dynamo, "substitute_in_graph", None)
+    return substitute(original) if substitute is not None else (lambda f: f)
+
+
+def _no_stream(stream) -> None:
+    if stream is not None:
+        raise ValueError("stream: under torch.compile the ops run on torch's current stream; pass stream=None")
+
+
+@_traced_as(_api.store)
+def _store_traced(key, value, kv_cache, slot_mapping, k_scale=1.0, v_scale=1.0, *, value_cache=None,
+                  recipe="nvfp4", scale_layout="vllm", stream=None, workspace=None):
+    _no_stream(stream)
+    store(key, value, kv_cache, slot_mapping, scale_tensor(k_scale), scale_tensor(v_scale), value_cache, recipe,
+          scale_layout, workspace)
+
+
+@_traced_as(_api.reshape_and_cache_flash)
+def _reshape_and_cache_flash_traced(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                                    v_scale, *, scale_layout="vllm", stream=None, workspace=None):
+    _no_stream(stream)
+    reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, scale_tensor(k_scale),
+                            scale_tensor(v_scale), scale_layout, workspace)
+
+
+@_traced_as(_api.dequantize)
+def _dequantize_traced(kv_cache, k_scale=1.0, v_scale=1.0, *, value_cache=None, pages=None, dtype="float32",
+                       scale_layout="vllm", key_out=None, value_out=None, stream=None):
+    _no_stream(stream)
+    key_out, value_out = _api._dequantize_outputs(kv_cache, value_cache, dtype, key_out, value_out)
+    dequantize(kv_cache, scale_tensor(k_scale), scale_tensor(v_scale), key_out, value_out, value_cache, pages,
+               scale_layout)
+    return key_out, value_out
+
+
+@_traced_as(_api.gather_dequant)
+def _gather_dequant_traced(kv_cache, block_table, seq_lens, k_scale=1.0, v_scale=1.0, *, value_cache=None,
+                           cu_seqlens=None, dtype=None, scale_layout="vllm", key_out=None, value_out=None,
+                           stream=None):
+    _no_stream(stream)
+    if cu_seqlens is None:
+        cu_seqlens = _api._prefix_sums(seq_lens)
+    key_out, value_out = _api._gather_outputs(kv_cache, value_cache, cu_seqlens, dtype, key_out, value_out)
+    gather_dequant(kv_cache, block_table, seq_lens, cu_seqlens, scale_tensor(k_scale), scale_tensor(v_scale),
+                   key_out, value_out, value_cache, scale_layout)
+    return key_out, value_out, cu_seqlens
