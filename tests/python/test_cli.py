@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from nvfp4kv import cli
@@ -97,19 +98,198 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle):
     assert "Traceback" not in err
 
 
+# Issue #21 item 9: every bad argument of every subcommand, including the ones that only show as
+# bad after parsing, exits 2 with one line in argparse's style, without a traceback.
 @pytest.mark.parametrize(
     "argv, needle",
     [
+        # sizes: absurd exponents and lengths are rejected before any arithmetic
+        (["plan", "--memory", "1e400GiB"], "exponent out of range"),
+        (["plan", "--memory", "1e100000000"], "exponent out of range"),
+        (["plan", "--memory", "1e-100000000"], "exponent out of range"),
+        (["plan", "--weights", "1e400GiB"], "exponent out of range"),
+        (["plan", "--memory", "1e20GiB"], "too large (at most 2**60 bytes"),
+        (["plan", "--memory", "1048577TiB"], "too large (at most 2**60 bytes"),
+        (["plan", "--memory", "9" * 5000], "too long"),
+        (["plan", "--memory=-1GiB"], "not a size"),
+        # fractions
+        (["plan", "--utilization", "1e-100000000"], "exponent out of range"),
+        (["plan", "--utilization", "1e1_00000000"], "exponent out of range"),
+        (["plan", "--utilization", "1/0"], "not a number"),
+        (["plan", "--utilization", "2\nx"], "not a number"),
+        (["plan", "--utilization", " 2\n"], "2 is not in (0, 1]"),
+        (["plan", "--utilization", "1" * 5000], "too long"),
+        # counts
+        (["plan", "--layers", "1" + "0" * 30], "too large"),
+        (["plan", "--kv-heads", "9" * 5000], "too long"),
+        (["plan", "--block-size", "0"], "not a positive integer"),
+        (["plan", "--context", "1.5"], "not an integer"),
+        # model names
+        (["plan", "--model", ""], "unknown model ''"),
+        (["plan", "--model", "gpt\n9"], "unknown model 'gpt\\n9'"),
+        # head sizes: a multiple of 16 from 16 to 512, whatever KVCacheSpec accepts
+        (["plan", "--head-size", "1024"], "not a supported head size"),
+        (["plan", "--head-size", "4096"], "not a supported head size"),
+        (["plan", "--head-size", "100"], "not a supported head size"),
+        (["plan", "--head-size", "8"], "not a supported head size"),
+        (["plan", "--model", "gemma-2-9b", "--head-size", "528"], "not a supported head size"),
+        # memory too small for the weights
         (["plan", "--weights", "100GiB"], "exceed the usable memory"),
-        (["plan", "--head-size", "100"], "head_size must be a positive multiple of 16"),
+        (
+            ["plan", "--memory", "1GiB", "--utilization", "0.5", "--weights", "513MiB"],
+            "exceed the usable memory",
+        ),
+        # demo: sizes beyond what the machine could allocate, seeds, devices and backends
+        (["demo", "--tokens", "1000000000000"], "tokens need about"),
+        (["demo", "--tokens", "1" + "0" * 30], "too large"),
+        (["demo", "--seed", "-1"], "not a non-negative integer"),
+        (["demo", "--seed", "x"], "not an integer"),
+        (["demo", "--device", "cuda", "--backend", "numpy"], "--backend numpy only works"),
+        (["demo", "--backend", "jax"], "invalid choice"),
+        # bench: where the JSON goes is checked before the benchmark runs
+        (["bench", "--output", "/nonexistent-dir/x.json"], "does not exist"),
+        (["bench", "--output", "."], "is a directory"),
+        (["bench", "--output", ""], "empty path"),
     ],
 )
-def test_runtime_errors_exit_1_with_one_line(argv, needle):
+def test_bad_arguments_after_parsing_exit_2_with_one_line(argv, needle):
     rc, out, err = run(*argv)
-    assert rc == 1
+    assert rc == 2, err
     assert out == ""
-    assert err.count("\n") == 1, err
-    assert err.startswith(f"nvfp4kv {argv[0]}: error: ") and needle in err
+    assert err.count("\n") == 1 and err.endswith("\n"), err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"nvfp4kv {argv[0]}: error: "), err
+    assert err.endswith(f"(see 'nvfp4kv {argv[0]} --help')\n"), err
+    assert needle in err, err
+    assert "Traceback" not in err
+
+
+def test_weights_error_names_the_sizes():
+    rc, _out, err = run("plan", "--weights", "100GiB")
+    assert rc == 2
+    assert err == (
+        "nvfp4kv plan: error: the weights (100.00 GiB) exceed the usable memory "
+        "(80.00 GiB x 0.9 = 72.00 GiB) (see 'nvfp4kv plan --help')\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "--memory", "1e100000000"],
+        ["plan", "--memory", "1e-100000000"],
+        ["plan", "--weights", "1e99999999GiB"],
+        ["plan", "--utilization", "1e-100000000"],
+        ["plan", "--context", "9" * 4300],
+        ["demo", "--tokens", "9" * 4300],
+    ],
+)
+def test_huge_numbers_are_rejected_within_a_second(argv):
+    start = time.perf_counter()
+    rc, _out, err = run(*argv)
+    assert time.perf_counter() - start < 1.0
+    assert rc == 2 and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "--tokens", "1000000000000"],
+        ["plan", "--memory", "1e400GiB"],
+        ["plan", "--memory", "1e100000000"],
+        ["plan", "--head-size", "4096"],
+        ["plan", "--weights", "100GiB"],
+    ],
+)
+def test_attacker_cases_in_subprocess(argv):
+    # Issue #21: a MemoryError traceback, an OverflowError traceback, minutes of big-number
+    # arithmetic, exit 0 for an unsupported head size, exit 1 for weights beyond the memory.
+    p = python_m(*argv, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert p.stdout == ""
+    assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.startswith(f"nvfp4kv {argv[0]}: error: ")
+
+
+def test_size_limits():
+    assert cli.parse_size("1048576TiB") == 2**60
+    assert cli.parse_size(str(2**60)) == 2**60
+    assert cli.parse_size("1e-3KiB") == 1
+    assert cli.parse_size("1e18B") == 10**18
+    for text in (str(2**60 + 1), "1e19", "1e101", "1e-101", "1" * 101, "1e400GiB"):
+        with pytest.raises(ValueError):
+            cli.parse_size(text)
+
+
+def test_usage_error_is_a_cli_error_from_the_api():
+    from nvfp4kv.cli.plan import plan_capacity
+
+    assert issubclass(cli.UsageError, cli.CLIError)
+    with pytest.raises(cli.CLIError, match="exceed the usable memory"):
+        plan_capacity(MODELS["llama-3.1-8b"], 2**30, weights_bytes=2**31)
+    with pytest.raises(cli.UsageError, match="tokens need about"):
+        cli.run_demo(tokens=10**12, device="cpu")
+
+
+def test_demo_tokens_checked_against_the_memory_limit(monkeypatch):
+    from nvfp4kv.cli import demo
+
+    # 2048 tokens of Llama-3.1-8B geometry: 2 x 8 x 128 elements x 32 B = 64 KiB per token.
+    monkeypatch.setattr(demo, "_memory_limit", lambda: 100 * 64 * 1024)
+    rc, out, err = run("demo", "--tokens", "2048", "--device", "cpu")
+    assert rc == 2 and out == "" and err.count("\n") == 1, err
+    assert "(at most 100 tokens)" in err
+    rc, _out, err = run("demo", "--tokens", "64", "--device", "cpu", "--backend", "numpy", "-q")
+    assert rc == 0, err
+
+
+def test_memory_limit_is_sane():
+    from nvfp4kv.cli._common import _memory_limit
+
+    assert 2**20 < _memory_limit() <= 2**40
+
+
+def test_plan_supported_head_sizes_still_work():
+    for d in (16, 64, 256, 512):
+        r = run_json("plan", "--layers", "2", "--kv-heads", "1", "--head-size", str(d))
+        assert r["model"]["head_size"] == d
+
+
+def test_runtime_geometry_errors_from_kvcachespec_exit_2(monkeypatch):
+    # Whatever KVCacheSpec rejects for the geometry given is a bad argument too (exit 2), even
+    # where the CLI's own argument types let it through.
+    from nvfp4kv.cli import plan
+
+    def reject(*args, **kwargs):
+        raise ValueError("num_kv_heads too large")
+
+    monkeypatch.setattr(plan, "_format_sizes", reject)
+    rc, out, err = run("plan", "--kv-heads", "4")
+    assert rc == 2 and out == "" and err.count("\n") == 1, err
+    assert err == "nvfp4kv plan: error: num_kv_heads too large (see 'nvfp4kv plan --help')\n"
+
+
+def test_usage_error_message_with_line_breaks_is_one_line(monkeypatch):
+    from nvfp4kv.cli import plan
+
+    def reject(*args, **kwargs):
+        raise ValueError("first\nsecond\r\nthird")
+
+    monkeypatch.setattr(plan, "_format_sizes", reject)
+    rc, _out, err = run("plan")
+    assert rc == 2 and err.count("\n") == 1 and "first second third" in err, err
+
+
+def test_memory_error_is_one_line_exit_1(monkeypatch):
+    from nvfp4kv.cli import info
+
+    def boom():
+        raise MemoryError()
+
+    monkeypatch.setattr(info, "collect_info", boom)
+    rc, out, err = run("info")
+    assert rc == 1 and out == ""
+    assert err == "nvfp4kv info: error: out of memory\n"
 
 
 @pytest.mark.skipif(has_gpu(), reason="checks the no-GPU message")

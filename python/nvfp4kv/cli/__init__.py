@@ -9,7 +9,10 @@ Subcommands:
 - ``info``: version, build details, devices.
 
 Every subcommand has ``--help`` and ``--json`` (machine-readable output on stdout). Bad
-arguments exit with status 2, runtime errors with status 1, each with one line on stderr.
+arguments exit with status 2, runtime errors with status 1, each with one line on stderr. Bad
+arguments include values that only show as bad after parsing (weights larger than the memory, a
+geometry KVCacheSpec rejects, a demo larger than the machine's memory: :class:`UsageError`), and
+no argument makes the command compute for long before it is rejected.
 Progress goes to stderr, so stdout stays clean for tables and JSON. Set ``NVFP4KV_DEBUG=1`` to
 get the Python traceback of a runtime error.
 
@@ -22,17 +25,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 
 from . import bench, demo, info, plan
-from ._common import PROG, CLIError, parse_size
+from ._common import PROG, CLIError, UsageError, parse_size
 from .demo import run_demo
 from .info import collect_info
 from .plan import plan_capacity
 
 __all__ = [
     "CLIError",
+    "UsageError",
     "build_parser",
     "collect_info",
     "main",
@@ -47,7 +52,17 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr (and exit status 2)."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, _usage_line(self.prog, message))
+
+
+def _usage_line(prog: str, message: str) -> str:
+    """``<prog>: error: <message> (see '<prog> --help')``, on one line whatever the message."""
+    message = _LINE_BREAKS.sub(" ", str(message))
+    return f"{prog}: error: {message} (see '{prog} --help')\n"
+
+
+# Whatever str.splitlines() splits on (an argument echoed in a message may hold any of these).
+_LINE_BREAKS = re.compile(r"[ \t]*[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]+[ \t]*")
 
 
 # ------------------------------------------------------------------------------------ parser, main
@@ -89,16 +104,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
         return 130
+    except UsageError as e:  # a bad argument found after parsing: as argparse reports one
+        if os.environ.get("NVFP4KV_DEBUG"):
+            raise
+        sys.stderr.write(_usage_line(f"{PROG} {args.command}", e))
+        return 2
     except BrokenPipeError:  # e.g. `nvfp4kv plan | head -1`: stop quietly
         # Python flushes stdout at exit, which would raise again; point fd 1 at /dev/null.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 0
-    except (CLIError, ValueError, TypeError, RuntimeError, OSError, ImportError, KeyError) as e:
+    except (
+        CLIError,
+        ValueError,
+        TypeError,
+        RuntimeError,
+        OSError,
+        ImportError,
+        KeyError,
+        MemoryError,
+        ArithmeticError,
+    ) as e:
         if os.environ.get("NVFP4KV_DEBUG"):
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        if isinstance(e, MemoryError):
+            msg = f"out of memory ({msg})" if msg else "out of memory"
         msg = " ".join(str(msg).split())  # one line
         print(f"{PROG} {args.command}: error: {msg}", file=sys.stderr)
         return 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -24,6 +25,12 @@ class CLIError(Exception):
     """A runtime error that is the user's to fix: printed as one line, exit status 1."""
 
 
+class UsageError(CLIError):
+    """A bad argument that only shows after parsing (weights larger than the memory, a geometry
+    the library cannot store, a demo larger than the machine's memory): printed as one line in
+    argparse's style, exit status 2."""
+
+
 # ------------------------------------------------------------------------------ argument types
 _SIZE_UNITS = {
     "": 1,
@@ -39,18 +46,44 @@ _SIZE_UNITS = {
 }
 
 
+# Bounds checked before any arithmetic, so that no argument can make the command compute for long
+# (Fraction("1e100000000") builds a 100-million-digit integer) or overflow a float later on.
+_TEXT_MAX = 100  # characters of a size, fraction or integer argument
+_EXPONENT_MAX = 100  # |e| of a number written as ...e<e>
+_SIZE_MAX = 2**60  # bytes (1 EiB): more than any machine has
+_INT_MAX = 2**63 - 1  # counts (layers, heads, block size, context, tokens)
+
+
+def _check_text(text: str, what: str) -> None:
+    """Reject a number that is too long, or whose exponent is absurd, before it is computed."""
+    if len(text) > _TEXT_MAX:
+        raise ValueError(f"{text[:20]!r}... is too long for {what} ({len(text)} characters)")
+    m = re.search(r"[eE]([+-]?[0-9_]+)", text)
+    if m:
+        try:
+            exponent = int(m.group(1).replace("_", ""))
+        except ValueError:
+            return  # not a number at all: the caller's parser says so
+        if abs(exponent) > _EXPONENT_MAX:
+            raise ValueError(f"{text.strip()!r}: exponent out of range (at most {_EXPONENT_MAX})")
+
+
 def parse_size(text: str) -> int:
     """Bytes in a size such as ``80GiB``, ``80 GB``, ``512MiB``, ``1.5e9`` or ``85899345920``.
 
     Units (case-insensitive): B, KB/MB/GB/TB (powers of 10), KiB/MiB/GiB/TiB (powers of 2).
     A bare ``G``/``M``/``K``/``T`` is rejected as ambiguous. Fractions of a byte are dropped.
+    At most 2**60 bytes; at most 100 characters and an exponent of at most 100, checked before
+    any arithmetic.
 
     Raises
     ------
     ValueError
-        For anything else, or a negative size.
+        For anything else, a negative size, or one beyond the limits above.
     """
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    text = str(text)
+    _check_text(text, "a size")
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     if not m:
         raise ValueError(f"{text!r} is not a size (examples: 80GiB, 80GB, 512MiB, 1e9)")
     number, unit = m.group(1), m.group(2).lower()
@@ -63,7 +96,10 @@ def parse_size(text: str) -> int:
         raise ValueError(
             f"{text!r}: unknown unit {m.group(2)!r}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
         )
-    return int(Fraction(number) * _SIZE_UNITS[unit])
+    size = int(Fraction(number) * _SIZE_UNITS[unit])
+    if size > _SIZE_MAX:
+        raise ValueError(f"{text.strip()!r} is too large (at most 2**60 bytes = 1048576 TiB)")
+    return size
 
 
 def _size_arg(text: str) -> int:
@@ -75,22 +111,75 @@ def _size_arg(text: str) -> int:
 
 def _fraction_arg(text: str) -> Fraction:
     try:
+        _check_text(text, "a number")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    try:
         value = Fraction(text)
     except (ValueError, ZeroDivisionError):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text} is not in (0, 1]")
+        raise argparse.ArgumentTypeError(f"{text.strip()} is not in (0, 1]")
     return value
 
 
-def _positive_int(text: str) -> int:
+def _int_arg(text: str, minimum: int, maximum: int = _INT_MAX) -> int:
+    if len(text) > _TEXT_MAX:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r}... is too long ({len(text)} characters)")
     try:
         value = int(text, 10)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    if value < minimum:
+        kind = "positive" if minimum == 1 else "non-negative"
+        raise argparse.ArgumentTypeError(f"{value} is not a {kind} integer")
+    if value > maximum:
+        raise argparse.ArgumentTypeError(f"{value} is too large (at most {maximum})")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _int_arg(text, 1)
+
+
+def _nonnegative_int(text: str) -> int:
+    return _int_arg(text, 0)
+
+
+# The head sizes every operation of the library accepts (see docs/FORMAT.md): KVCacheSpec may
+# accept more, so the CLI checks this itself.
+_HEAD_SIZE_MIN, _HEAD_SIZE_MAX, _HEAD_SIZE_STEP = 16, 512, 16
+
+
+def _head_size_arg(text: str) -> int:
+    value = _positive_int(text)
+    if value % _HEAD_SIZE_STEP or not _HEAD_SIZE_MIN <= value <= _HEAD_SIZE_MAX:
+        raise argparse.ArgumentTypeError(
+            f"{value} is not a supported head size "
+            f"(a multiple of {_HEAD_SIZE_STEP} from {_HEAD_SIZE_MIN} to {_HEAD_SIZE_MAX})"
+        )
+    return value
+
+
+def _memory_limit() -> int:
+    """Bytes of memory this process may use: the machine's RAM, or less under a cgroup limit;
+    at most 2**40 (2**40 where nothing says)."""
+    limit = 2**40
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if total > 0:
+            limit = min(limit, total)
+    except (AttributeError, ValueError, OSError):
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read(64).strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) > 0:
+            limit = min(limit, int(text))
+    return limit
 
 
 def _model_arg(text: str) -> ModelGeometry:

@@ -3,7 +3,22 @@
 
 from __future__ import annotations
 
+import argparse
+import os
+
 from ._common import CLIError, _print_json
+
+
+def _output_path_arg(text: str) -> str:
+    """A path the JSON can be written to later (checked now, not after the benchmark ran)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty path")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory")
+    parent = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"{text!r}: directory {parent!r} does not exist")
+    return text
 
 
 def _cmd_bench(args) -> int:
@@ -46,5 +61,10 @@ def add_parser(sub, common) -> None:
         "CUDA and a CUDA build of nvfp4kv.",
     )
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
-    p.add_argument("--output", metavar="PATH", help="also write the results as JSON to PATH")
+    p.add_argument(
+        "--output",
+        metavar="PATH",
+        type=_output_path_arg,
+        help="also write the results as JSON to PATH",
+    )
     p.set_defaults(func=_cmd_bench)

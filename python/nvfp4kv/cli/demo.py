@@ -3,6 +3,7 @@ geometry into a paged NVFP4 cache, read it back, print sizes, errors and store s
 
 from __future__ import annotations
 
+import argparse
 import time
 from typing import Any
 
@@ -10,9 +11,13 @@ from ..models import DEFAULT_MODEL, get_model
 from ._common import (
     _SIZE_FORMATS,
     CLIError,
+    UsageError,
     _fmt_ratio,
     _format_sizes,
     _geometry_json,
+    _human_bytes,
+    _memory_limit,
+    _nonnegative_int,
     _positive_int,
     _print_json,
     _Progress,
@@ -22,6 +27,36 @@ from ._common import (
 
 _DEMO_FORMATS = _SIZE_FORMATS + (("nvfp4_4over6", "nvfp4_4over6"),)
 _RECIPES = ("nvfp4", "nvfp4_4over6")
+
+# Peak host memory of the demo per element of K or V (float64 while generating, float32 and bf16
+# copies, the float32 dequantized cache and the float64 error statistics): measured at about 27
+# bytes (torch backend, CPU), rounded up.
+_BYTES_PER_ELEMENT = 32
+
+
+def _check_tokens(n: int) -> None:
+    """Raise UsageError if n tokens are not a positive count whose demo fits in this machine's
+    memory (estimated before anything is allocated)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise UsageError(f"argument --tokens: {n!r} is not a positive integer")
+    geo = get_model(DEFAULT_MODEL)
+    per_token = 2 * geo.kv_heads * geo.head_size * _BYTES_PER_ELEMENT
+    limit = _memory_limit()
+    if n * per_token > limit:
+        raise UsageError(
+            f"argument --tokens: {n} tokens need about {_human_bytes(n * per_token)} of "
+            f"memory, more than this machine's {_human_bytes(limit)} "
+            f"(at most {limit // per_token} tokens)"
+        )
+
+
+def _tokens_arg(text: str) -> int:
+    n = _positive_int(text)
+    try:
+        _check_tokens(n)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("argument --tokens: ", "", 1)) from None
+    return n
 
 
 def _pick_device(device: str, backend: str):
@@ -35,10 +70,10 @@ def _pick_device(device: str, backend: str):
     info = nvfp4kv.build_info()
     gpu_ok = torch is not None and torch.cuda.is_available() and info["cuda_available"]
     if device == "cuda":
+        if backend == "numpy":
+            raise UsageError("--backend numpy only works with --device cpu")
         if torch is None:
             raise CLIError("--device cuda needs torch with CUDA (pip install torch)")
-        if backend == "numpy":
-            raise CLIError("--backend numpy only works with --device cpu")
         if not torch.cuda.is_available():
             raise CLIError("--device cuda: torch sees no CUDA device")
         if not info["cuda_available"]:
@@ -109,7 +144,16 @@ def run_demo(
     backend: str = "auto",
     progress: _Progress | None = None,
 ) -> dict[str, Any]:
-    """Run the demo and return its results (the ``--json`` object)."""
+    """Run the demo and return its results (the ``--json`` object).
+
+    Raises
+    ------
+    UsageError
+        (a CLIError) for a token count that is not positive or whose buffers would not fit in
+        this machine's memory, or ``--backend numpy`` with ``--device cuda``.
+    CLIError
+        If the device or backend asked for is not available.
+    """
     import numpy as np
 
     import nvfp4kv
@@ -117,9 +161,14 @@ def run_demo(
     progress = progress or _Progress("demo", enabled=False)
     geo = get_model(DEFAULT_MODEL)
     T, H, D = 16, geo.kv_heads, geo.head_size
+    if tokens is not None:
+        _check_tokens(tokens)
+    if device == "cuda" and backend == "numpy":  # before any progress line: one line on stderr
+        raise UsageError("--backend numpy only works with --device cpu")
     progress("checking devices ...")
     device, backend, torch = _pick_device(device, backend)
     n = tokens if tokens is not None else (16384 if device == "cuda" else 2048)
+    _check_tokens(n)
 
     progress(f"generating {n} tokens of K and V (seed {seed}) ...")
     rng = np.random.default_rng(seed)
@@ -308,7 +357,7 @@ def add_parser(sub, common) -> None:
     )
     p.add_argument(
         "--tokens",
-        type=_positive_int,
+        type=_tokens_arg,
         default=None,
         help="tokens to store (default: 2048 on CPU, 16384 on GPU)",
     )
@@ -324,5 +373,5 @@ def add_parser(sub, common) -> None:
         default="auto",
         help="array library (auto: torch if installed, bf16 input; numpy: float32)",
     )
-    p.add_argument("--seed", type=int, default=0, help="numpy RNG seed (default 0)")
+    p.add_argument("--seed", type=_nonnegative_int, default=0, help="numpy RNG seed (default 0)")
     p.set_defaults(func=_cmd_demo)

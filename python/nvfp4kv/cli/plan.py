@@ -7,11 +7,12 @@ from typing import Any
 
 from ..models import DEFAULT_MODEL, MODELS, ModelGeometry, custom_geometry, get_model
 from ._common import (
-    CLIError,
+    UsageError,
     _fmt_ratio,
     _format_sizes,
     _fraction_arg,
     _geometry_json,
+    _head_size_arg,
     _human_bytes,
     _model_arg,
     _positive_int,
@@ -40,15 +41,15 @@ def plan_capacity(
 
     Raises
     ------
-    CLIError
-        If the weights do not leave any memory for the cache.
+    UsageError
+        (a CLIError) if the weights do not leave any memory for the cache.
     ValueError
         From KVCacheSpec, for a geometry the format cannot store.
     """
     usable = int(Fraction(memory_bytes) * Fraction(utilization))
     budget = usable - weights_bytes
     if budget < 0:
-        raise CLIError(
+        raise UsageError(
             f"the weights ({_human_bytes(weights_bytes)}) exceed the usable memory "
             f"({_human_bytes(memory_bytes)} x {float(utilization):g} = "
             f"{_human_bytes(usable)})"
@@ -104,9 +105,12 @@ def _cmd_plan(args) -> int:
         geo = custom_geometry(None, *explicit)
     else:
         geo = custom_geometry(args.model or get_model(DEFAULT_MODEL), *explicit)
-    result = plan_capacity(
-        geo, args.memory, args.utilization, args.weights, args.block_size, args.context
-    )
+    try:
+        result = plan_capacity(
+            geo, args.memory, args.utilization, args.weights, args.block_size, args.context
+        )
+    except (ValueError, OverflowError) as e:  # KVCacheSpec rejects the geometry: a bad argument
+        raise UsageError(str(e)) from None
     if args.json:
         _print_json(result)
         return 0
@@ -178,7 +182,7 @@ def add_parser(sub, common) -> None:
     p.add_argument("--list-models", action="store_true", help="list the model presets and exit")
     p.add_argument("--layers", type=_positive_int, help="override: layers with a KV cache")
     p.add_argument("--kv-heads", type=_positive_int, help="override: KV heads per layer")
-    p.add_argument("--head-size", type=_positive_int, help="override: head size D")
+    p.add_argument("--head-size", type=_head_size_arg, help="override: head size D")
     p.add_argument(
         "--memory",
         type=_size_arg,
