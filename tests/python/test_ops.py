@@ -1,0 +1,167 @@
+"""The torch custom ops (nvfp4kv.ops): schemas, fake implementations, torch.compile and CUDA graphs.
+
+Every compiled result is compared byte for byte with the same call made eagerly (whose bytes the
+rest of the suite holds to the NumPy reference).
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import nvfp4kv  # noqa: E402
+import nvfp4kv.ops  # noqa: E402,F401  (registers the ops even if torch came after nvfp4kv)
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch.library import opcheck  # noqa: E402
+
+N, T, H, D, B = 5, 16, 2, 64, 3
+
+
+def case(device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    F = nvfp4kv.nvfp4_kv_cache_full_dim(D)  # an HND cache (N, 2, T, H, F) over [N][2][H][T][F] bytes
+    kv = torch.randint(0, 256, (N, 2, H, T, F), generator=g, dtype=torch.uint8).permute(0, 1, 3, 2, 4)
+    n = 11
+    key = torch.randn(n, H, D, generator=g).to(torch.bfloat16)
+    value = torch.randn(n, H, D, generator=g).to(torch.bfloat16)
+    slots = torch.randperm(N * T, generator=g)[:n]
+    slots[3] = -1
+    bt = torch.randint(-1, N + 1, (B, 2), generator=g, dtype=torch.int32)  # bad entries too
+    seq_lens = torch.tensor([20, 0, 32], dtype=torch.int32)
+    cu = torch.tensor([0, 20, 20, 52], dtype=torch.int32)
+    ks, vs = torch.tensor([0.03]), torch.tensor([0.05])
+    out = dict(kv=kv, key=key, value=value, slots=slots, bt=bt, seq_lens=seq_lens, cu=cu, ks=ks, vs=vs)
+    return {k: v.to(device) for k, v in out.items()}
+
+
+def run_all(kv, key, value, slots, bt, seq_lens, cu, ks, vs):
+    """Every entry point of the Python API once; returns what they wrote."""
+    nvfp4kv.store(key, value, kv, slots, ks, vs)
+    k1, v1 = nvfp4kv.dequantize(kv, ks, vs, dtype=torch.bfloat16,
+                                key_out=torch.empty(N, T, H, D, dtype=torch.bfloat16, device=kv.device),
+                                value_out=torch.empty(N, T, H, D, dtype=torch.bfloat16, device=kv.device))
+    kg = torch.empty(52, H, D, dtype=torch.bfloat16, device=kv.device)
+    vg = torch.empty(52, H, D, dtype=torch.bfloat16, device=kv.device)
+    nvfp4kv.gather_dequant(kv, bt, seq_lens, ks, vs, cu_seqlens=cu, key_out=kg, value_out=vg)
+    sides = kv.unbind(1)
+    nvfp4kv.reshape_and_cache_flash(value, key, sides[0], sides[1], slots[:5], "nvfp4", ks, vs)
+    return kv, k1, v1, kg, vg
+
+
+def same(a, b):
+    return all(torch.equal(x.view(torch.uint8) if x.dtype != torch.uint8 else x,
+                           y.view(torch.uint8) if y.dtype != torch.uint8 else y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_compile_fullgraph_equals_eager(backend):
+    """torch.compile(fullgraph=True) of code calling every entry point: the same bytes as eager."""
+    want = run_all(**case())
+    torch._dynamo.reset()
+    got = torch.compile(run_all, fullgraph=True, backend=backend)(**case())
+    assert same(got, want)
+
+
+def test_compile_calls_the_ops_directly():
+    c = case()
+    want = c["kv"].clone()
+    nvfp4kv.store(c["key"], c["value"], want, c["slots"], 0.03, 0.05)
+
+    def f(kv, key, value, slots):
+        torch.ops.nvfp4kv.store(key, value, kv, slots, torch.tensor(0.03), torch.tensor(0.05))
+        return kv
+
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(c["kv"], c["key"], c["value"], c["slots"])
+    assert torch.equal(got, want)
+
+
+def test_compile_with_float_scales():
+    """Python floats as global scales inside a compiled region (0-d tensors in the ops)."""
+    c = case(seed=1)
+    want = c["kv"].clone()
+    nvfp4kv.store(c["key"], c["value"], want, c["slots"], 0.03, 0.05)
+
+    def f(kv, key, value, slots):
+        nvfp4kv.store(key, value, kv, slots, 0.03, 0.05)
+        return kv
+
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(f, fullgraph=True, backend="eager")(c["kv"], c["key"], c["value"],
+                                                                         c["slots"]), want)
+
+
+@pytest.mark.parametrize("op", ["store", "reshape_and_cache_flash", "dequantize", "gather_dequant"])
+def test_opcheck(op):
+    c = case(seed=2)
+    kv = c["kv"]
+    args = {
+        "store": (c["key"], c["value"], kv, c["slots"], c["ks"], c["vs"]),
+        "reshape_and_cache_flash": (c["key"], c["value"], kv[:, 0], kv[:, 1], c["slots"], "nvfp4", c["ks"], c["vs"]),
+        "dequantize": (kv, c["ks"], c["vs"], torch.empty(N, T, H, D), torch.empty(N, T, H, D)),
+        "gather_dequant": (kv, c["bt"], c["seq_lens"], c["cu"], c["ks"], c["vs"],
+                           torch.empty(52, H, D, dtype=torch.bfloat16), torch.empty(52, H, D, dtype=torch.bfloat16)),
+    }[op]
+    result = opcheck(getattr(torch.ops.nvfp4kv, op).default, args)
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+
+def test_fake_tensors_never_dereferenced():
+    """Under FakeTensorMode every entry point runs on shapes alone (the ops' fake implementations)
+    for every cache form, HND and NHD, where a store once read the fake pointer and crashed."""
+    c = case(seed=3)
+    nhd_real = c["kv"].contiguous()  # (N, 2, T, H, F) row-major: NHD
+    with FakeTensorMode() as mode:
+        f = {k: mode.from_tensor(v) for k, v in c.items()}
+        run_all(**f)
+        nhd = mode.from_tensor(nhd_real)
+        nvfp4kv.store(f["key"], f["value"], nhd, f["slots"], 0.03, 0.05, scale_layout="linear")
+        key, value = nvfp4kv.dequantize(f["kv"], 0.03, 0.05)
+        assert tuple(key.shape) == (N, T, H, D) and tuple(value.shape) == (N, T, H, D)
+
+
+def test_meta_tensors_go_through_the_ops():
+    kv = torch.empty(N, 2, T, H, nvfp4kv.nvfp4_kv_cache_full_dim(D), dtype=torch.uint8, device="meta")
+    key = torch.empty(3, H, D, dtype=torch.bfloat16, device="meta")
+    nvfp4kv.store(key, key, kv, torch.empty(3, dtype=torch.int64, device="meta"), 1.0, 1.0)
+    k, v = nvfp4kv.dequantize(kv, 1.0, 1.0)
+    assert k.device.type == "meta" and tuple(v.shape) == (N, T, H, D)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_ops_in_a_cuda_graph():
+    """The ops captured in a CUDA graph: replays equal eager calls, with new inputs and new
+    sequence lengths copied into the captured tensors between replays."""
+    if not nvfp4kv.build_info()["cuda_available"]:
+        pytest.skip("no CUDA build of nvfp4kv")
+    c = case("cuda", seed=4)
+    static = {k: v.clone() for k, v in c.items()}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run_all(**static)  # warm up (occupancy queries, module load) outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    static = {k: v.clone() for k, v in c.items()}
+    with torch.cuda.graph(graph):
+        outs = run_all(**static)
+    for seed in (5, 6):
+        new = case("cuda", seed=seed)
+        for k in static:
+            static[k].copy_(new[k])
+        graph.replay()
+        torch.cuda.synchronize()
+        want = run_all(**{k: v.clone() for k, v in new.items()})
+        assert same(outs, want)
+
+
+def test_padded_rows_through_the_op():
+    c = case(seed=7)
+    want = c["kv"].clone()
+    nvfp4kv.store(c["key"][:6], c["value"][:6], want, c["slots"][:6], c["ks"], c["vs"])
+    got = c["kv"].clone()
+    torch.ops.nvfp4kv.store(c["key"], c["value"], got, c["slots"][:6], c["ks"], c["vs"])
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="key: 11 tokens"):
+        torch.ops.nvfp4kv.store(c["key"], c["value"], got, torch.arange(12), c["ks"], c["vs"])
+    assert np.array_equal(got.numpy(), want.numpy())
