@@ -68,13 +68,19 @@ def _stream_handle(stream: Any, like: Any) -> int:
     raise TypeError(f"stream: {type(stream).__name__} is not a CUDA stream (int, torch/cupy stream)")
 
 
-def _scale(x: Any) -> Any:
+def _scale(x: Any, arg: str = "k_scale") -> Any:
     # Python and numpy scalars go to the ABI as host floats; tensors (CPU or GPU) pass through so a
-    # device scale is read by the kernel, never on the host.
-    if isinstance(x, numbers.Real) and not hasattr(x, "__dlpack_device__"):
-        return float(x)
-    if _framework(x) == "numpy" and getattr(x, "ndim", 1) == 0:
-        return float(x)
+    # device scale is read by the kernel, never on the host. A bool is no scale (True would read
+    # as 1.0), whatever its type; a number past the float range is a ValueError naming `arg`.
+    if isinstance(x, bool) or getattr(getattr(x, "dtype", None), "kind", None) == "b":
+        raise TypeError(f"{arg}: a bool received ({x!r}); expected a float (the decode scale) or a "
+                        "1-element float32 tensor")
+    scalar = isinstance(x, numbers.Real) and not hasattr(x, "__dlpack_device__")
+    if scalar or (_framework(x) == "numpy" and getattr(x, "ndim", 1) == 0):
+        try:
+            return float(x)
+        except OverflowError:
+            raise ValueError(f"{arg}: {x!r} received; a global scale must be a finite float > 0") from None
     return x
 
 
@@ -251,12 +257,22 @@ def _check_kv_cache_dtype(kv_cache_dtype: Any) -> None:
         )
 
 
+def _shape(x: Any, arg: str) -> Tuple[int, ...]:
+    """x's shape, for the arrays Python reads itself (to allocate outputs, to sum lengths); a
+    TypeError naming `arg` for anything that is no array (the ABI's message for the others)."""
+    shape = getattr(x, "shape", None)
+    if x is None or isinstance(x, (list, tuple)) or not isinstance(shape, tuple):
+        raise TypeError(f"{arg}: expected an array supporting DLPack (torch, numpy, cupy, ...), got "
+                        f"{type(x).__name__}")
+    return tuple(int(s) for s in shape)
+
+
 def _cache_geometry(kv_cache: Any, value_cache: Any) -> Tuple[int, int, int, int, int]:
     """(N, T, H, D, Dv) read off the shapes; the ABI validates the rest."""
-    shape = tuple(int(s) for s in kv_cache.shape)
+    shape = _shape(kv_cache, "kv_cache")
     if value_cache is not None and len(shape) == 4:
         n, t, h, f = shape
-        fv = int(value_cache.shape[-1])
+        fv = (_shape(value_cache, "value_cache") or (f,))[-1]
     elif len(shape) == 5:
         n, _, t, h, f = shape
         fv = f
@@ -303,29 +319,50 @@ def _dtype_name(dtype: Any) -> str:
     return name
 
 
+def _out_dtype(dtype: Any, key_out: Any, value_out: Any, default: str) -> str:
+    """The dtype of an output allocated here: `dtype`, else that of the output passed (the two
+    must match), else `default`. An output of a dtype the library does not take is left to the
+    ABI, whose error names it."""
+    given = key_out if key_out is not None else value_out
+    arg = "key_out" if key_out is not None else "value_out"
+    try:
+        given_name = None if given is None else _dtype_name(given.dtype)
+    except (AttributeError, ValueError):
+        given_name = None
+    if dtype is None:
+        return given_name or default
+    name = _dtype_name(dtype)
+    if given_name is not None and name != given_name:
+        raise ValueError(f"dtype: {dtype!r} received but {arg} is {given_name}; the outputs of a call "
+                         f"share one dtype (leave dtype out to follow {arg})")
+    return name
+
+
 def _dequantize_outputs(kv_cache: Any, value_cache: Any, dtype: Any, key_out: Any, value_out: Any) -> Tuple[Any, Any]:
     """dequantize()'s outputs: the ones given, else new arrays of the cache's geometry."""
     if key_out is None or value_out is None:
         n, t, h, d, dv = _cache_geometry(kv_cache, value_cache)
-        name = _dtype_name(dtype)
+        name = _out_dtype(dtype, key_out, value_out, "float32")
         key_out = _empty(kv_cache, (n, t, h, d), name) if key_out is None else key_out
         value_out = _empty(kv_cache, (n, t, h, dv), name) if value_out is None else value_out
     return key_out, value_out
 
 
-def _gather_outputs(kv_cache: Any, value_cache: Any, cu_seqlens: Any, dtype: Any, key_out: Any,
-                    value_out: Any) -> Tuple[Any, Any]:
-    """gather_dequant()'s outputs: the ones given, else new arrays of cu_seqlens[-1] rows (read on
-    the host: a synchronization with the GPU)."""
+def _gather_outputs(kv_cache: Any, value_cache: Any, seq_lens: Any, cu_seqlens: Any, computed: bool, dtype: Any,
+                    key_out: Any, value_out: Any) -> Tuple[Any, Any, Any]:
+    """gather_dequant()'s outputs (the ones given, else new arrays of cu_seqlens[-1] rows, read on
+    the host: a synchronization with the GPU) and its cu_seqlens (int32 where computed here and
+    the outputs are allocated here, if the total fits)."""
     if key_out is None or value_out is None:
         _, _, h, d, dv = _cache_geometry(kv_cache, value_cache)  # only to allocate (~1 µs)
-        total = int(cu_seqlens[-1])
-        if dtype is None:
-            dtype = "bfloat16" if _framework(kv_cache) == "torch" else "float32"
-        name = _dtype_name(dtype)
+        total = _total_rows(seq_lens, cu_seqlens, computed)
+        if computed and total <= _INT32_MAX:  # every entry fits: FlashAttention's dtype
+            cu_seqlens = _as_int32(cu_seqlens)
+        default = "bfloat16" if _framework(kv_cache) == "torch" else "float32"
+        name = _out_dtype(dtype, key_out, value_out, default)
         key_out = _empty(kv_cache, (total, h, d), name) if key_out is None else key_out
         value_out = _empty(kv_cache, (total, h, dv), name) if value_out is None else value_out
-    return key_out, value_out
+    return key_out, value_out, cu_seqlens
 
 
 def dequantize(
@@ -335,7 +372,7 @@ def dequantize(
     *,
     value_cache: Any = None,
     pages: Any = None,
-    dtype: Any = "float32",
+    dtype: Any = None,
     scale_layout: str = "vllm",
     key_out: Any = None,
     value_out: Any = None,
@@ -350,8 +387,9 @@ def dequantize(
     pages : int32/int64 array ``[P]``, optional
         Pages to dequantize; page ``p`` is written at index ``p`` of the outputs (paged to
         paged). Default: every page. Ids < 0 or >= N are skipped.
-    dtype : {"float32", "float16", "bfloat16"} or a torch/numpy dtype
-        Output dtype when the outputs are allocated here (bfloat16: torch only).
+    dtype : {"float32", "float16", "bfloat16"} or a torch/numpy dtype, optional
+        Output dtype when the outputs are allocated here (bfloat16: torch only). Default: that
+        of the output passed when only one is, else float32.
     key_out, value_out : arrays ``(N, T, H, D)`` / ``(N, T, H, Dv)``, optional
         Where to write, e.g. ``bf16_cache[:, 0]`` and ``bf16_cache[:, 1]`` of a bf16 paged cache
         ``(N, 2, T, H, D)`` of the same geometry; any strides with the last one 1.
@@ -374,19 +412,60 @@ def dequantize(
     return key_out, value_out
 
 
+_INT32_MAX = 2**31 - 1
+
+
 def _prefix_sums(seq_lens: Any) -> Any:
-    """int32 ``[B + 1]`` prefix sums of ``seq_lens`` in its framework and device (no host sync)."""
+    """int64 ``[B + 1]`` prefix sums of ``seq_lens`` in its framework and device (no host sync).
+
+    Summed in int64, so nothing wraps (int32 sums of [2**32, 16] would give [0, 0, 16]); a length
+    < 0 counts as 0, as the gather reads it (such a sequence gathers nothing).
+    """
+    shape = _shape(seq_lens, "seq_lens")
     fw = _framework(seq_lens)
+    if fw not in ("torch", "numpy", "cupy"):
+        raise TypeError(f"seq_lens: a {type(seq_lens).__name__} received; without cu_seqlens, expected "
+                        "a torch, numpy or cupy array (its prefix sums are computed here)")
+    if len(shape) != 1 or str(seq_lens.dtype).replace("torch.", "") not in ("int32", "int64"):
+        raise ValueError(f"seq_lens: shape {shape}, dtype {seq_lens.dtype} received; expected an int32 "
+                         "or int64 array [B]")
     if fw == "torch":
         import torch
 
-        cu = torch.zeros(seq_lens.shape[0] + 1, dtype=torch.int32, device=seq_lens.device)
-        cu[1:].copy_(torch.cumsum(seq_lens, 0))
+        cu = torch.zeros(shape[0] + 1, dtype=torch.int64, device=seq_lens.device)
+        torch.cumsum(seq_lens.clamp(min=0), 0, dtype=torch.int64, out=cu[1:])
         return cu
     xp = __import__("cupy") if fw == "cupy" else __import__("numpy")
-    cu = xp.zeros(int(seq_lens.shape[0]) + 1, dtype=xp.int32)
-    cu[1:] = xp.cumsum(seq_lens)
+    cu = xp.zeros(shape[0] + 1, dtype=xp.int64)
+    xp.cumsum(xp.maximum(seq_lens, 0), dtype=xp.int64, out=cu[1:])
     return cu
+
+
+def _as_int32(x: Any) -> Any:
+    if _framework(x) == "torch":
+        import torch
+
+        return x.to(torch.int32)
+    return x.astype("int32")
+
+
+def _total_rows(seq_lens: Any, cu_seqlens: Any, computed: bool) -> int:
+    """``cu_seqlens[-1]``, read on the host (a sync), to allocate the outputs; checked here since
+    this module does the reading. `computed`: cu_seqlens came from :func:`_prefix_sums`, whose
+    input is then the argument to blame."""
+    if computed:
+        lo = seq_lens.min() if int(seq_lens.shape[0]) else 0
+        if int(lo) < 0:
+            raise ValueError(f"seq_lens: a negative length ({int(lo)}) received; lengths must be >= 0")
+        return int(cu_seqlens[-1])
+    shape = _shape(cu_seqlens, "cu_seqlens") if not isinstance(cu_seqlens, (list, tuple)) else (len(cu_seqlens),)
+    if len(shape) != 1 or shape[0] == 0:
+        raise ValueError(f"cu_seqlens: shape {shape} received; expected [B + 1] (B + 1 >= 1 entries: its "
+                         "last entry is the output's row count)")
+    total = int(cu_seqlens[-1])
+    if total < 0:
+        raise ValueError(f"cu_seqlens: last entry {total} received; it is the output's row count, so >= 0")
+    return total
 
 
 def gather_dequant(
@@ -418,10 +497,13 @@ def gather_dequant(
         Entries < 0 or >= N (and blocks past ``max_blocks``) read as zeros.
     seq_lens : int32/int64 array ``[B]``
     cu_seqlens : int32/int64 array ``[B + 1]``, optional
-        Output row of each sequence's first token. Default: the prefix sums of ``seq_lens``
-        (int32, computed on the device).
+        Output row of each sequence's first token. Default: the prefix sums of ``seq_lens``,
+        computed on its device in int64 (lengths < 0 count as 0); returned as int32
+        (FlashAttention's dtype) when the outputs are allocated here and the total fits in
+        int32, else as int64.
     dtype : {"bfloat16", "float16", "float32"}, optional
-        Output dtype when allocated here; default bfloat16 for torch, float32 otherwise.
+        Output dtype when allocated here; default: that of the output passed when only one is,
+        else bfloat16 for torch, float32 otherwise.
     key_out, value_out : arrays ``[total_tokens, H, D]`` / ``[total_tokens, H, Dv]``, optional
         Where to write. When not given, ``total_tokens = cu_seqlens[-1]`` is read on the host,
         which synchronizes with the GPU: pass outputs to stay asynchronous (and CUDA-graph safe).
@@ -431,9 +513,11 @@ def gather_dequant(
     key, value, cu_seqlens
         Rows outside ``[0, total_tokens)`` are never written.
     """
-    if cu_seqlens is None:
+    computed = cu_seqlens is None
+    if computed:
         cu_seqlens = _prefix_sums(seq_lens)
-    key_out, value_out = _gather_outputs(kv_cache, value_cache, cu_seqlens, dtype, key_out, value_out)
+    key_out, value_out, cu_seqlens = _gather_outputs(kv_cache, value_cache, seq_lens, cu_seqlens, computed, dtype,
+                                                     key_out, value_out)
     try:
         _C.gather_dequant(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, k_scale, v_scale,
                           scale_layout, key_out, value_out, stream)

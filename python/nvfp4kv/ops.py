@@ -153,7 +153,7 @@ def _reshape_and_cache_flash_traced(key, value, key_cache, value_cache, slot_map
 
 
 @_traced_as(_api.dequantize)
-def _dequantize_traced(kv_cache, k_scale=1.0, v_scale=1.0, *, value_cache=None, pages=None, dtype="float32",
+def _dequantize_traced(kv_cache, k_scale=1.0, v_scale=1.0, *, value_cache=None, pages=None, dtype=None,
                        scale_layout="vllm", key_out=None, value_out=None, stream=None):
     _no_stream(stream)
     key_out, value_out = _api._dequantize_outputs(kv_cache, value_cache, dtype, key_out, value_out)
@@ -167,9 +167,11 @@ def _gather_dequant_traced(kv_cache, block_table, seq_lens, k_scale=1.0, v_scale
                            cu_seqlens=None, dtype=None, scale_layout="vllm", key_out=None, value_out=None,
                            stream=None):
     _no_stream(stream)
-    if cu_seqlens is None:
+    computed = cu_seqlens is None
+    if computed:
         cu_seqlens = _api._prefix_sums(seq_lens)
-    key_out, value_out = _api._gather_outputs(kv_cache, value_cache, cu_seqlens, dtype, key_out, value_out)
+    key_out, value_out, cu_seqlens = _api._gather_outputs(kv_cache, value_cache, seq_lens, cu_seqlens, computed,
+                                                          dtype, key_out, value_out)
     gather_dequant(kv_cache, block_table, seq_lens, cu_seqlens, scale_tensor(k_scale), scale_tensor(v_scale),
                    key_out, value_out, value_cache, scale_layout)
     return key_out, value_out, cu_seqlens

@@ -27,6 +27,7 @@ __all__ = [
     "UNQUANTIZED_KV_CACHE_DTYPES",
     "KV_CACHE_DTYPES",
     "KV_CACHE_LAYOUTS",
+    "NVFP4_MAX_HEAD_SIZE",
     "STR_DTYPE_TO_TORCH_DTYPE",
     "allocate_kv_cache",
     "get_kv_cache_shape",
@@ -45,6 +46,11 @@ FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
 UNQUANTIZED_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "half", "float", "float32")
 #: Every accepted kv_cache_dtype string.
 KV_CACHE_DTYPES = UNQUANTIZED_KV_CACHE_DTYPES + FP8_KV_CACHE_DTYPES + NVFP4_KV_CACHE_DTYPES
+#: Largest head size D of an nvfp4 cache that the operations take (a multiple of 16 from 16 to
+#: this). The C ABI's limit, kMaxHeadSize in cpp/include/nvfp4kv/format.h (exported by the
+#: extension as ``nvfp4kv._C.MAX_HEAD_SIZE``); repeated here because this module must not import
+#: the extension, and a test checks that the two agree.
+NVFP4_MAX_HEAD_SIZE = 512
 #: Accepted cache layouts (FORMAT.md §4): HND is the canonical one.
 KV_CACHE_LAYOUTS = ("HND", "NHD")
 
@@ -83,6 +89,15 @@ def _check_layout(layout: Any) -> str:
     if not isinstance(layout, str) or layout not in KV_CACHE_LAYOUTS:
         raise ValueError(f"layout: unknown value {layout!r}; expected 'HND' or 'NHD'")
     return layout
+
+
+def _check_nvfp4_head_size(name: str, value: int) -> None:
+    # What every operation rejects (the C ABI: a multiple of 16 up to NVFP4_MAX_HEAD_SIZE).
+    if value % 16 != 0 or value > NVFP4_MAX_HEAD_SIZE:
+        raise ValueError(
+            f"{name} must be a positive multiple of 16 up to {NVFP4_MAX_HEAD_SIZE} for an nvfp4 "
+            f"cache (the most the operations take), got {value!r}"
+        )
 
 
 def _check_positive_int(name: str, value: Any) -> int:
@@ -274,7 +289,7 @@ def get_kv_cache_shape(
     ------
     ValueError
         For a non-positive size, an unknown dtype or layout, or an nvfp4 ``D`` that is not a
-        multiple of 16.
+        multiple of 16 up to :data:`NVFP4_MAX_HEAD_SIZE`.
     """
     _check_nonnegative_int("num_blocks", num_blocks)
     _check_positive_int("block_size", block_size)
@@ -283,6 +298,7 @@ def get_kv_cache_shape(
     _check_kv_cache_dtype(cache_dtype_str)
     _check_layout(layout)
     if cache_dtype_str in NVFP4_KV_CACHE_DTYPES:
+        _check_nvfp4_head_size("head_size", head_size)
         last = nvfp4_kv_cache_full_dim(head_size)
     else:
         last = head_size
@@ -334,7 +350,7 @@ class KVCacheSpec:
     ------
     ValueError
         For non-positive sizes, an unknown ``cache_dtype``, or an nvfp4 head size that is not
-        a multiple of 16.
+        a multiple of 16 from 16 to :data:`NVFP4_MAX_HEAD_SIZE` (512; what the operations take).
     """
 
     block_size: int
@@ -353,12 +369,8 @@ class KVCacheSpec:
         _check_positive_int("head_size_v", self.head_size_v)
         _check_kv_cache_dtype(self.cache_dtype)
         if self.cache_dtype in NVFP4_KV_CACHE_DTYPES:
-            nvfp4_kv_cache_full_dim(self.head_size)
-            if self.head_size_v % 16 != 0:
-                raise ValueError(
-                    f"head_size_v must be a positive multiple of 16 for an nvfp4 cache, "
-                    f"got {self.head_size_v!r}"
-                )
+            _check_nvfp4_head_size("head_size", self.head_size)
+            _check_nvfp4_head_size("head_size_v", self.head_size_v)
 
     @property
     def quant_mode(self) -> KVQuantMode:

@@ -14,6 +14,7 @@
 
 #include "nvfp4kv/format.h"
 #include "nvfp4kv/nvfp4kv.h"
+#include "float_mode.h"  // the IEEE mode for the host conversion of a scale (cpp/src/float_mode.h)
 #include "testing.h"  // the library's test switches (cpp/src/testing.h), for _set_* below
 
 namespace nb = nanobind;
@@ -143,6 +144,28 @@ void reject_negated(nb::handle obj, const TorchInfo* info, const char* name) {
                            "exports its un-negated memory; pass x.resolve_neg()").c_str());
 }
 
+// A torch tensor the library cannot read as strided memory: a sparse (or other non-strided)
+// layout, whose data pointer torch refuses to give, and a device without memory the library
+// addresses (meta and fake tensors have none). Named here, before DLPack's generic refusal.
+std::string str_of(nb::handle h) {
+  nb::object s = nb::steal(PyObject_Str(h.ptr()));
+  if (!s.is_valid()) throw nb::python_error();
+  const char* c = PyUnicode_AsUTF8AndSize(s.ptr(), nullptr);
+  if (!c) throw nb::python_error();
+  return c;
+}
+
+void reject_unsupported_torch(nb::handle obj, const char* name) {
+  const std::string layout = str_of(obj.attr("layout"));
+  if (layout != "torch.strided")
+    throw nb::type_error((std::string(name) + ": a torch tensor of layout " + layout +
+                          " received; expected a dense (torch.strided) tensor (x.to_dense())").c_str());
+  const std::string device = str_of(obj.attr("device").attr("type"));
+  if (device != "cpu" && device != "cuda")
+    throw nb::value_error((std::string(name) + ": a torch tensor on device '" + device +
+                           "' received; expected CPU or CUDA memory (a meta or fake tensor has no data)").c_str());
+}
+
 // Through torch's C exchange table.
 bool import_torch_exchange(Arg& a, nb::handle obj, const TorchInfo* info, const char* name) {
   DLTensor t;
@@ -214,7 +237,20 @@ bool import_torch(Arg& a, nb::handle obj, const char* name) {
   a.t.shape = a.shape;
   if (may_be_negated(a.t)) reject_negated(obj, info, name);
   nb::object ptr = call(obj, info->data_ptr);
-  if (!ptr.is_valid()) throw nb::python_error();
+  if (!ptr.is_valid()) {  // a sparse tensor has no data pointer: say so, naming the argument
+    PyObject *type, *value, *tb;  // else torch's own error
+    PyErr_Fetch(&type, &value, &tb);
+    try {
+      reject_unsupported_torch(obj, name);
+    } catch (...) {
+      Py_XDECREF(type);
+      Py_XDECREF(value);
+      Py_XDECREF(tb);
+      throw;
+    }
+    PyErr_Restore(type, value, tb);
+    throw nb::python_error();
+  }
   a.t.data = PyLong_AsVoidPtr(ptr.ptr());
   a.t.device = dev;
   a.t.strides = a.strides;
@@ -229,7 +265,8 @@ bool import_torch(Arg& a, nb::handle obj, const char* name) {
 // to tell "read-only" apart from "not an array").
 void import_array(Arg& a, nb::handle obj, const char* name, bool writable) {
   if (import_torch(a, obj, name)) return;
-  const TorchInfo* info = torch_info();  // a torch subclass, or the fast paths are off
+  const TorchInfo* info = torch_info();  // a torch subclass, the fast paths are off, or a
+                                         // tensor they do not take (sparse, meta, ...)
   if (info) {
     const int is_tensor = PyObject_IsInstance(obj.ptr(), info->tensor_type);
     if (is_tensor < 0) throw nb::python_error();
@@ -241,6 +278,7 @@ void import_array(Arg& a, nb::handle obj, const char* name, bool writable) {
       if (meta.ptr() == Py_True || nb::hasattr(obj, "fake_mode"))
         throw nb::value_error((std::string(name) + ": a tensor without data (meta or fake); such tensors "
                                "go through torch.ops.nvfp4kv").c_str());
+      reject_unsupported_torch(obj, name);
       reject_negated(obj, info, name);
     }
   }
@@ -299,7 +337,10 @@ void import_scale(Arg& a, nb::handle obj, const char* name) {
       throw nb::value_error((std::string(name) + ": " + nb::repr(obj).c_str() +
                              " received; a global scale must be a finite float > 0").c_str());
     }
-    a.scalar = static_cast<float>(v);
+    {
+      const nvfp4kv::FloatModeGuard ieee;  // the caller's FTZ must not flush a subnormal scale to 0
+      a.scalar = static_cast<float>(v);
+    }
     a.t.data = &a.scalar;
     a.t.device = DLDevice{kDLCPU, 0};
     a.t.ndim = 0;
@@ -368,11 +409,11 @@ uintptr_t stream_handle(nb::handle stream, nb::handle like, const Arg& cache) {
 
 // k_scale / v_scale: a Python number or an array as they are; numpy scalars and the like
 // through api._scale (which turns them into floats).
-nb::object scale_arg(nb::handle x) {
+nb::object scale_arg(nb::handle x, const char* name) {
   if (PyFloat_Check(x.ptr()) || PyLong_Check(x.ptr())) return nb::borrow(x);
   const TorchInfo* info = torch_info();
   if (info && reinterpret_cast<PyObject*>(Py_TYPE(x.ptr())) == info->tensor_type) return nb::borrow(x);
-  return api_helper("_scale")(x);
+  return api_helper("_scale")(x, name);
 }
 
 // Cache sides given apart are (N, T, H, F) in logical order (vLLM's reshape_and_cache_flash
@@ -431,7 +472,7 @@ struct PreparedStore {
                 nb::handle recipe_, nb::handle scale_layout, nb::handle workspace_) {
     recipe = choice(recipe_, kRecipeNames, 2, "_RECIPES", "recipe");
     profile = choice(scale_layout, kScaleLayoutNames, 2, "_SCALE_LAYOUTS", "scale_layout");
-    const nb::object ksc = scale_arg(k_scale_), vsc = scale_arg(v_scale_);
+    const nb::object ksc = scale_arg(k_scale_, "k_scale"), vsc = scale_arg(v_scale_, "v_scale");
     import_array(cache, kv_cache, value_cache_.is_none() ? "kv_cache" : "key_cache", true);
     import_optional(value_cache, value_cache_, "value_cache", true);
     orient_sides(cache, kv_cache, value_cache, value_cache_);
@@ -470,7 +511,7 @@ void dequantize(nb::handle kv_cache, nb::handle value_cache, nb::handle pages, n
                 nb::handle v_scale, nb::handle scale_layout, nb::handle key_out,
                 nb::handle value_out, nb::handle stream) {
   const int profile = choice(scale_layout, kScaleLayoutNames, 2, "_SCALE_LAYOUTS", "scale_layout");
-  const nb::object ksc = scale_arg(k_scale), vsc = scale_arg(v_scale);
+  const nb::object ksc = scale_arg(k_scale, "k_scale"), vsc = scale_arg(v_scale, "v_scale");
   Arg c, vc, pg, ks, vs, ko, vo;
   import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
   import_optional(vc, value_cache, "value_cache", false);
@@ -496,7 +537,7 @@ void gather_dequant(nb::handle kv_cache, nb::handle value_cache, nb::handle bloc
                     nb::handle v_scale, nb::handle scale_layout, nb::handle key_out,
                     nb::handle value_out, nb::handle stream) {
   const int profile = choice(scale_layout, kScaleLayoutNames, 2, "_SCALE_LAYOUTS", "scale_layout");
-  const nb::object ksc = scale_arg(k_scale), vsc = scale_arg(v_scale);
+  const nb::object ksc = scale_arg(k_scale, "k_scale"), vsc = scale_arg(v_scale, "v_scale");
   Arg c, vc, bt, sl, cu, ks, vs, ko, vo;
   import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
   import_optional(vc, value_cache, "value_cache", false);
