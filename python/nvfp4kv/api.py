@@ -138,6 +138,10 @@ def store(
         _C.store(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cache, recipe, scale_layout, stream,
                  workspace)
     except ValueError:
+        halves = _split_halves(kv_cache, value_cache)
+        if halves is not None:  # (N, H, T, F) halves of a packed torch cache: read as (N, T, H, F)
+            return _C.store(key, value, halves[0], slot_mapping, k_scale, v_scale, halves[1], recipe, scale_layout,
+                            stream, workspace)
         if not _without_data(key, value, kv_cache, value_cache, slot_mapping, workspace):
             raise
         _ops().store(key, value, kv_cache, slot_mapping, _ops().scale_tensor(k_scale), _ops().scale_tensor(v_scale),
@@ -242,6 +246,10 @@ def reshape_and_cache_flash(
         _C.store(key, value, key_cache, slot_mapping, k_scale, v_scale, value_cache, kv_cache_dtype,
                  scale_layout, stream, workspace)
     except ValueError:
+        halves = _split_halves(key_cache, value_cache)
+        if halves is not None:  # (N, H, T, F) halves of a packed torch cache: read as (N, T, H, F)
+            return _C.store(key, value, halves[0], slot_mapping, k_scale, v_scale, halves[1], kv_cache_dtype,
+                            scale_layout, stream, workspace)
         if not _without_data(key, value, key_cache, value_cache, slot_mapping, workspace):
             raise
         ops = _ops()
@@ -267,8 +275,30 @@ def _shape(x: Any, arg: str) -> Tuple[int, ...]:
     return tuple(int(s) for s in shape)
 
 
+def _split_halves(kv_cache: Any, value_cache: Any) -> Optional[Tuple[Any, Any]]:
+    """The (N, T, H, F) views of torch sides that are the (N, H, T, F) halves of a packed
+    (N, 2H, T, F) cache (vLLM's kv_cache.split(H, dim=1)), else None. Sides are (N, T, H, F) in
+    the C ABI; such halves are recognised by their origin (same strides as their packed base), so
+    they work too. Asked only where a call was refused or outputs are allocated: no cost on the
+    eager path."""
+    if value_cache is None:
+        return None
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    for x in (kv_cache, value_cache):
+        base = getattr(x, "_base", None) if isinstance(x, torch.Tensor) else None
+        if (base is None or x.dim() != 4 or base.dim() != 4 or base.shape[1] != 2 * x.shape[1]
+                or base.stride() != x.stride()):
+            return None
+    return kv_cache.transpose(1, 2), value_cache.transpose(1, 2)
+
+
 def _cache_geometry(kv_cache: Any, value_cache: Any) -> Tuple[int, int, int, int, int]:
     """(N, T, H, D, Dv) read off the shapes; the ABI validates the rest."""
+    halves = _split_halves(kv_cache, value_cache)
+    if halves is not None:
+        kv_cache, value_cache = halves
     shape = _shape(kv_cache, "kv_cache")
     if value_cache is not None and len(shape) == 4:
         n, t, h, f = shape
@@ -404,6 +434,10 @@ def dequantize(
     try:
         _C.dequantize(kv_cache, value_cache, pages, k_scale, v_scale, scale_layout, key_out, value_out, stream)
     except ValueError:
+        halves = _split_halves(kv_cache, value_cache)
+        if halves is not None:  # (N, H, T, F) halves of a packed torch cache: read as (N, T, H, F)
+            _C.dequantize(halves[0], halves[1], pages, k_scale, v_scale, scale_layout, key_out, value_out, stream)
+            return key_out, value_out
         if not _without_data(kv_cache, value_cache, pages, key_out, value_out):
             raise
         ops = _ops()
@@ -522,6 +556,11 @@ def gather_dequant(
         _C.gather_dequant(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, k_scale, v_scale,
                           scale_layout, key_out, value_out, stream)
     except ValueError:
+        halves = _split_halves(kv_cache, value_cache)
+        if halves is not None:  # (N, H, T, F) halves of a packed torch cache: read as (N, T, H, F)
+            _C.gather_dequant(halves[0], halves[1], block_table, seq_lens, cu_seqlens, k_scale, v_scale,
+                              scale_layout, key_out, value_out, stream)
+            return key_out, value_out, cu_seqlens
         if not _without_data(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, key_out, value_out):
             raise
         ops = _ops()

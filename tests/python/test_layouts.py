@@ -1,0 +1,94 @@
+"""Every view of one HND cache reads and writes the same bytes, with H != T and H == T.
+
+One allocation holds an HND cache, [N][K data | K scale | V data | V scale]; vLLM keeps it packed
+as (N, 2H, T, F) and hands out its sides in two orientations: (N, T, H, F) to the store
+(kv_cache.transpose(1, 2).split(H, dim=2)) and (N, H, T, F) to attention
+(kv_cache.split(H, dim=1)). The oracle is the packed cache itself (held to the NumPy reference
+in test_store_cpu.py); every other view must give the same bytes or a clear error. Where H == T
+an (N, H, T, F) half has the strides of an NHD (N, T, H, F) side, so only its origin (a torch
+view of the packed cache) tells them apart: torch halves work in both orientations, whatever H
+and T; a numpy or C caller's (N, H, T, F) halves are named by the C ABI where H != T.
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import nvfp4kv as nv  # noqa: E402
+
+D = 64
+F = nv.nvfp4_kv_cache_full_dim(D)
+
+
+def packed(N, H, T, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (N, 2 * H, T, F), generator=g, dtype=torch.uint8)
+
+
+def views(kv, H, T):
+    """name -> (kv_cache, value_cache) over the bytes of the packed HND cache `kv`."""
+    N = kv.shape[0]
+    five = kv.view(N, 2, H, T, F).permute(0, 1, 3, 2, 4)  # (N, 2, T, H, F), HND strides
+    store_k, store_v = kv.transpose(1, 2).split(H, dim=2)   # (N, T, H, F) halves, as vLLM's store
+    return {
+        "packed": (kv, None),
+        "5d": (five, None),
+        "5d sides": (five[:, 0], five[:, 1]),
+        "store halves (N,T,H,F)": (store_k, store_v),
+        "split halves (N,H,T,F)": tuple(kv.split(H, dim=1)),
+    }
+
+
+def inputs(n, H, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, H, D, generator=g).to(torch.bfloat16),
+            torch.randn(n, H, D, generator=g).to(torch.bfloat16))
+
+
+GEOMETRIES = [(3, 4, 16), (3, 16, 16), (2, 8, 8), (2, 16, 4)]  # N, H, T
+
+
+@pytest.mark.parametrize("N,H,T", GEOMETRIES, ids=lambda v: str(v))
+@pytest.mark.parametrize("scale_layout", ["vllm", "linear"])
+@pytest.mark.parametrize("name", ["5d", "5d sides", "store halves (N,T,H,F)", "split halves (N,H,T,F)"])
+def test_store_through_every_view(N, H, T, scale_layout, name):
+    n = N * T - 3
+    key, value = inputs(n, H, seed=N * H * T)
+    slots = torch.randperm(N * T, generator=torch.Generator().manual_seed(1))[:n]
+    want = packed(N, H, T, seed=5)
+    nv.store(key, value, want, slots, 0.04, 0.06, scale_layout=scale_layout)
+    got = packed(N, H, T, seed=5)
+    kv_cache, value_cache = views(got, H, T)[name]
+    nv.store(key, value, kv_cache, slots, 0.04, 0.06, value_cache=value_cache, scale_layout=scale_layout)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("N,H,T", GEOMETRIES, ids=lambda v: str(v))
+@pytest.mark.parametrize("name", ["5d", "5d sides", "store halves (N,T,H,F)", "split halves (N,H,T,F)"])
+def test_dequantize_and_gather_through_every_view(N, H, T, name):
+    kv = packed(N, H, T, seed=7)
+    kv_cache, value_cache = views(kv, H, T)[name]
+    want_k, want_v = nv.dequantize(kv, 0.04, 0.06, scale_layout="linear")
+    bt = torch.arange(N, dtype=torch.int32).flip(0).reshape(1, N)
+    want_gk, want_gv, _ = nv.gather_dequant(kv, bt, torch.tensor([N * T - 1]), 0.04, 0.06, scale_layout="linear")
+    k, v = nv.dequantize(kv_cache, 0.04, 0.06, value_cache=value_cache, scale_layout="linear")
+    assert np.array_equal(k.numpy(), want_k.numpy(), equal_nan=True)
+    assert np.array_equal(v.numpy(), want_v.numpy(), equal_nan=True)
+    gk, gv, _ = nv.gather_dequant(kv_cache, bt, torch.tensor([N * T - 1]), 0.04, 0.06, value_cache=value_cache,
+                                  scale_layout="linear")
+    assert torch.equal(gk.view(torch.int16), want_gk.view(torch.int16))
+    assert torch.equal(gv.view(torch.int16), want_gv.view(torch.int16))
+
+
+def test_numpy_halves_with_heads_and_positions_swapped_are_named():
+    """A C or numpy caller's (N, H, T, F) halves (H != T): the C ABI compares them with the heads
+    of key and names the orientation, writing nothing."""
+    N, H, T = 2, 4, 16
+    kv = packed(N, H, T, seed=9).numpy()
+    k, v = np.split(kv, 2, axis=1)
+    key = np.random.default_rng(0).standard_normal((3, H, D)).astype(np.float32)
+    before = kv.copy()
+    with pytest.raises(ValueError, match=r"key_cache: shape \(2, 4, 16, 36\) has the 4 KV heads of key"):
+        nv.store(key, key, k, np.arange(3), 0.1, 0.1, value_cache=v, scale_layout="linear")
+    assert np.array_equal(kv, before)
