@@ -73,6 +73,22 @@ Layout side_layout(const Tensor& c, int64_t T, int64_t H, int64_t F) {
        static_cast<long long>(T * F), static_cast<long long>(H * F), static_cast<long long>(F));
 }
 
+// Whether the bytes of two cache sides meet. Each side is, page by page, one run of H * T * F
+// contiguous bytes (its layout check made sure), so the sides compare as two (N, run) byte views
+// at their page strides: exact where the page strides are equal (two halves of one allocation's
+// pages, whatever their head sizes), by byte range otherwise.
+bool sides_overlap(const Tensor& kc, const Tensor& vc, int64_t N, int64_t k_run, int64_t v_run) {
+  int64_t shape_k[2] = {N, k_run}, shape_v[2] = {N, v_run};
+  int64_t stride_k[2] = {kc.stride(0), 1}, stride_v[2] = {vc.stride(0), 1};
+  DLTensor k = *kc.t, v = *vc.t;
+  k.ndim = v.ndim = 2;
+  k.shape = shape_k;
+  v.shape = shape_v;
+  k.strides = stride_k;
+  v.strides = stride_v;
+  return elements_overlap(Tensor(&k, kc.name), Tensor(&v, vc.name));
+}
+
 // A view whose dimension `h_dim` should hold the heads but whose dimension `t_dim` holds them.
 void check_orientation(const Tensor& c, int h_dim, int t_dim, int64_t heads, const char* heads_arg) {
   if (heads <= 0 || c.size(h_dim) == heads || c.size(t_dim) != heads) return;
@@ -119,7 +135,7 @@ Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache, int64
     r.v.page_stride = vc.stride(0);
     check_page_stride(kc, r.N, r.k.page_stride, r.H * r.T * Fk);
     check_page_stride(vc, r.N, r.v.page_stride, r.H * r.T * Fv);
-    if (elements_overlap(kc, vc))  // split views of one allocation pass: their bytes interleave
+    if (sides_overlap(kc, vc, r.N, r.H * r.T * Fk, r.H * r.T * Fv))
       fail(NVFP4KV_ERROR_INVALID_VALUE,
            "value_cache: shares memory with key_cache; the two sides of a cache must not overlap");
     r.device = kc.device();

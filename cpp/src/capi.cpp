@@ -165,10 +165,10 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
   for (const Tensor* x : {&key, &value})
     if (x->size(0) < slots.size(0))
       fail(NVFP4KV_ERROR_INVALID_VALUE,
-           "%s: %lld tokens (shape %s) but slot_mapping has %lld entries; key and value need a row "
+           "slot_mapping: %lld entries but %s has %lld tokens (shape %s); key and value need a row "
            "for each slot (extra rows are padding and are not stored)",
-           x->name, static_cast<long long>(x->size(0)), x->shape_str().c_str(),
-           static_cast<long long>(slots.size(0)));
+           static_cast<long long>(slots.size(0)), x->name, static_cast<long long>(x->size(0)),
+           x->shape_str().c_str());
 
   if (recipe != NVFP4KV_RECIPE_NVFP4 && recipe != NVFP4KV_RECIPE_NVFP4_4OVER6)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
