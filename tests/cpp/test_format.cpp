@@ -73,7 +73,7 @@ static void test_e2m1() {
     }
   }
   CHECK(e2m1_encode(-0.0f) == 8u, "-0 must keep its sign");
-  CHECK(e2m1_magnitude(NAN) == 0u, "NaN magnitude (only 0*Inf, never reached by the recipe) is 0");
+  CHECK(e2m1_magnitude(NAN) == 0u, "NaN magnitude (x*out = 0*Inf: a zero element, FORMAT.md §2) is 0");
 }
 
 static void test_sign_word() {

@@ -376,6 +376,34 @@ def groups_every_scale_byte(rng, g=1.0):
     return _fill(rng, amax.astype(np.float32), None)
 
 
+# Valid global scales at both ends, where `out` overflows to +Inf (g < ~1.5e-36, small scale
+# bytes: a zero element meets 0 * Inf) or underflows to 0 (g > ~7.6e35, scale byte 0x7E: an
+# infinite element meets Inf * 0); FORMAT.md §2 takes q_i from x_i there. The first is the smallest
+# valid fp32 scale (1/2^-128 overflows), the last FLT_MAX (1/enc = Inf).
+EXTREME_GLOBAL_SCALES = (2.0**-128 + 2.0**-149, 1e-38, 2.0**-126, 2.0**-119, 1e-36, 1.0, 1e36,
+                         3e38, float(np.finfo(np.float32).max))
+
+
+def groups_extreme_scale(g):
+    """For global scale g: for each scale byte 0x00..0x7E a group with amax = sfq * 6 * g (so it
+    gets about that byte) holding +-0 in both halves and small nonzero elements, with both signs;
+    then groups holding +-Inf next to +-0, +-1e-45, +-1 and +-FLT_MAX."""
+    f32 = np.float32
+    s = ref.e4m3_decode(np.arange(0x7F)).astype(np.float64)
+    with np.errstate(over="ignore"):
+        amax = (s * 6 * g).astype(f32)
+    groups = []
+    for i, a in enumerate(amax):
+        grp = np.array([a, 0.0, -0.0, -a / 3, a * 2.0**-20, -1e-45, 1e-45, -0.0,
+                        0.0, -a, -0.0, a / 2, 0.0, -1e-45, a * 0.7, -0.0], f32)
+        groups.append(grp if i % 2 == 0 else -grp)
+    inf, big = f32(np.inf), np.finfo(f32).max
+    groups.append(np.array([inf, 0, -0.0, -inf, 1, -1, big, -1e-45,
+                            -0.0, inf, 0, -big, 1e-45, -inf, 2.5, 0], f32))
+    groups.append(np.array([-inf] + [0.0] * 7 + [-0.0] * 7 + [inf], f32))
+    return np.array(groups, f32)
+
+
 def groups_every_code_and_tie(rng):
     """Exact power-of-two scales (amax = 6*2^k, so out = 2^-k exactly): groups hitting all 16
     codes, and every E2M1 rounding tie and its two fp32 neighbours, for both signs."""

@@ -7,8 +7,9 @@ FORMAT.md §2 (NumPy never fuses a multiply and an add, and it rounds every fp32
 
 Decisions taken where FORMAT.md is silent:
 - store_reference: if two tokens of one call map to the same slot, the LATER token wins.
-- e2m1_encode of a NaN gives magnitude 7 (the ladder's "else"); quantize_groups never feeds it a
-  NaN produced by the input (NaN groups are handled before), see quantize_groups for 0*Inf.
+- e2m1_encode of a NaN gives magnitude 7 (the ladder's "else"); _candidate never relies on it: a
+  NaN product x*out (0*Inf or Inf*0, extreme global scales) is encoded from x as FORMAT.md §2
+  decides, and NaN groups of the input are handled before.
 - The token-4 interleaved scale layout is accepted for any D (the formula does not need D%64);
   only HND and T%4 == 0 are required, since the offsets are meaningless otherwise.
 """
@@ -105,7 +106,12 @@ def _candidate(x, amax, enc, R):
         sfq = e4m3_decode(sfb)
         inv_enc = _F32(1) / enc
         out = np.where(sfq == 0, _F32(0), _F32(1) / (sfq * inv_enc)).astype(np.float32)
-        codes = e2m1_encode(x * out[..., None])
+        prod = x * out[..., None]
+        # FORMAT.md §2: where x*out is NaN (0 * Inf with out = +Inf, Inf * 0 with out = 0), q_i is
+        # taken from x_i: its sign bit, magnitude 0 for a zero and 7 for an infinite element. (The
+        # NaN's own sign bit is platform-defined: x86 sets it.)
+        from_x = (np.isinf(x).astype(np.uint8) * 7) | (np.signbit(x).astype(np.uint8) << 3)
+        codes = np.where(np.isnan(prod), from_x, e2m1_encode(prod)).astype(np.uint8)
     return sfb, out, codes
 
 
@@ -131,9 +137,9 @@ def quantize_groups(x, g, recipe="nvfp4", on_invalid_scale="raise"):
     on_invalid_scale: "raise" (host-checked scale: ValueError) or "nan" (the GPU-tensor path of
     FORMAT.md §2: every group gets scale 0x7F and zero codes).
 
-    Note: if g is so small that `out` overflows to Inf (g < ~1e-36), a zero element gives 0*Inf =
-    NaN whose sign bit is platform-defined (x86: set), so its code (0x7 vs 0xF) is not pinned down
-    by FORMAT.md; the tests avoid that corner.
+    Extreme valid g make `out` overflow to +Inf (g < ~1.5e-36, small scale bytes) or underflow to 0
+    (g > ~7.6e35, scale byte 0x7E); a zero (resp. infinite) element then gives x*out = NaN, and
+    FORMAT.md §2 takes its code from x (see _candidate).
     """
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}")

@@ -4,7 +4,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import reference as ref
-from conftest import ORDER_SENSITIVE_USE_D4, groups_4over6_order_sensitive
+from conftest import (EXTREME_GLOBAL_SCALES, ORDER_SENSITIVE_USE_D4, groups_4over6_order_sensitive,
+                      groups_extreme_scale)
 
 F32 = np.float32
 
@@ -351,3 +352,33 @@ def test_dequantize_reference_nan_and_negative_scales():
     k, v = ref.dequantize_reference(cache, 1.0, 0.5, T, H, D, "HND", "vllm")
     assert np.isnan(k[0, 0, 0]).all() and (k[0, 1:] == 0).all()
     assert (v[0, 0, 0] == -3.0).all()
+
+
+def test_extreme_global_scales_are_valid():
+    for g in EXTREME_GLOBAL_SCALES:
+        assert ref.is_valid_global_scale(g), g
+    assert not ref.is_valid_global_scale(2.0**-128)  # 1/g overflows: the first one is the smallest
+
+
+@pytest.mark.parametrize("recipe", ref.RECIPES)
+@pytest.mark.parametrize("g", EXTREME_GLOBAL_SCALES)
+def test_zero_and_infinite_elements_whatever_out_is(recipe, g):
+    """FORMAT.md §2: a zero element is always 0x0/0x8 and an infinite one 0x7/0xF (sign of x),
+    also where x*out is 0*Inf or Inf*0 (out = +Inf or 0 at extreme global scales)."""
+    x = groups_extreme_scale(g)
+    codes, sfb = ref.quantize_groups(x, g, recipe)
+    sign = np.signbit(x).astype(np.uint8) << 3
+    zero, inf = x == 0, np.isinf(x)
+    assert np.array_equal(codes[zero], sign[zero])
+    assert np.array_equal(codes[inf], sign[inf] | 7)
+    # every scale byte is reached where g allows it (at 2^-128 + 2^-149, 6 * 2^-9 * g underflows)
+    if 2.0**-126 <= g <= 1.0:  # (above, 6 * 448 * g overflows)
+        assert set(range(1, 0x7F)) <= set(sfb.tolist())
+    # the corner is reached: out overflows for some zero-holding group, or underflows for Inf
+    enc = np.float32(1) / np.float32(g)
+    with np.errstate(all="ignore"):
+        out = np.float32(1) / (ref.e4m3_decode(sfb) * (np.float32(1) / enc))
+    if g < 1.5e-36:
+        assert (np.isinf(out) & zero.any(axis=-1)).any()
+    if g > 7.6e35:
+        assert ((out == 0) & (sfb == 0x7E) & inf.any(axis=-1)).any()

@@ -7,11 +7,13 @@ import reference as ref
 from conftest import (
     assert_bytes_equal,
     count_exact_scale_ties,
+    EXTREME_GLOBAL_SCALES,
     draw_slots,
     expected_store,
     groups_4over6_order_sensitive,
     groups_every_code_and_tie,
     groups_every_scale_byte,
+    groups_extreme_scale,
     groups_random,
     groups_scale_ties,
     groups_special,
@@ -65,6 +67,18 @@ def test_every_scale_byte(nv, backend, recipe, g, scale_layout):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("recipe", ref.RECIPES)
+@pytest.mark.parametrize("g", EXTREME_GLOBAL_SCALES)
+def test_every_scale_byte_with_zeros_and_infinities_at_extreme_global_scales(nv, backend, recipe, g):
+    # out = +Inf (tiny g) or 0 (huge g) makes x*out = 0*Inf or Inf*0 = NaN for zero or infinite
+    # elements; FORMAT.md §2 encodes those from x (zero -> 0x0/0x8, Inf -> 0x7/0xF). Was: the
+    # library wrote +-0 for +-Inf at g > ~7.6e35, the reference 0xF for either (x86's NaN sign).
+    rng = np.random.default_rng(16)
+    groups = groups_extreme_scale(g)
+    _store_groups(nv, backend, rng, groups, -groups, (2, 128, 16, 2), 16, recipe, "linear", g)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("recipe", ref.RECIPES)
 @pytest.mark.parametrize("scale_layout", ["vllm", "linear"])
 def test_every_code_and_every_e2m1_tie(nv, backend, recipe, scale_layout):
     rng = np.random.default_rng(11)
@@ -103,8 +117,8 @@ def test_nan_inf_zero_tiny_groups(nv, backend, recipe, scale_layout):
 def test_denormal_amax_with_tiny_global_scale(nv, backend):
     # g = 1e-38 (valid: 1/g is finite).  A group of nonzero fp32 denormals gets a nonzero scale
     # byte, and `out` overflows to +Inf, so every element saturates to +-6.  A flush-to-zero
-    # build would see amax = 0 and write a zero group instead.  (No zero elements here: 0 * Inf
-    # is a NaN of unspecified sign, see reference.quantize_groups.)
+    # build would see amax = 0 and write a zero group instead.  (Zero elements next to out = +Inf:
+    # test_every_scale_byte_with_zeros_and_infinities_at_extreme_global_scales.)
     rng = np.random.default_rng(14)
     H, D, T, N = 1, 16, 4, 1
     mags = rng.uniform(1e-40, 1.1e-38, (4, 1, 16)).astype(np.float32)

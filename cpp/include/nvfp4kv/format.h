@@ -253,7 +253,8 @@ NVFP4KV_HD uint32_t sign_word(const float* x) { return fast::sign_word(x); }
 // when the second step is active; base+6 when the third is), so ties go where E2M1's RNE sends
 // them (in values): 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4. The operands are
 // exact: m/2 is a power-of-two scaling and m/2 - 1, m/2 - 2 are exact (Sterbenz) wherever they
-// are not clamped. A NaN m (only 0 * Inf, never in the recipe's normal flow) gives code 0.
+// are not clamped. A NaN m gives code 0: that is FORMAT.md's code for x * out = 0 * Inf (a zero
+// element with out = +Inf, global scales below ~1.5e-36); for Inf * 0 quantize_group sets 7.
 NVFP4KV_HD float e2m1_code_plus(float m, float base) {
   const float acc = fma_exact(sat01(mul_rn(m, 0.5f)), 4.0f, base);
   const float acc2 = fma_exact(sat01(fma_exact(m, 0.5f, -1.0f)), 2.0f, acc);
@@ -381,6 +382,20 @@ NVFP4KV_HD float candidate_error(const float (&x)[kGroupSize], const uint32_t (&
   return add_rn(sum[0], sum[1]);
 }
 
+// FORMAT.md §2: an infinite element is +-6 whatever `out` is. Needed only where out = 0 with a
+// nonzero scale byte (g above ~7.6e35: sfq * (1/enc) overflows), where Inf * out = Inf * 0 is NaN,
+// which the encoder gives code 0; everywhere else Inf * out = Inf already gave code 7, so OR-ing 7
+// in changes nothing. (The mirror case 0 * Inf, a zero element with out = +Inf at g below
+// ~1.5e-36, already gives the spec's code 0 from the encoder.) Called for groups with amax = Inf
+// only; the sign bits are in place already.
+NVFP4KV_HD void saturate_infinities(const float (&x)[kGroupSize], uint32_t (&packed)[2]) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 0; i < kGroupSize; ++i)
+    if (!is_finite(x[i])) packed[i >> 3] |= 7u << (4 * (i & 7));
+}
+
 // Amax of a group; NaN when the group holds a NaN (max is exact: any order gives the same value).
 NVFP4KV_HD float group_amax(const float (&x)[kGroupSize]) { return fast::group_amax(x); }
 
@@ -409,20 +424,22 @@ NVFP4KV_HD uint32_t quantize_group(const float (&x)[kGroupSize], const GlobalSca
     return kScaleNaN;
   }
   const uint32_t sfb6 = scale_byte(amax, gs.enc, kR6);
+  uint32_t sfb = sfb6;
   if (kRecipe == Recipe::kNvfp4) {
     encode_group(x, out_of(sfb6), packed);
-    return sfb6;
+  } else {
+    const uint32_t sfb4 = scale_byte(amax, gs.enc, kR4);
+    uint32_t packed4[2];
+    const float err6 = score(x, sfb6, out_of(sfb6), packed);
+    const float err4 = score(x, sfb4, out_of(sfb4), packed4);
+    if (err4 < err6) {  // ties keep 6
+      packed[0] = packed4[0];
+      packed[1] = packed4[1];
+      sfb = sfb4;
+    }
   }
-  const uint32_t sfb4 = scale_byte(amax, gs.enc, kR4);
-  uint32_t packed4[2];
-  const float err6 = score(x, sfb6, out_of(sfb6), packed);
-  const float err4 = score(x, sfb4, out_of(sfb4), packed4);
-  if (err4 < err6) {  // ties keep 6
-    packed[0] = packed4[0];
-    packed[1] = packed4[1];
-    return sfb4;
-  }
-  return sfb6;
+  if (!is_finite(amax)) saturate_infinities(x, packed);  // amax is not NaN here: +Inf
+  return sfb;
 }
 
 // ---- Page offsets (FORMAT.md §4), in bytes from the start of one side of one page -----------------
