@@ -19,6 +19,7 @@ from .spec import (
     get_kv_cache_shape,
     get_kv_cache_stride_order,
     get_kv_quant_mode,
+    is_nvfp4_kv_cache,
     is_quantized_kv_cache,
     nvfp4_kv_cache_full_dim,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "get_kv_cache_shape",
     "get_kv_cache_stride_order",
     "get_kv_quant_mode",
+    "is_nvfp4_kv_cache",
     "is_quantized_kv_cache",
     "nvfp4_kv_cache_full_dim",
     "nvfp4_kv_cache_split_views",

@@ -9,6 +9,15 @@ The byte contract is ``docs/FORMAT.md``; the numbers used here are its §4:
 - ``F(D) = D/2 + D/16`` bytes per (token, head) row of an NVFP4 cache ("full dim");
 - one page holds both sides, ``[K side | V side]``, each ``H*T*F`` bytes;
 - page size for one layer and one block: ``T*H*(F(D) + F(Dv))`` bytes.
+
+Names that mirror vLLM carry vLLM's values (pinned, with the vLLM file and commit each mirrors,
+in ``tests/python/test_vllm_names.py``): :class:`KVQuantMode`, :func:`get_kv_quant_mode`
+(``vllm/v1/kv_cache_interface.py``), :func:`is_quantized_kv_cache`,
+:data:`STR_DTYPE_TO_TORCH_DTYPE`, :data:`MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP`,
+:func:`nvfp4_kv_cache_full_dim` (``vllm/utils/torch_utils.py``), and the packed
+``(N, 2H, T, F)`` cache of vLLM's FlashInfer/TRT-LLM NVFP4 path (:func:`get_kv_cache_shape`,
+:func:`get_kv_cache_stride_order`). nvfp4kv's own view of a dtype string (which strings are
+NVFP4 for nvfp4kv, "nvfp4_4over6" included) is :func:`is_nvfp4_kv_cache`.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ __all__ = [
     "get_kv_cache_shape",
     "get_kv_cache_stride_order",
     "get_kv_quant_mode",
+    "is_nvfp4_kv_cache",
     "is_quantized_kv_cache",
     "nvfp4_kv_cache_full_dim",
 ]
@@ -67,11 +77,11 @@ _ELEMENT_BYTES = {
     "fp8_e5m2": 1,
 }
 
-#: ModelOpt ``kv_cache_quant_algo`` -> vLLM ``kv_cache_dtype``.
+#: ModelOpt ``kv_cache_quant_algo`` (lower-cased) -> vLLM ``kv_cache_dtype``, as in vLLM's
+#: ``vllm/utils/torch_utils.py``; vLLM looks up ``kv_algo.lower()``, so "NVFP4" -> "nvfp4".
 MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP = {
-    "FP8": "fp8_e4m3",
     "fp8": "fp8_e4m3",
-    "NVFP4": "nvfp4",
+    "mixed_precision": "auto",
     "nvfp4": "nvfp4",
 }
 
@@ -116,6 +126,11 @@ def _check_nonnegative_int(name: str, value: Any) -> int:
 def nvfp4_kv_cache_full_dim(head_size: int) -> int:
     """Bytes per (token, head) row of an NVFP4 KV cache: ``D/2`` packed + ``D/16`` scales.
 
+    vLLM's ``nvfp4_kv_cache_full_dim`` (``vllm/utils/torch_utils.py``) computes
+    ``head_size // 2 + head_size // 16`` without checking anything; this one gives the same value
+    for every head size the format has and raises for the others (a head size that is not a
+    multiple of 16 has no NVFP4 row).
+
     Parameters
     ----------
     head_size : int
@@ -138,7 +153,9 @@ def nvfp4_kv_cache_full_dim(head_size: int) -> int:
 
 
 class KVQuantMode(enum.IntEnum):
-    """How a KV cache is quantized.
+    """How a KV cache is quantized: vLLM's ``KVQuantMode`` (``vllm/v1/kv_cache_interface.py``).
+
+    Same members and values as vLLM's enum (pinned in ``tests/python/test_vllm_names.py``).
 
     Attributes
     ----------
@@ -146,62 +163,111 @@ class KVQuantMode(enum.IntEnum):
         Unquantized (16- or 32-bit values).
     FP8_PER_TENSOR
         FP8 (E4M3 or E5M2) with one fp32 scale per tensor and side.
+    INT8_PER_TOKEN_HEAD
+        int8 with a scale per token and head (vLLM's "int8_per_token_head"; not an nvfp4kv format).
+    FP8_PER_TOKEN_HEAD
+        FP8 with a scale per token and head (vLLM's "fp8_per_token_head"; not an nvfp4kv format).
     NVFP4
         NVFP4: E2M1 codes, one E4M3 scale per 16 elements, one fp32 global scale per side.
     """
 
     NONE = 0
     FP8_PER_TENSOR = 1
-    NVFP4 = 2
+    INT8_PER_TOKEN_HEAD = 2
+    FP8_PER_TOKEN_HEAD = 3
+    NVFP4 = 4
+
+    @property
+    def is_per_token_head(self) -> bool:
+        """bool: INT8_PER_TOKEN_HEAD or FP8_PER_TOKEN_HEAD (as vLLM's property)."""
+        return self in (KVQuantMode.INT8_PER_TOKEN_HEAD, KVQuantMode.FP8_PER_TOKEN_HEAD)
+
+    @property
+    def is_nvfp4(self) -> bool:
+        """bool: NVFP4 (as vLLM's property)."""
+        return self == KVQuantMode.NVFP4
+
+
+def _check_str(kv_cache_dtype: Any) -> str:
+    # vLLM's functions take a str and would fail with an AttributeError on anything else.
+    if not isinstance(kv_cache_dtype, str):
+        raise TypeError(f"kv_cache_dtype must be a str, got {type(kv_cache_dtype).__name__}")
+    return kv_cache_dtype
 
 
 def get_kv_quant_mode(kv_cache_dtype: str) -> KVQuantMode:
-    """Quantization mode selected by a vLLM ``kv_cache_dtype`` string.
+    """vLLM's ``get_kv_quant_mode`` (``vllm/v1/kv_cache_interface.py``), exactly.
+
+    Never raises for a str: "int8_per_token_head" -> INT8_PER_TOKEN_HEAD,
+    "fp8_per_token_head" -> FP8_PER_TOKEN_HEAD, "nvfp4" -> NVFP4, any other string starting with
+    "fp8" -> FP8_PER_TENSOR, anything else -> NONE. Note that "nvfp4_4over6" is NONE here, as in
+    vLLM: nvfp4kv's own test for its NVFP4 strings is :func:`is_nvfp4_kv_cache`.
 
     Parameters
     ----------
     kv_cache_dtype : str
-        One of :data:`KV_CACHE_DTYPES`.
+        A vLLM ``kv_cache_dtype`` string (any string).
 
     Returns
     -------
     KVQuantMode
-        ``NVFP4`` for "nvfp4"/"nvfp4_4over6", ``FP8_PER_TENSOR`` for "fp8", "fp8_e4m3",
-        "fp8_e5m2", ``NONE`` otherwise.
 
     Raises
     ------
-    ValueError
-        If ``kv_cache_dtype`` is not an accepted string.
+    TypeError
+        If ``kv_cache_dtype`` is not a str.
     """
-    _check_kv_cache_dtype(kv_cache_dtype)
-    if kv_cache_dtype in NVFP4_KV_CACHE_DTYPES:
+    _check_str(kv_cache_dtype)
+    if kv_cache_dtype == "int8_per_token_head":
+        return KVQuantMode.INT8_PER_TOKEN_HEAD
+    if kv_cache_dtype == "fp8_per_token_head":
+        return KVQuantMode.FP8_PER_TOKEN_HEAD
+    if kv_cache_dtype == "nvfp4":
         return KVQuantMode.NVFP4
-    if kv_cache_dtype in FP8_KV_CACHE_DTYPES:
+    if kv_cache_dtype.startswith("fp8"):
         return KVQuantMode.FP8_PER_TENSOR
     return KVQuantMode.NONE
 
 
 def is_quantized_kv_cache(kv_cache_dtype: str) -> bool:
-    """Whether a vLLM ``kv_cache_dtype`` string selects a quantized cache.
+    """vLLM's ``is_quantized_kv_cache`` of ``vllm/utils/torch_utils.py``, exactly.
+
+    ``kv_cache_dtype.startswith("fp8") or kv_cache_dtype.endswith("per_token_head") or
+    kv_cache_dtype.startswith("nvfp4")``; never raises for a str. True for "nvfp4_4over6".
+
+    vLLM has a second function of this name in ``vllm/v1/kv_cache_interface.py``,
+    ``get_kv_quant_mode(s) != KVQuantMode.NONE``, which differs for strings that
+    :func:`get_kv_quant_mode` does not know: it is False for "nvfp4_4over6" and
+    "int4_per_token_head", where this one is True. Use
+    ``get_kv_quant_mode(s) != KVQuantMode.NONE`` where that one is meant.
 
     Parameters
     ----------
     kv_cache_dtype : str
-        One of :data:`KV_CACHE_DTYPES`.
+        A vLLM ``kv_cache_dtype`` string (any string).
 
     Returns
     -------
     bool
-        True for the fp8 and nvfp4 strings; False for "auto", "bfloat16", "float16", "half",
-        "float", "float32".
 
     Raises
     ------
-    ValueError
-        If ``kv_cache_dtype`` is not an accepted string.
+    TypeError
+        If ``kv_cache_dtype`` is not a str.
     """
-    return get_kv_quant_mode(kv_cache_dtype) != KVQuantMode.NONE
+    _check_str(kv_cache_dtype)
+    return (kv_cache_dtype.startswith("fp8") or kv_cache_dtype.endswith("per_token_head")
+            or kv_cache_dtype.startswith("nvfp4"))
+
+
+def is_nvfp4_kv_cache(kv_cache_dtype: Any) -> bool:
+    """Whether nvfp4kv stores ``kv_cache_dtype`` in the NVFP4 format (nvfp4kv's own helper).
+
+    True for "nvfp4" and "nvfp4_4over6" (the same bytes, two scale recipes: the strings
+    ``recipe=`` / ``kv_cache_dtype`` take), False for every other value (never raises). Unlike
+    vLLM's :func:`get_kv_quant_mode`, which gives NONE for "nvfp4_4over6".
+    """
+    return isinstance(kv_cache_dtype, str) and kv_cache_dtype in NVFP4_KV_CACHE_DTYPES
 
 
 class _LazyTorchDtypeMap(Mapping):
@@ -234,23 +300,51 @@ class _LazyTorchDtypeMap(Mapping):
         return f"STR_DTYPE_TO_TORCH_DTYPE({', '.join(self._names)})"
 
 
-#: ``str -> torch.dtype`` as in vLLM (``vllm.utils.torch_utils``), resolved lazily.
-#: nvfp4 caches are stored as ``torch.uint8``; fp8 as the matching ``torch.float8_*`` type.
+#: vLLM's ``STR_DTYPE_TO_TORCH_DTYPE`` (``vllm/utils/torch_utils.py``): the same keys and
+#: values, resolved lazily (torch is imported when a value is read). Every quantized cache is
+#: stored as ``torch.uint8`` (fp8 included), except "int8" / "int8_per_token_head" (int8) and
+#: "fp8_inc" (float8_e4m3fn). Not every key is a cache nvfp4kv sizes (:class:`KVCacheSpec`
+#: takes :data:`KV_CACHE_DTYPES`).
 STR_DTYPE_TO_TORCH_DTYPE: Mapping = _LazyTorchDtypeMap(
     {
-        "bfloat16": "bfloat16",
-        "half": "float16",
-        "float16": "float16",
-        "float": "float32",
         "float32": "float32",
-        "uint8": "uint8",
-        "fp8": "float8_e4m3fn",
-        "fp8_e4m3": "float8_e4m3fn",
-        "fp8_e5m2": "float8_e5m2",
+        "half": "half",
+        "float16": "float16",
+        "bfloat16": "bfloat16",
+        "float": "float",
+        "fp8": "uint8",
+        "fp8_e4m3": "uint8",
+        "fp8_e5m2": "uint8",
+        "int8": "int8",
+        "int4_per_token_head": "uint8",
+        "int8_per_token_head": "int8",
+        "fp8_per_token_head": "uint8",
+        "fp8_inc": "float8_e4m3fn",
+        "fp8_ds_mla": "uint8",
+        "turboquant_k8v4": "uint8",
+        "turboquant_4bit_nc": "uint8",
+        "turboquant_k3v4_nc": "uint8",
+        "turboquant_3bit_nc": "uint8",
         "nvfp4": "uint8",
         "nvfp4_4over6": "uint8",
     }
 )
+
+
+def _resolve_packed(packed: Any, cache_dtype_str: str, layout: str) -> bool:
+    """The cache's rank: packed 4-D or 5-D. None: packed for nvfp4 (vLLM's form), else 5-D."""
+    if packed is None:
+        packed = cache_dtype_str in NVFP4_KV_CACHE_DTYPES
+    elif not isinstance(packed, bool):
+        raise ValueError(f"packed must be True, False or None, got {packed!r}")
+    if packed and layout == "NHD":
+        raise ValueError(
+            "layout 'NHD' with a packed (N, 2H, T, F) cache: its NHD stride order (0, 2, 1, 3) "
+            "interleaves K and V heads at every position, which is not a page of the format "
+            "([K data | K scale | V data | V scale], each side one contiguous run); use "
+            "layout='HND' (vLLM's NVFP4 path) or the 5-D form, packed=False"
+        )
+    return packed
 
 
 def get_kv_cache_shape(
@@ -260,8 +354,10 @@ def get_kv_cache_shape(
     head_size: int,
     cache_dtype_str: str = "auto",
     layout: str = "HND",
+    *,
+    packed: Optional[bool] = None,
 ) -> tuple:
-    """Logical shape of a paged KV cache for one layer.
+    """Logical shape of a paged KV cache for one layer, as a vLLM attention backend gives it.
 
     Parameters
     ----------
@@ -272,24 +368,29 @@ def get_kv_cache_shape(
     num_kv_heads : int
         KV heads ``H``.
     head_size : int
-        Head size ``D`` (a multiple of 16 for nvfp4).
+        Head size ``D`` (a multiple of 16 up to :data:`NVFP4_MAX_HEAD_SIZE` for nvfp4).
     cache_dtype_str : str, optional
-        A vLLM ``kv_cache_dtype`` string (default "auto").
+        One of :data:`KV_CACHE_DTYPES` (default "auto").
     layout : {"HND", "NHD"}, optional
-        Only validated: the logical shape is the same for both; the layout shows in the
-        strides (see :func:`get_kv_cache_stride_order`).
+        The layout the cache will be allocated in (see :func:`get_kv_cache_stride_order`); the
+        shape is the same for both, but a packed cache must be HND.
+    packed : bool or None, optional
+        None (default): packed for the nvfp4 dtypes (vLLM's FlashInfer/TRT-LLM NVFP4 cache),
+        5-D for the others (vLLM's FlashInfer shape). True: packed. False: 5-D.
 
     Returns
     -------
     tuple of int
-        ``(N, 2, T, H, last)`` with ``last = F(D) = 9*D/16`` for nvfp4 dtypes (bytes, uint8),
-        else ``D`` (elements).
+        Packed: ``(N, 2H, T, last)``, K heads ``0..H-1``, V heads ``H..2H-1``. 5-D:
+        ``(N, 2, T, H, last)``. ``last = F(D) = 9*D/16`` bytes (uint8) for the nvfp4 dtypes,
+        else ``D`` elements. The bytes of a page are the same in both forms (FORMAT.md §4).
 
     Raises
     ------
     ValueError
-        For a non-positive size, an unknown dtype or layout, or an nvfp4 ``D`` that is not a
-        multiple of 16 up to :data:`NVFP4_MAX_HEAD_SIZE`.
+        For a non-positive size, an unknown dtype or layout, an nvfp4 ``D`` that is not a
+        multiple of 16 up to :data:`NVFP4_MAX_HEAD_SIZE`, or a packed cache with layout "NHD"
+        (whose K and V would interleave; see :func:`get_kv_cache_stride_order`).
     """
     _check_nonnegative_int("num_blocks", num_blocks)
     _check_positive_int("block_size", block_size)
@@ -297,35 +398,55 @@ def get_kv_cache_shape(
     _check_positive_int("head_size", head_size)
     _check_kv_cache_dtype(cache_dtype_str)
     _check_layout(layout)
+    packed = _resolve_packed(packed, cache_dtype_str, layout)
     if cache_dtype_str in NVFP4_KV_CACHE_DTYPES:
         _check_nvfp4_head_size("head_size", head_size)
         last = nvfp4_kv_cache_full_dim(head_size)
     else:
         last = head_size
+    if packed:
+        return (num_blocks, 2 * num_kv_heads, block_size, last)
     return (num_blocks, 2, block_size, num_kv_heads, last)
 
 
-def get_kv_cache_stride_order(layout: str = "HND") -> tuple:
-    """Physical order of the dimensions of the logical ``(N, 2, T, H, F)`` cache.
+def get_kv_cache_stride_order(
+    layout: str = "HND",
+    cache_dtype_str: str = "auto",
+    *,
+    packed: Optional[bool] = None,
+) -> tuple:
+    """Physical order of the dimensions of the cache :func:`get_kv_cache_shape` describes.
 
     Parameters
     ----------
     layout : {"HND", "NHD"}
         Cache layout.
+    cache_dtype_str : str, optional
+        As for :func:`get_kv_cache_shape` (default "auto"): with ``packed=None`` it picks the
+        rank, so pass the same ``cache_dtype_str`` and ``packed`` to both.
+    packed : bool or None, optional
+        As for :func:`get_kv_cache_shape`.
 
     Returns
     -------
     tuple of int
-        ``(0, 1, 3, 2, 4)`` for HND (physical ``[N][2][H][T][F]``), ``(0, 1, 2, 3, 4)`` for
-        NHD (physical = logical). Allocating ``shape[order]`` contiguously and permuting by
-        the inverse order gives the logical tensor; this order is its own inverse.
+        Packed ``(N, 2H, T, F)``: ``(0, 1, 2, 3)`` for HND (physical = logical, vLLM's order).
+        5-D ``(N, 2, T, H, F)``: ``(0, 1, 3, 2, 4)`` for HND (physical ``[N][2][H][T][F]``),
+        ``(0, 1, 2, 3, 4)`` for NHD. Allocating ``shape[order]`` contiguously and permuting by
+        the inverse order gives the logical tensor; each order is its own inverse.
 
     Raises
     ------
     ValueError
-        For an unknown layout.
+        For an unknown layout or dtype, or a packed cache with layout "NHD": vLLM's NHD order
+        for it, ``(0, 2, 1, 3)``, stores ``[N][T][2H][F]``, which interleaves K and V heads at
+        each position instead of the format's ``[K side | V side]`` page, and the library does
+        not take it. Use HND, or the 5-D form (``packed=False``) for an NHD cache.
     """
     _check_layout(layout)
+    _check_kv_cache_dtype(cache_dtype_str)
+    if _resolve_packed(packed, cache_dtype_str, layout):
+        return (0, 1, 2, 3)
     return (0, 1, 3, 2, 4) if layout == "HND" else (0, 1, 2, 3, 4)
 
 
@@ -374,7 +495,10 @@ class KVCacheSpec:
 
     @property
     def quant_mode(self) -> KVQuantMode:
-        """KVQuantMode: quantization selected by ``cache_dtype``."""
+        """KVQuantMode: quantization selected by ``cache_dtype``; NVFP4 for "nvfp4_4over6" too
+        (where vLLM's :func:`get_kv_quant_mode` says NONE: it does not know that string)."""
+        if self.is_nvfp4:
+            return KVQuantMode.NVFP4
         return get_kv_quant_mode(self.cache_dtype)
 
     @property
@@ -438,23 +562,29 @@ class KVCacheSpec:
         """
         return self.num_blocks_for(memory_bytes, num_layers) * self.block_size
 
-    def kv_cache_shape(self, num_blocks: int) -> tuple:
-        """Logical shape ``(N, 2, T, H, last)`` of this cache; see :func:`get_kv_cache_shape`.
+    def kv_cache_shape(self, num_blocks: int, layout: str = "HND", *,
+                       packed: Optional[bool] = None) -> tuple:
+        """Logical shape of this cache: :func:`get_kv_cache_shape` with this spec's sizes.
+
+        Packed ``(N, 2H, T, last)`` for nvfp4 by default (``packed=None``), else
+        ``(N, 2, T, H, last)``; ``packed=False`` gives the 5-D form for every dtype.
 
         Raises
         ------
         ValueError
-            If ``head_size_v != head_size`` (one tensor has one last dimension).
+            If ``head_size_v != head_size`` (one tensor has one last dimension), and as
+            :func:`get_kv_cache_shape`.
         """
         self._check_single_head_size()
         return get_kv_cache_shape(
-            num_blocks, self.block_size, self.num_kv_heads, self.head_size, self.cache_dtype
+            num_blocks, self.block_size, self.num_kv_heads, self.head_size, self.cache_dtype,
+            layout, packed=packed,
         )
 
     def _check_single_head_size(self):
         if self.head_size_v != self.head_size:
             raise ValueError(
-                f"head_size_v ({self.head_size_v}) != head_size ({self.head_size}): a single 5-D "
+                f"head_size_v ({self.head_size_v}) != head_size ({self.head_size}): a single "
                 "cache tensor needs one last dimension; allocate the two sides separately"
             )
 
@@ -469,8 +599,9 @@ def allocate_kv_cache(
     layout: str = "HND",
     device: Any = "cpu",
     backend: str = "auto",
+    packed: bool = False,
 ):
-    """Allocate a zero-filled 5-D KV cache for one layer.
+    """Allocate a zero-filled KV cache for one layer: 5-D, or vLLM's packed form.
 
     Parameters
     ----------
@@ -480,32 +611,45 @@ def allocate_kv_cache(
         Number of pages ``N`` (>= 0).
     layout : {"HND", "NHD"}, optional
         Physical order: HND stores ``[N][2][H][T][F]`` (default), NHD ``[N][2][T][H][F]``.
+        A packed cache is HND only (:func:`get_kv_cache_stride_order`).
     device : str or torch.device, optional
         torch device (default "cpu"); the numpy backend accepts only "cpu".
     backend : {"auto", "torch", "numpy"}, optional
         "auto" uses torch when it can be imported, else numpy.
+    packed : bool, optional
+        False (default): the 5-D ``(N, 2, T, H, last)`` tensor, whose ``[:, 0]`` / ``[:, 1]``
+        (or ``unbind(1)``) are the K and V sides. True: vLLM's packed ``(N, 2H, T, last)``
+        tensor, contiguous (what vLLM allocates for its NVFP4 path from
+        :func:`get_kv_cache_shape` and :func:`get_kv_cache_stride_order` with "HND"); its
+        sides for the store are ``kv.transpose(1, 2).split(H, dim=-2)``. Both forms hold the
+        same bytes per page, and every operation takes both. The default stays 5-D for the
+        callers that index ``[:, 0]``; it is not :func:`get_kv_cache_shape`'s default for nvfp4.
 
     Returns
     -------
     torch.Tensor or numpy.ndarray
-        Logical shape ``(N, 2, T, H, last)`` (see :func:`get_kv_cache_shape`), strides in the
-        requested layout (HND: a permuted view of a contiguous ``(N, 2, H, T, last)`` buffer).
-        dtype: ``uint8`` for nvfp4; for the others the torch dtype of
-        :data:`STR_DTYPE_TO_TORCH_DTYPE` ("auto" -> bfloat16). numpy stores fp8 as ``uint8``,
-        float16/half as ``float16``, float/float32 as ``float32``, and has no bfloat16.
+        Shape ``spec.kv_cache_shape(num_blocks, layout, packed=packed)``, strides in the
+        requested layout (5-D HND: a permuted view of a contiguous ``(N, 2, H, T, last)``
+        buffer; packed: contiguous). dtype: ``uint8`` for nvfp4; for the others the torch
+        dtype of :data:`STR_DTYPE_TO_TORCH_DTYPE` ("auto" -> bfloat16; fp8 strings -> uint8, as
+        vLLM allocates them). numpy stores fp8 as ``uint8``, float16/half as ``float16``,
+        float/float32 as ``float32``, and has no bfloat16.
 
     Raises
     ------
     ValueError
         For ``head_size_v != head_size``, a bad ``num_blocks``, layout, backend or device, a
-        torch backend without torch, or bfloat16/"auto" with numpy.
+        torch backend without torch, bfloat16/"auto" with numpy, or ``packed=True`` with
+        layout "NHD".
     """
     if not isinstance(spec, KVCacheSpec):
         raise TypeError(f"spec must be a KVCacheSpec, got {type(spec).__name__}")
     if backend not in _BACKENDS:
         raise ValueError(f"backend: unknown value {backend!r}; expected one of {_BACKENDS}")
-    shape = spec.kv_cache_shape(num_blocks)
-    order = get_kv_cache_stride_order(layout)
+    if not isinstance(packed, bool):
+        raise ValueError(f"packed must be True or False, got {packed!r}")
+    shape = spec.kv_cache_shape(num_blocks, layout, packed=packed)
+    order = get_kv_cache_stride_order(layout, spec.cache_dtype, packed=packed)
     physical = tuple(shape[i] for i in order)
 
     if backend == "auto":

@@ -175,6 +175,11 @@ def _check_interleaved(layout: str, T: int, D: int, name: str):
 def nvfp4_kv_cache_split_views(kv_cache: Any, scale_layout: str = "vllm"):
     """Split an NVFP4 KV cache into zero-copy data and scale views of both sides.
 
+    nvfp4kv's own whole-cache helper, kept (not deprecated): vLLM's current code splits a cache
+    side by side with :func:`nvfp4_split_data_scale`. (An older vLLM had a function of this name
+    returning ``(k_data, v_data), (k_scale, v_scale)`` and reading a 4-D input as one side; this
+    one returns four views and reads a 4-D input as the packed cache.)
+
     Parameters
     ----------
     kv_cache : torch.Tensor or numpy.ndarray, uint8
@@ -248,8 +253,9 @@ def nvfp4_kv_cache_split_views(kv_cache: Any, scale_layout: str = "vllm"):
         H = H2 // 2
         if sf != 1 or not _stride_ok(st, F, T) or not _stride_ok(sh, T * F, H2):
             raise ValueError(
-                f"{name}: a packed 4-D cache (N, 2H, T, F) must have strides "
-                f"(page, {T * F}, {F}, 1), got {strides}"
+                f"{name}: a packed 4-D cache (N, 2H, T, F) must have HND strides "
+                f"(page, {T * F}, {F}, 1), got {strides} (an NHD-ordered packed cache "
+                "interleaves K and V at each position: not a page of the format)"
             )
         _check_page_stride(N, sn, 2 * H * T * F, name)
         layout = "HND"
@@ -272,46 +278,64 @@ def nvfp4_kv_cache_split_views(kv_cache: Any, scale_layout: str = "vllm"):
     return k_data, k_scale, v_data, v_scale
 
 
-def nvfp4_split_data_scale(side: Any, scale_layout: str = "linear"):
-    """Split one side of an NVFP4 cache into zero-copy data and scale views.
+def nvfp4_split_data_scale(kv_side: Any, scale_layout: str = "linear"):
+    """Split one side (K or V) of an NVFP4 cache into zero-copy data and scale views.
+
+    vLLM's ``nvfp4_split_data_scale(kv_side) -> (data, scale)`` (``vllm/utils/torch_utils.py``):
+    same name, argument, shapes and dtypes. Inside a side all packed data comes first, then all
+    scale bytes (FORMAT.md §4); the views keep the input's dimension order, so an
+    ``(N, T, H, F)`` side gives ``(N, T, H, ...)`` views and an ``(N, H, T, F)`` side (vLLM's
+    attention read, ``kv_cache.split(num_kv_heads, dim=1)`` of a packed cache) gives
+    ``(N, H, T, ...)`` views. Unlike vLLM's, which checks nothing, this one rejects a side whose
+    bytes are not one contiguous run per page (e.g. a side of an NHD-ordered packed cache, whose
+    K and V interleave), and it also takes numpy arrays and the token-4 interleaved scales.
 
     Parameters
     ----------
-    side : torch.Tensor or numpy.ndarray, uint8
-        Logical shape ``(N, T, H, F)``, ``F = 9*D/16``, e.g. ``kv_cache[:, 0]`` (K) or
-        ``kv_cache[:, 1]`` (V) of a 5-D cache, or vLLM's ``key_cache`` / ``value_cache``.
-        Strides HND (``T`` stride ``F``, ``H`` stride ``T*F``) or NHD (``H`` stride ``F``,
-        ``T`` stride ``H*F``); the page stride is free as long as pages do not overlap (at
-        least ``H*T*F`` when ``N > 1``). HND when ``H == 1`` or ``T == 1``.
+    kv_side : torch.Tensor or numpy.ndarray, uint8
+        Shape ``(N, d1, d2, F)``, ``F = 9*D/16``: ``(N, T, H, F)`` (``kv_cache[:, 0]`` /
+        ``kv_cache[:, 1]`` of a 5-D cache, the store's ``key_cache`` / ``value_cache``,
+        ``kv_cache.transpose(1, 2).split(H, dim=-2)`` of a packed one) or ``(N, H, T, F)``
+        (``kv_cache.split(H, dim=1)`` of a packed cache). The two inner dimensions with the
+        last one must cover one contiguous run of ``d1*d2*F`` bytes per page, in either order
+        (HND or NHD); the page stride is free as long as pages do not overlap (at least
+        ``d1*d2*F`` when ``N > 1``).
     scale_layout : {"linear", "interleaved"}, optional
-        How this side's scales are laid out: "linear" (default), or "interleaved" for
-        token-4 interleaved (HND, ``T % 4 == 0``, ``D % 64 == 0``; V under vLLM's profile).
+        How this side's scales are laid out: "linear" (default, vLLM's function), or
+        "interleaved" for token-4 interleaved (an ``(N, T, H, F)`` HND side, ``T % 4 == 0``,
+        ``D % 64 == 0``: V under ``scale_layout="vllm"``); nvfp4kv's addition.
 
     Returns
     -------
-    data : uint8, shape ``(N, T, H, D/2)``
-        ``[n, t, h, j]`` is packed byte ``j`` of token ``t``, head ``h`` of page ``n``.
+    data : uint8, shape ``(N, d1, d2, D/2)``
+        E.g. for an ``(N, T, H, F)`` side, ``[n, t, h, j]`` is packed byte ``j`` (elements
+        ``2j`` low nibble, ``2j+1`` high nibble) of token ``t``, head ``h`` of page ``n``.
     scale : float8_e4m3fn (torch) or uint8 (numpy)
-        "linear": shape ``(N, T, H, D/16)``, ``[n, t, h, g]`` the scale of group ``g``.
-        "interleaved": shape ``(N, T/4, 4, H, D/16)``, ``[n, b, i, h, g]`` the scale of token
-        ``4b + i``; see :func:`nvfp4_kv_cache_split_views`.
+        "linear": shape ``(N, d1, d2, D/16)``, starting ``d1*d2*D/2`` bytes into the side;
+        ``[..., g]`` is the scale of group ``g`` (elements ``16g..16g+15``). "interleaved":
+        shape ``(N, T/4, 4, H, D/16)``, ``[n, b, i, h, g]`` the scale of token ``4b + i``; see
+        :func:`nvfp4_kv_cache_split_views`.
 
     Raises
     ------
     TypeError
-        If ``side`` is not a torch tensor / numpy array, or not uint8.
+        If ``kv_side`` is not a torch tensor / numpy array, or not uint8.
     ValueError
         For a wrong rank, a last dimension that is not ``9*D/16``, strides that are neither
         HND nor NHD, overlapping pages, or an unknown or unusable ``scale_layout``.
     """
-    name = "side"
+    name = "kv_side"
     if scale_layout not in _SIDE_SCALE_LAYOUTS:
         raise ValueError(
             f"scale_layout: unknown value {scale_layout!r}; expected 'linear' or 'interleaved'"
         )
-    shape, strides = _shape_and_strides(side, name)
+    shape, strides = _shape_and_strides(kv_side, name)
     if len(shape) != 4:
-        raise ValueError(f"{name}: expected a 4-D (N, T, H, F) side, got {len(shape)}-D {shape}")
+        raise ValueError(
+            f"{name}: expected a 4-D (N, T, H, F) or (N, H, T, F) side, got {len(shape)}-D {shape}"
+        )
+    # Named (N, T, H, F); for an (N, H, T, F) side the two inner names swap, which changes
+    # nothing but which layout name (HND/NHD) the strides get: the views follow the dimensions.
     N, T, H, F = shape
     sn, st, sh, sf = strides
     _check_nonempty(T, H, name)
@@ -320,4 +344,4 @@ def nvfp4_split_data_scale(side: Any, scale_layout: str = "linear"):
     D = _head_size_from_full_dim(F, name)
     if scale_layout == "interleaved":
         _check_interleaved(layout, T, D, name)
-    return _side_views(side, 0, N, T, H, D, sn, layout, scale_layout, name)
+    return _side_views(kv_side, 0, N, T, H, D, sn, layout, scale_layout, name)

@@ -49,8 +49,9 @@ def test_full_dim_rejects(d):
 
 
 def test_quant_mode_enum():
+    # Members and values are vLLM's: pinned in test_vllm_names.py.
     assert issubclass(S.KVQuantMode, int)
-    assert [m.name for m in S.KVQuantMode] == ["NONE", "FP8_PER_TENSOR", "NVFP4"]
+    assert S.KVQuantMode.NVFP4.is_nvfp4 and not S.KVQuantMode.NONE.is_nvfp4
 
 
 @pytest.mark.parametrize(
@@ -58,10 +59,24 @@ def test_quant_mode_enum():
     [("auto", "NONE"), ("bfloat16", "NONE"), ("float16", "NONE"), ("half", "NONE"),
      ("float", "NONE"), ("float32", "NONE"), ("fp8", "FP8_PER_TENSOR"),
      ("fp8_e4m3", "FP8_PER_TENSOR"), ("fp8_e5m2", "FP8_PER_TENSOR"), ("nvfp4", "NVFP4"),
-     ("nvfp4_4over6", "NVFP4")],
+     # vLLM's get_kv_quant_mode does not know "nvfp4_4over6": NONE there, so NONE here
+     # (nvfp4kv's own answer is is_nvfp4_kv_cache / KVCacheSpec.quant_mode)
+     ("nvfp4_4over6", "NONE")],
 )
 def test_get_kv_quant_mode(dtype, mode):
     assert S.get_kv_quant_mode(dtype) is S.KVQuantMode[mode]
+
+
+@pytest.mark.parametrize("dtype, nvfp4", [("nvfp4", True), ("nvfp4_4over6", True), ("NVFP4", False),
+                                          ("nvfp4 ", False), ("fp8", False), ("auto", False),
+                                          (None, False), (4, False)])
+def test_is_nvfp4_kv_cache(dtype, nvfp4):
+    assert S.is_nvfp4_kv_cache(dtype) is nvfp4
+
+
+def test_spec_quant_mode_is_nvfp4_for_both_recipes():
+    for dt in ("nvfp4", "nvfp4_4over6"):
+        assert S.KVCacheSpec(16, 8, 128, cache_dtype=dt).quant_mode is S.KVQuantMode.NVFP4
 
 
 @pytest.mark.parametrize("dtype", QUANTIZED)
@@ -74,34 +89,46 @@ def test_is_quantized_false(dtype):
     assert S.is_quantized_kv_cache(dtype) is False
 
 
-@pytest.mark.parametrize("bad", ["fp4", "NVFP4", "FP8", "nvfp4 ", "", "int8", "uint8", None, 1])
+# vLLM's two functions never raise for a string (the old ValueError for unknown strings is gone
+# with the move to vLLM's definitions); anything but a str is a TypeError naming the argument.
+@pytest.mark.parametrize("bad", ["fp4", "NVFP4", "FP8", "", "int8", "uint8", " nvfp4"])
+def test_unknown_dtype_string_is_not_quantized(bad):
+    assert S.get_kv_quant_mode(bad) is S.KVQuantMode.NONE
+    assert S.is_quantized_kv_cache(bad) is False
+
+
+@pytest.mark.parametrize("bad", [None, 1, b"nvfp4"])
 @pytest.mark.parametrize("fn", ["is_quantized_kv_cache", "get_kv_quant_mode"])
-def test_unknown_dtype_rejected(fn, bad):
-    with pytest.raises(ValueError) as e:
+def test_non_string_dtype_rejected(fn, bad):
+    with pytest.raises(TypeError, match="kv_cache_dtype must be a str"):
         getattr(S, fn)(bad)
-    msg = str(e.value)
-    assert "kv_cache_dtype" in msg
-    for allowed in QUANTIZED + UNQUANTIZED:  # the message lists every accepted value
-        assert repr(allowed) in msg
+
+
+def test_cache_shape_still_rejects_unknown_dtypes():
+    # The geometry functions size only the dtypes nvfp4kv knows, and list them.
+    with pytest.raises(ValueError) as e:
+        S.get_kv_cache_shape(1, 16, 8, 128, "int8_per_token_head")
+    for allowed in QUANTIZED + UNQUANTIZED:
+        assert repr(allowed) in str(e.value)
 
 
 def test_modelopt_map():
+    # vLLM's map (values pinned in test_vllm_names.py): lower-case keys, vLLM looks up .lower()
     m = S.MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP
-    assert m["FP8"] == "fp8_e4m3" and m["fp8"] == "fp8_e4m3"
-    assert m["NVFP4"] == "nvfp4" and m["nvfp4"] == "nvfp4"
+    assert m["fp8"] == "fp8_e4m3" and m["nvfp4"] == "nvfp4" and m["mixed_precision"] == "auto"
+    assert m["NVFP4".lower()] == "nvfp4"
     for v in m.values():
-        assert S.is_quantized_kv_cache(v)
+        assert v in S.KV_CACHE_DTYPES
 
 
 @needs_torch
 def test_str_dtype_to_torch_dtype_values():
+    # The mapping behaves as a dict (values pinned against vLLM in test_vllm_names.py); fp8 is
+    # uint8 now, as in vLLM, and the "uint8" key nvfp4kv had is gone (vLLM has none).
     m = S.STR_DTYPE_TO_TORCH_DTYPE
-    expected = {
-        "nvfp4": torch.uint8, "nvfp4_4over6": torch.uint8, "uint8": torch.uint8,
-        "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
-        "fp8_e5m2": torch.float8_e5m2, "bfloat16": torch.bfloat16, "half": torch.float16,
-        "float16": torch.float16, "float": torch.float32, "float32": torch.float32,
-    }
+    expected = {k: m[k] for k in m}
+    assert expected["fp8"] is torch.uint8 and expected["nvfp4"] is torch.uint8
+    assert "uint8" not in m
     for k, v in expected.items():
         assert k in m
         assert m[k] is v
@@ -118,17 +145,48 @@ def test_str_dtype_to_torch_dtype_values():
 # shapes
 
 
+# nvfp4 caches are vLLM's packed (N, 2H, T, F) by default now (vLLM's FlashInfer/TRT-LLM NVFP4
+# path); the 5-D (N, 2, T, H, F) form these tests asserted before is packed=False.
+def test_kv_cache_shape_nvfp4_packed_by_default():
+    assert S.get_kv_cache_shape(10, 16, 8, 128, "nvfp4") == (10, 16, 16, 72)
+    assert S.get_kv_cache_shape(10, 16, 8, 128, "nvfp4_4over6", "HND") == (10, 16, 16, 72)
+    assert S.get_kv_cache_shape(3, 32, 4, 64, "nvfp4", packed=True) == (3, 8, 32, 36)
+    # packed for other dtypes on request
+    assert S.get_kv_cache_shape(3, 32, 4, 64, "bfloat16", packed=True) == (3, 8, 32, 64)
+
+
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 def test_kv_cache_shape(layout):
-    assert S.get_kv_cache_shape(10, 16, 8, 128, "nvfp4", layout) == (10, 2, 16, 8, 72)
-    assert S.get_kv_cache_shape(10, 16, 8, 128, "nvfp4_4over6", layout) == (10, 2, 16, 8, 72)
-    assert S.get_kv_cache_shape(3, 32, 4, 64, "nvfp4", layout=layout) == (3, 2, 32, 4, 36)
+    assert S.get_kv_cache_shape(10, 16, 8, 128, "nvfp4", layout, packed=False) == (10, 2, 16, 8, 72)
+    assert S.get_kv_cache_shape(10, 16, 8, 128, "nvfp4_4over6", layout, packed=False) == \
+        (10, 2, 16, 8, 72)
+    assert S.get_kv_cache_shape(3, 32, 4, 64, "nvfp4", layout=layout, packed=False) == (3, 2, 32, 4, 36)
     for d in UNQUANTIZED + ["fp8", "fp8_e4m3", "fp8_e5m2"]:
         assert S.get_kv_cache_shape(10, 16, 8, 128, d, layout) == (10, 2, 16, 8, 128)
     # 100 is fine unquantized, not for nvfp4
     assert S.get_kv_cache_shape(0, 1, 1, 100) == (0, 2, 1, 1, 100)
     with pytest.raises(ValueError, match="head_size"):
-        S.get_kv_cache_shape(1, 16, 8, 100, "nvfp4", layout)
+        S.get_kv_cache_shape(1, 16, 8, 100, "nvfp4", layout, packed=False)
+
+
+@pytest.mark.parametrize("dtype, packed", [("nvfp4", None), ("nvfp4_4over6", None), ("nvfp4", True),
+                                           ("bfloat16", True)])
+def test_packed_nhd_rejected(dtype, packed):
+    # NHD order (0, 2, 1, 3) of a packed cache interleaves K and V heads at each position.
+    with pytest.raises(ValueError, match="NHD.*interleaves K and V.*packed=False"):
+        S.get_kv_cache_shape(4, 16, 8, 128, dtype, "NHD", packed=packed)
+    with pytest.raises(ValueError, match="NHD.*interleaves K and V"):
+        S.get_kv_cache_stride_order("NHD", dtype, packed=packed)
+    with pytest.raises(ValueError, match="NHD.*interleaves K and V"):
+        S.allocate_kv_cache(S.KVCacheSpec(16, 8, 128, cache_dtype=dtype), 2, layout="NHD", packed=True,
+                            backend="numpy")
+
+
+def test_packed_argument_checked():
+    with pytest.raises(ValueError, match="packed"):
+        S.get_kv_cache_shape(1, 16, 8, 128, "nvfp4", packed=1)
+    with pytest.raises(ValueError, match="packed"):
+        S.allocate_kv_cache(S.KVCacheSpec(16, 8, 128), 1, packed=None, backend="numpy")
 
 
 def test_kv_cache_shape_rejects():
@@ -145,10 +203,26 @@ def test_kv_cache_shape_rejects():
 
 
 def test_stride_order():
+    # 5-D: what the default dtype ("auto") and packed=False give, as before
     assert S.get_kv_cache_stride_order("HND") == (0, 1, 3, 2, 4)
     assert S.get_kv_cache_stride_order("NHD") == (0, 1, 2, 3, 4)
+    assert S.get_kv_cache_stride_order("HND", "nvfp4", packed=False) == (0, 1, 3, 2, 4)
+    assert S.get_kv_cache_stride_order("NHD", "nvfp4", packed=False) == (0, 1, 2, 3, 4)
+    # packed (nvfp4's default): physical = logical
+    assert S.get_kv_cache_stride_order("HND", "nvfp4") == (0, 1, 2, 3)
+    assert S.get_kv_cache_stride_order(cache_dtype_str="nvfp4_4over6") == (0, 1, 2, 3)
     with pytest.raises(ValueError, match="layout"):
         S.get_kv_cache_stride_order("hnd")
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        S.get_kv_cache_stride_order("HND", "fp4")
+
+
+@pytest.mark.parametrize("dtype", ["nvfp4", "nvfp4_4over6", "auto", "fp8_e4m3"])
+@pytest.mark.parametrize("packed", [None, True, False])
+def test_stride_order_rank_matches_shape_rank(dtype, packed):
+    shape = S.get_kv_cache_shape(4, 16, 8, 128, dtype, "HND", packed=packed)
+    order = S.get_kv_cache_stride_order("HND", dtype, packed=packed)
+    assert sorted(order) == list(range(len(shape)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,13 +362,14 @@ def test_allocate_numpy(layout):
 def test_allocate_auto_backend_and_dtypes():
     c = S.allocate_kv_cache(S.KVCacheSpec(16, 2, 64), 1)
     assert isinstance(c, torch.Tensor) and c.dtype == torch.uint8
+    # fp8 caches are uint8, as STR_DTYPE_TO_TORCH_DTYPE (vLLM's) says (float8 types before)
     for dt, tdt in [("auto", torch.bfloat16), ("bfloat16", torch.bfloat16),
                     ("half", torch.float16), ("float32", torch.float32),
-                    ("fp8", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2),
+                    ("fp8", torch.uint8), ("fp8_e5m2", torch.uint8),
                     ("nvfp4_4over6", torch.uint8)]:
         c = S.allocate_kv_cache(S.KVCacheSpec(16, 2, 64, cache_dtype=dt), 2, backend="torch")
         assert c.dtype == tdt, dt
-        assert c.shape == S.get_kv_cache_shape(2, 16, 2, 64, dt)
+        assert c.shape == S.get_kv_cache_shape(2, 16, 2, 64, dt, packed=False)
         page = S.KVCacheSpec(16, 2, 64, cache_dtype=dt).page_size_bytes
         assert c.element_size() * c.numel() == 2 * page
 
@@ -308,6 +383,27 @@ def test_allocate_numpy_dtypes():
     for dt in ["auto", "bfloat16"]:
         with pytest.raises(ValueError, match="bfloat16"):
             S.allocate_kv_cache(S.KVCacheSpec(4, 2, 32, cache_dtype=dt), 1, backend="numpy")
+
+
+@pytest.mark.parametrize("backend", ["numpy"] + (["torch"] if torch is not None else []))
+def test_allocate_packed(backend):
+    # packed=True: vLLM's (N, 2H, T, F), contiguous, the same bytes per page as the 5-D HND cache
+    N, T, H, D, F = 3, 16, 4, 64, 36
+    spec = S.KVCacheSpec(T, H, D)
+    c = S.allocate_kv_cache(spec, N, packed=True, backend=backend)
+    assert tuple(c.shape) == (N, 2 * H, T, F) == spec.kv_cache_shape(N)
+    strides = c.stride() if backend == "torch" else c.strides
+    assert tuple(strides) == (2 * H * T * F, T * F, F, 1)
+    assert (c.numel() if backend == "torch" else c.size) == N * spec.page_size_bytes
+    c5 = S.allocate_kv_cache(spec, N, backend=backend)  # default: 5-D (N, 2, T, H, F) HND
+    assert tuple(c5.shape) == (N, 2, T, H, F) == spec.kv_cache_shape(N, packed=False)
+    # The 5-D HND cache's physical [N][2][H][T][F] is the packed tensor's memory order.
+    if backend == "torch":
+        same = c5.permute(0, 1, 3, 2, 4).reshape(N, 2 * H, T, F)
+        assert same.data_ptr() == c5.data_ptr() and same.stride() == c.stride()
+    else:
+        same = c5.transpose(0, 1, 3, 2, 4).reshape(N, 2 * H, T, F)
+        assert np.shares_memory(same, c5) and same.strides == c.strides
 
 
 def test_allocate_rejects():
@@ -353,7 +449,7 @@ views_mod = load("views_under_test", {str(SPEC_PY.with_name("views.py"))!r})
 def test_import_does_not_import_torch():
     out = _run("""
     m = spec_mod.STR_DTYPE_TO_TORCH_DTYPE
-    assert "nvfp4" in m and len(m) == 11 and "auto" not in m and "nvfp4" in list(m)
+    assert "nvfp4" in m and len(m) == 20 and "auto" not in m and "nvfp4" in list(m)
     spec_mod.KVCacheSpec(16, 8, 128).page_size_bytes
     spec_mod.is_quantized_kv_cache("nvfp4")
     print("torch" in sys.modules)
