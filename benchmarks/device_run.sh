@@ -27,7 +27,7 @@ for step in $steps; do
       python3 -m pytest tests/python/test_gpu.py -q -p no:cacheprovider 2>&1 | tee "$OUT/gputests.log" | tail -25 ;;
     sanitize)
       log memcheck
-      timeout 420 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest tests/python/test_gpu.py tests/python/test_gather.py -q -p no:cacheprovider -k "(cuda or gpu or equals_cpu or device) and not large and not graph and not stream" 2>&1 | tee "$OUT/memcheck.log" | tail -8
+      timeout 420 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest tests/python/test_gpu.py tests/python/test_gather.py tests/python/test_property.py tests/python/test_ops.py -q -p no:cacheprovider -k "(cuda or gpu or equals_cpu or device) and not large and not graph and not stream" 2>&1 | tee "$OUT/memcheck.log" | tail -8
       log racecheck
       timeout 180 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest tests/python/test_gpu.py tests/python/test_gather.py -q -p no:cacheprovider -k "(equals_cpu and 5d) or row_sizes" 2>&1 | tee "$OUT/racecheck.log" | tail -8 ;;
     sass)
