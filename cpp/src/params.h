@@ -122,8 +122,40 @@ NVFP4KV_HD SeqRows gather_rows(int64_t len, int64_t start, int64_t total) {
   return SeqRows{lo, hi > lo ? hi : lo};
 }
 
+// Decode attention over the cache (nvfp4kv_decode_attention): q_len query rows per sequence at
+// the end of the sequence, Hq = group * H query heads, outputs in the query's dtype. K and V are
+// read as e2m1 * e4m3 (exact in fp32); the global scales are applied to the logits
+// (k_scale * sm_scale) and to the output (v_scale). Query row i of sequence b (token position
+// p = seq_len - q_len + i) attends to positions j <= p with j >= p - window_left (window_left
+// < 0: no window); positions whose block-table entry is outside [0, N) are masked out and never
+// read.
+struct DecodeParams {
+  CacheSide k, v;
+  ScaleArg k_scale, v_scale;
+  const void* query;          // [B * q_len, Hq, D] elements
+  int64_t q_stride[2];        // elements: row, head
+  void* out;                  // [B * q_len, Hq, Dv] elements, the query's dtype
+  int64_t out_stride[2];      // elements: row, head
+  float* lse;                 // [B * q_len, Hq] fp32 (natural log of the softmax denominator), or nullptr
+  int64_t lse_stride[2];      // elements: row, head
+  const void* block_table;
+  int64_t bt_stride[2];       // elements: sequence, block
+  int32_t bt_int64;
+  IndexVec seq_lens;          // [B]
+  int64_t B, max_blocks, N;
+  int32_t H, T, group, q_len; // KV heads, block size, query heads per KV head, query rows per sequence
+  float sm_scale;             // softmax scale (1/sqrt(D) by default)
+  float soft_cap;             // logits_soft_cap: cap * tanh(logit / cap), 0: none
+  int64_t window_left;        // < 0: none
+  DType dtype;                // query and output: kFloat16 or kBFloat16
+  Layout layout;
+  float* workspace;           // split-KV partials (decode_workspace_floats), or nullptr
+  int64_t workspace_floats;
+};
+
 // Row b of the block table as an index vector over its blocks (entries [0, max_blocks)).
-NVFP4KV_HD IndexVec block_table_row(const GatherParams& p, int64_t b) {
+template <class Params>  // GatherParams, DecodeParams
+NVFP4KV_HD IndexVec block_table_row(const Params& p, int64_t b) {
   const int64_t i = b * p.bt_stride[0];
   const void* row = p.bt_int64 ? static_cast<const void*>(static_cast<const int64_t*>(p.block_table) + i)
                                : static_cast<const void*>(static_cast<const int32_t*>(p.block_table) + i);
