@@ -13,6 +13,7 @@ namespace nvfp4kv {
 void cpu_store(const StoreParams& p);
 void cpu_dequantize(const DequantParams& p);
 void cpu_gather(const GatherParams& p);
+void cpu_decode(const DecodeParams& p);
 // Most threads a CPU call uses (1 to kMaxCpuThreads; 0: one per usable CPU, at most 16):
 // nvfp4kv_set_cpu_threads.
 constexpr int kMaxCpuThreads = 256;
@@ -26,6 +27,7 @@ int cpu_threads();
 int cuda_store(const StoreParams& p, int device, void* stream, const char** message);
 int cuda_dequantize(const DequantParams& p, int device, void* stream, const char** message);
 int cuda_gather(const GatherParams& p, int device, void* stream, const char** message);
+int cuda_decode(const DecodeParams& p, int device, void* stream, const char** message);
 // The test switches of testing.h, as the CUDA backend keeps them.
 void cuda_set_store_order(nvfp4kv_testing_store_order order);
 void cuda_set_gather_kernel(nvfp4kv_testing_gather_kernel kernel);

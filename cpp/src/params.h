@@ -153,6 +153,30 @@ struct DecodeParams {
   int64_t workspace_floats;
 };
 
+// Split-KV of the CUDA decode (flash-decoding): the number of splits of each sequence's tokens,
+// a function of the geometry alone (so a workspace sized once serves every call of that
+// geometry, and a CUDA graph replays the same grid): enough (sequence, KV head, split) blocks to
+// cover kDecodeTargetBlocks, at most kDecodeMaxSplits, and never more than the block table's
+// columns. Each split leaves, per query row and query head, its max logit, its softmax
+// denominator and its Dv unnormalized outputs in the workspace, merged in split order
+// (deterministic).
+constexpr int64_t kDecodeTargetBlocks = 512;
+constexpr int64_t kDecodeMaxSplits = 64;
+
+NVFP4KV_HD int64_t decode_splits(int64_t B, int64_t H, int64_t max_blocks) {
+  const int64_t units = B * H > 0 ? B * H : 1;
+  int64_t s = (kDecodeTargetBlocks + units - 1) / units;
+  s = s < kDecodeMaxSplits ? s : kDecodeMaxSplits;
+  s = s < max_blocks ? s : max_blocks;
+  return s > 1 ? s : 1;
+}
+
+// Floats of the decode workspace: rows * Hq * splits * (Dv + 2) where more than one split runs,
+// else none.
+NVFP4KV_HD int64_t decode_workspace_floats(int64_t rows, int64_t Hq, int64_t Dv, int64_t splits) {
+  return splits > 1 ? rows * Hq * splits * (Dv + 2) : 0;
+}
+
 // Row b of the block table as an index vector over its blocks (entries [0, max_blocks)).
 template <class Params>  // GatherParams, DecodeParams
 NVFP4KV_HD IndexVec block_table_row(const Params& p, int64_t b) {
