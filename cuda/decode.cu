@@ -24,7 +24,7 @@ namespace {
 
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = 32 * kDecodeWarps;
-constexpr int kRowsPerBlock = 8;  // query rows (group x q_len) of one block; more rows: more chunks
+constexpr int kMaxRows = 8;  // query rows (group x q_len) of one block; more rows: more chunks
 
 struct DecodeLaunch {
   DecodeParams p;
@@ -60,7 +60,9 @@ __device__ __forceinline__ int64_t scale_at(const CacheSide& c, Layout layout, i
                        : scale_offset_linear(row_index(layout, h, pos, H, T), g, H, T, c.D);
 }
 
-template <DType kDType, int kD>
+// kRowsPerBlock: 1, 2, 4 or 8 query rows per block (the smallest power of two that holds the
+// group's rows, at most kMaxRows): the logits cost one FMA per row and element.
+template <DType kDType, int kD, int kRowsPerBlock>
 __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_constant__ DecodeLaunch L) {
   constexpr int kE = kD / 32;  // output elements per lane
   const DecodeParams& p = L.p;
@@ -276,7 +278,12 @@ cudaError_t launch_decode(DecodeLaunch& L, int device, cudaStream_t stream) {
     L.b0 = b0;
     const dim3 grid(static_cast<unsigned>(L.splits), static_cast<unsigned>(p.H * L.chunks),
                     static_cast<unsigned>(std::min<int64_t>(65535, p.B - b0)));
-    cudaError_t err = launch_pdl(decode_kernel<kDType, kD>, grid, dim3(kDecodeThreads), device, stream, L);
+    const int rows = p.group * p.q_len;
+    const auto kernel = rows <= 1 ? decode_kernel<kDType, kD, 1>
+                        : rows <= 2 ? decode_kernel<kDType, kD, 2>
+                        : rows <= 4 ? decode_kernel<kDType, kD, 4>
+                                    : decode_kernel<kDType, kD, kMaxRows>;
+    cudaError_t err = launch_pdl(kernel, grid, dim3(kDecodeThreads), device, stream, L);
     if (err != cudaSuccess) return err;
   }
   if (L.splits > 1) {
@@ -323,7 +330,9 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
     return cudaErrorInvalidValue;
   }
   L.cols_per_split = std::max<int64_t>(1, (p.max_blocks + L.splits - 1) / L.splits);
-  L.chunks = (p.group * p.q_len + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int rows = p.group * p.q_len;
+  const int per_block = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : kMaxRows;  // as launch_decode
+  L.chunks = (rows + per_block - 1) / per_block;
   const cudaError_t err = p.dtype == DType::kFloat16 ? decode_dtype<DType::kFloat16>(L, device, stream)
                                                      : decode_dtype<DType::kBFloat16>(L, device, stream);
   if (err != cudaSuccess) *message = check_kernel_image(err);

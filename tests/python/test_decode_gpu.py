@@ -1,0 +1,124 @@
+"""decode_attention on the GPU against the CPU path (itself held to an fp64 attention in
+test_decode.py): the same calls on CUDA tensors, outputs within the stated tolerance of the CPU
+path's, lse within 1e-4; determinism (the same bits on every run), CUDA graphs with the sequence
+lengths changing between replays, and the workspace requirement of split-KV."""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import nvfp4kv as nv  # noqa: E402
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+if not nv.build_info()["cuda_available"]:
+    pytest.skip("no CUDA build of nvfp4kv", allow_module_level=True)
+
+# The GPU and the CPU path round differently (order of sums, exp), both against the same fp64
+# attention; their outputs agree far inside the 4e-3 the fp64 comparison allows.
+REL_L2 = 4e-3
+
+
+def make(B, L, H, group, D, T, q_len=1, form="5d", scale_layout="vllm", dtype=torch.bfloat16, seed=0,
+         bad_entries=False, lens=None):
+    g = torch.Generator().manual_seed(seed)
+    blocks = max(1, (L + T - 1) // T)
+    N = B * blocks + 2
+    F = nv.nvfp4_kv_cache_full_dim(D)
+    raw = torch.randint(0, 256, (N, 2, H * T * F), generator=g, dtype=torch.uint8)
+    raw[:, :, H * T * (D // 2):] &= 0x3F  # scale bytes of real data (no NaN groups)
+    if form == "packed":
+        kv = raw.view(N, 2 * H, T, F)
+    else:
+        kv = raw.view(N, 2, H, T, F).permute(0, 1, 3, 2, 4)
+    bt = torch.randperm(N, generator=g)[: B * blocks].reshape(B, blocks).to(torch.int32)
+    if bad_entries:
+        bt[:, ::3] = -1
+        bt[:, 1::5] = N + 7
+    seq_lens = torch.tensor(lens if lens is not None else [L] * B, dtype=torch.int32)
+    q = torch.randn(B * q_len, H * group, D, generator=g).to(dtype)
+    return kv, bt, seq_lens, q
+
+
+def run(kv, bt, seq_lens, q, device, **kw):
+    args = [x.to(device) for x in (q, kv, bt, seq_lens)]
+    ks, vs = torch.tensor([0.03], device=device), torch.tensor([0.05], device=device)
+    lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=device)
+    ws = nv.decode_workspace(args[1], args[0], args[2], q_len=kw.get("q_len", 1)) if device == "cuda" else None
+    out = nv.decode_attention(args[0], args[1], args[2], args[3], ks, vs, lse=lse, workspace=ws, **kw)
+    return out.float().cpu(), lse.cpu()
+
+
+def close(a, b, rel=REL_L2):
+    a, b = a.double(), b.double()
+    num = torch.linalg.norm((a - b).flatten())
+    den = torch.linalg.norm(b.flatten())
+    return float(num / max(den, 1e-30))
+
+
+@pytest.mark.parametrize("B,L,H,group,D,T,q_len", [
+    (3, 100, 2, 4, 128, 16, 1),
+    (2, 37, 1, 1, 64, 16, 1),
+    (2, 300, 2, 8, 256, 16, 1),
+    (1, 5000, 2, 16, 128, 32, 1),
+    (4, 64, 2, 4, 128, 16, 2),
+    (2, 129, 2, 4, 64, 16, 4),
+    (2, 70, 1, 2, 128, 16, 8),
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_cuda_equals_cpu(B, L, H, group, D, T, q_len, dtype):
+    kv, bt, sl, q = make(B, L, H, group, D, T, q_len=q_len, dtype=dtype, seed=B * L + D)
+    want, want_lse = run(kv, bt, sl, q, "cpu", q_len=q_len)
+    got, got_lse = run(kv, bt, sl, q, "cuda", q_len=q_len)
+    assert close(got, want) <= REL_L2
+    assert torch.allclose(got_lse, want_lse, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("form,scale_layout", [("5d", "vllm"), ("5d", "linear"), ("packed", "vllm")])
+def test_cuda_masks_windows_caps(form, scale_layout):
+    kv, bt, sl, q = make(3, 200, 2, 4, 128, 16, form=form, scale_layout=scale_layout, seed=3, bad_entries=True,
+                         lens=[200, 0, 17])
+    for kw in ({}, {"window_left": 31}, {"logits_soft_cap": 30.0}, {"sm_scale": 0.3}):
+        want, want_lse = run(kv, bt, sl, q, "cpu", scale_layout=scale_layout, **kw)
+        got, got_lse = run(kv, bt, sl, q, "cuda", scale_layout=scale_layout, **kw)
+        assert close(got, want) <= REL_L2, kw
+        assert torch.equal(got_lse.isinf(), want_lse.isinf()), kw
+        assert torch.allclose(got_lse[~want_lse.isinf()], want_lse[~want_lse.isinf()], atol=1e-4, rtol=0), kw
+        assert torch.all(got[4:8] == 0)  # sequence 1 is empty: zeros, lse -inf
+
+
+def test_cuda_split_kv_is_deterministic_and_needs_its_workspace():
+    kv, bt, sl, q = make(1, 20000, 2, 4, 128, 16, seed=5)
+    a, la = run(kv, bt, sl, q, "cuda")
+    b, lb = run(kv, bt, sl, q, "cuda")
+    assert torch.equal(a, b) and torch.equal(la, lb)
+    want, _ = run(kv, bt, sl, q, "cpu")
+    assert close(a, want) <= REL_L2
+    with pytest.raises((ValueError, RuntimeError), match="workspace"):
+        nv.decode_attention(q.cuda(), kv.cuda(), bt.cuda(), sl.cuda(), 0.03, 0.05)
+
+
+def test_cuda_graph_with_changing_lengths():
+    kv, bt, sl, q = make(4, 512, 2, 4, 128, 16, seed=6)
+    kv, bt, q = kv.cuda(), bt.cuda(), q.cuda()
+    lens = torch.tensor([512, 100, 1, 300], dtype=torch.int32, device="cuda")
+    ks, vs = torch.tensor([0.03], device="cuda"), torch.tensor([0.05], device="cuda")
+    out = torch.empty_like(q)
+    ws = nv.decode_workspace(kv, q, bt)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        nv.decode_attention(q, kv, bt, lens, ks, vs, out=out, workspace=ws)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        nv.decode_attention(q, kv, bt, lens, ks, vs, out=out, workspace=ws)
+    for new in ([512, 100, 1, 300], [7, 511, 0, 64]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = nv.decode_attention(q.cpu(), kv.cpu(), bt.cpu(), lens.cpu(), 0.03, 0.05)
+        assert close(out.float().cpu(), want.float()) <= REL_L2
