@@ -327,6 +327,212 @@ void gather(const DLTensor* kv_cache, const DLTensor* value_cache, const DLTenso
   run(c, p, cpu_gather, CUDA_OR_NULL(cuda_gather), stream);
 }
 
+// ---- Decode attention (nvfp4kv_decode_attention) ------------------------------------------------
+
+void check_decode_head_size(int64_t D, const char* name) {
+  if (D != 64 && D != 128 && D != 256)
+    fail(NVFP4KV_ERROR_INVALID_VALUE,
+         "%s: head size %lld received; decode_attention supports head sizes 64, 128 and 256", name,
+         static_cast<long long>(D));
+}
+
+void check_q_len(int64_t q_len) {
+  if (q_len < 1 || q_len > 8)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "q_len: %lld received; expected 1 to 8 query rows per sequence",
+         static_cast<long long>(q_len));
+}
+
+// The workspace of a geometry in bytes (0: the CUDA path runs without one), checked.
+int64_t decode_workspace_bytes(int64_t B, int64_t q_len, int64_t Hq, int64_t H, int64_t Dv, int64_t max_blocks) {
+  if (B < 0) fail(NVFP4KV_ERROR_INVALID_VALUE, "num_seqs: %lld received; expected >= 0", static_cast<long long>(B));
+  check_q_len(q_len);
+  if (H <= 0) fail(NVFP4KV_ERROR_INVALID_VALUE, "num_kv_heads: %lld received; expected > 0", static_cast<long long>(H));
+  if (Hq <= 0 || Hq % H != 0 || Hq / H > 16)
+    fail(NVFP4KV_ERROR_INVALID_VALUE,
+         "num_qo_heads: %lld received with %lld KV heads; expected a multiple of the KV heads, at most 16 "
+         "query heads per KV head",
+         static_cast<long long>(Hq), static_cast<long long>(H));
+  check_decode_head_size(Dv, "head_size_v");
+  if (max_blocks < 0)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "max_blocks_per_seq: %lld received; expected >= 0",
+         static_cast<long long>(max_blocks));
+  const int64_t splits = decode_splits(B, H, max_blocks);
+  if (splits <= 1) return 0;
+  int64_t bytes = 4 * q_len * (Dv + 2) * splits;  // at most 4 * 8 * 258 * 64
+  if (__builtin_mul_overflow(bytes, Hq, &bytes) || __builtin_mul_overflow(bytes, B, &bytes) ||
+      bytes > (int64_t{1} << 62))
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "num_seqs: %lld sequences need a workspace past 2^62 bytes",
+         static_cast<long long>(B));
+  return bytes;
+}
+
+// The decode workspace, checked: float32 or uint8, contiguous, 16-byte aligned, on the cache's
+// device, at least `need` bytes.
+float* decode_workspace(const Tensor& w, const Tensor& cache_ref, int64_t need) {
+  expect_same_device(w, cache_ref);
+  const bool f32 = is_dtype(w.t->dtype, kDLFloat, 32);
+  if (!f32 && !is_dtype(w.t->dtype, kDLUInt, 8))
+    fail(NVFP4KV_ERROR_INVALID_DTYPE, "workspace: dtype %s received; expected float32 or uint8",
+         dtype_name(w.t->dtype).c_str());
+  int64_t expected = 1;
+  for (int i = w.ndim() - 1; i >= 0; --i) {
+    if (w.size(i) > 1 && w.stride(i) != expected)
+      fail(NVFP4KV_ERROR_INVALID_VALUE, "workspace: shape %s with strides %s is not contiguous",
+           w.shape_str().c_str(), w.strides_str().c_str());
+    expected *= w.size(i);
+  }
+  const int64_t bytes = w.numel() * (f32 ? 4 : 1);
+  if (bytes < need)
+    fail(NVFP4KV_ERROR_INVALID_VALUE,
+         "workspace: %lld bytes, but this call needs %lld (nvfp4kv_decode_workspace_size, "
+         "nvfp4kv.decode_workspace)",
+         static_cast<long long>(bytes), static_cast<long long>(need));
+  if (reinterpret_cast<uintptr_t>(w.ptr()) % 16 != 0)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "workspace: address not a multiple of 16 bytes");
+  return reinterpret_cast<float*>(w.ptr());
+}
+
+void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* value_cache,
+            const DLTensor* block_table_t, const DLTensor* seq_lens_t, const DLTensor* k_scale,
+            const DLTensor* v_scale, nvfp4kv_scale_profile profile, int32_t q_len, float sm_scale,
+            float soft_cap, int64_t window_left, DLTensor* out_t, DLTensor* lse_t,
+            const DLTensor* workspace, void* stream) {
+  if (!kv_cache) fail(NVFP4KV_ERROR_INVALID_VALUE, "kv_cache: NULL tensor");
+  const Tensor query(query_t, "query"), out(out_t, "out"), bt(block_table_t, "block_table");
+  // The query has Hq = group * H heads: no heads hint for the cache's orientation check.
+  Cache c = resolve_cache(kv_cache, value_cache, -1, "query");
+  apply_profile(c, profile);
+  const Tensor cache_ref(kv_cache, c.k_name);
+
+  query.expect_ndim(3, "(num_seqs * q_len, num_qo_heads, head_size)");
+  expect_same_device(query, cache_ref);
+  const DType dtype = float_dtype(query);
+  if (dtype == DType::kFloat32)
+    fail(NVFP4KV_ERROR_INVALID_DTYPE, "query: dtype float32 received; expected bfloat16 or float16");
+  check_decode_head_size(query.size(2), "query");
+  if (query.size(2) != c.k.D)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "query: head size %lld (shape %s) but %s has head size %d",
+         static_cast<long long>(query.size(2)), query.shape_str().c_str(), c.k_name, c.k.D);
+  check_decode_head_size(c.v.D, c.v_name);
+  if (query.numel() > 0 && query.stride(2) != 1)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "query: stride along head_size is %lld; expected 1",
+         static_cast<long long>(query.stride(2)));
+  const int64_t Hq = query.size(1);
+  if (Hq <= 0 || Hq % c.H != 0 || Hq / c.H > 16)
+    fail(NVFP4KV_ERROR_INVALID_VALUE,
+         "query: %lld query heads (shape %s) with the %lld KV heads of %s; expected a multiple of the KV "
+         "heads, at most 16 query heads per KV head",
+         static_cast<long long>(Hq), query.shape_str().c_str(), static_cast<long long>(c.H), c.k_name);
+  check_q_len(q_len);
+
+  bt.expect_ndim(2, "(num_seqs, max_blocks_per_seq)");
+  expect_same_device(bt, cache_ref);
+  const bool bt64 = index_is_int64(bt);
+  const int64_t B = bt.size(0), rows = B * q_len;
+  if (query.size(0) != rows)
+    fail(NVFP4KV_ERROR_INVALID_VALUE,
+         "query: %lld rows (shape %s) but block_table has %lld sequences of q_len %d; expected %lld rows",
+         static_cast<long long>(query.size(0)), query.shape_str().c_str(), static_cast<long long>(B),
+         static_cast<int>(q_len), static_cast<long long>(rows));
+  const Tensor sl(seq_lens_t, "seq_lens");
+  const IndexVec seq_lens = index_vec(sl, cache_ref, B);
+
+  out.expect_ndim(3, "(num_seqs * q_len, num_qo_heads, head_size_v)");
+  if (out.size(0) != rows || out.size(1) != Hq || out.size(2) != c.v.D)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "out: shape %s received; expected (%lld, %lld, %d)",
+         out.shape_str().c_str(), static_cast<long long>(rows), static_cast<long long>(Hq), c.v.D);
+  expect_same_device(out, cache_ref);
+  if (float_dtype(out) != dtype)
+    fail(NVFP4KV_ERROR_INVALID_DTYPE, "out: dtype %s but query is %s; they must match",
+         dtype_name(out.t->dtype).c_str(), dtype_name(query.t->dtype).c_str());
+  if (out.numel() > 0 && out.stride(2) != 1)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "out: last stride %lld; expected 1", static_cast<long long>(out.stride(2)));
+  const Tensor lse = lse_t ? Tensor(lse_t, "lse") : out;
+  if (lse_t) {
+    lse.expect_ndim(2, "(num_seqs * q_len, num_qo_heads)");
+    if (lse.size(0) != rows || lse.size(1) != Hq)
+      fail(NVFP4KV_ERROR_INVALID_VALUE, "lse: shape %s received; expected (%lld, %lld)", lse.shape_str().c_str(),
+           static_cast<long long>(rows), static_cast<long long>(Hq));
+    expect_same_device(lse, cache_ref);
+    if (!is_dtype(lse.t->dtype, kDLFloat, 32))
+      fail(NVFP4KV_ERROR_INVALID_DTYPE, "lse: dtype %s received; expected float32", dtype_name(lse.t->dtype).c_str());
+  }
+
+  if (!is_finite(sm_scale) || !(sm_scale > 0.0f))
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "sm_scale: %.9g received; expected a finite value > 0 (usually 1/sqrt(D))",
+         static_cast<double>(sm_scale));
+  if (!is_finite(soft_cap) || !(soft_cap >= 0.0f))
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "logits_soft_cap: %.9g received; expected a finite value >= 0 (0: none)",
+         static_cast<double>(soft_cap));
+  if (window_left < -1)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "window_left: %lld received; expected -1 (no window) or >= 0",
+         static_cast<long long>(window_left));
+  const ScaleArg ks = resolve_scale(k_scale, "k_scale", c.device);
+  const ScaleArg vs = resolve_scale(v_scale, "v_scale", c.device);
+
+  // The workspace: read by the CUDA path only, and only where it splits the sequences.
+  const int64_t max_blocks = bt.size(1);
+  const int64_t splits = decode_splits(B, c.H, max_blocks);
+  const bool use_workspace = c.device.device_type == kDLCUDA && splits > 1;
+  float* ws_ptr = nullptr;
+  int64_t ws_floats = 0;
+  const Tensor ws = workspace && use_workspace ? Tensor(workspace, "workspace") : cache_ref;
+  if (use_workspace) {
+    const int64_t need = decode_workspace_bytes(B, q_len, Hq, c.H, c.v.D, max_blocks);
+    if (!workspace)
+      fail(NVFP4KV_ERROR_INVALID_VALUE,
+           "workspace: NULL, but %lld sequences of %lld KV heads and %lld blocks split on the GPU and need "
+           "%lld bytes of workspace (nvfp4kv_decode_workspace_size, nvfp4kv.decode_workspace)",
+           static_cast<long long>(B), static_cast<long long>(c.H), static_cast<long long>(max_blocks),
+           static_cast<long long>(need));
+    ws_ptr = decode_workspace(ws, cache_ref, need);
+    ws_floats = need / 4;
+  }
+
+  {
+    const Tensor vcache = value_cache ? Tensor(value_cache, c.v_name) : cache_ref;
+    const Tensor kst(k_scale, "k_scale"), vst(v_scale, "v_scale");
+    check_apart({&out, lse_t ? &lse : nullptr, ws_ptr ? &ws : nullptr},
+                {&query, &cache_ref, value_cache ? &vcache : nullptr, &bt, &sl, &kst, &vst});
+  }
+
+  DecodeParams p{};
+  p.k = c.k;
+  p.v = c.v;
+  p.k_scale = ks;
+  p.v_scale = vs;
+  p.query = query.ptr();
+  p.q_stride[0] = query.stride(0);
+  p.q_stride[1] = query.stride(1);
+  p.out = out.ptr();
+  p.out_stride[0] = out.stride(0);
+  p.out_stride[1] = out.stride(1);
+  p.lse = lse_t ? reinterpret_cast<float*>(lse.ptr()) : nullptr;
+  p.lse_stride[0] = lse_t ? lse.stride(0) : 0;
+  p.lse_stride[1] = lse_t ? lse.stride(1) : 0;
+  p.block_table = bt.ptr();
+  p.bt_stride[0] = bt.stride(0);
+  p.bt_stride[1] = bt.stride(1);
+  p.bt_int64 = bt64;
+  p.seq_lens = seq_lens;
+  p.B = B;
+  p.max_blocks = max_blocks;
+  p.N = c.N;
+  p.H = static_cast<int32_t>(c.H);
+  p.T = static_cast<int32_t>(c.T);
+  p.group = static_cast<int32_t>(Hq / c.H);
+  p.q_len = q_len;
+  p.sm_scale = sm_scale;
+  p.soft_cap = soft_cap;
+  p.window_left = window_left;
+  p.dtype = dtype;
+  p.layout = c.layout;
+  p.workspace = ws_ptr;
+  p.workspace_floats = ws_floats;
+
+  run(c, p, cpu_decode, CUDA_OR_NULL(cuda_decode), stream);
+}
+
 }  // namespace
 }  // namespace nvfp4kv
 
@@ -507,6 +713,32 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_gather_dequant(const DLTensor* kv_cache,
   return guarded("nvfp4kv_gather_dequant", [&] {
     nvfp4kv::gather(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, k_scale, v_scale,
                     profile, key_out, value_out, stream);
+  });
+}
+
+NVFP4KV_API nvfp4kv_status nvfp4kv_decode_attention(const DLTensor* query, const DLTensor* kv_cache,
+                                                    const DLTensor* value_cache,
+                                                    const DLTensor* block_table,
+                                                    const DLTensor* seq_lens,
+                                                    const DLTensor* k_scale, const DLTensor* v_scale,
+                                                    nvfp4kv_scale_profile profile, int32_t q_len,
+                                                    float sm_scale, float logits_soft_cap,
+                                                    int64_t window_left, DLTensor* out, DLTensor* lse,
+                                                    const DLTensor* workspace, void* stream) {
+  return guarded("nvfp4kv_decode_attention", [&] {
+    nvfp4kv::decode(query, kv_cache, value_cache, block_table, seq_lens, k_scale, v_scale, profile, q_len,
+                    sm_scale, logits_soft_cap, window_left, out, lse, workspace, stream);
+  });
+}
+
+NVFP4KV_API nvfp4kv_status nvfp4kv_decode_workspace_size(int64_t num_seqs, int32_t q_len,
+                                                         int64_t num_qo_heads, int64_t num_kv_heads,
+                                                         int64_t head_size_v,
+                                                         int64_t max_blocks_per_seq, size_t* bytes) {
+  return guarded("nvfp4kv_decode_workspace_size", [&] {
+    if (!bytes) nvfp4kv::fail(NVFP4KV_ERROR_INVALID_VALUE, "bytes: NULL pointer");
+    *bytes = static_cast<size_t>(nvfp4kv::decode_workspace_bytes(num_seqs, q_len, num_qo_heads, num_kv_heads,
+                                                                 head_size_v, max_blocks_per_seq));
   });
 }
 

@@ -7,8 +7,9 @@ Byte-compatible with vLLM's ``kv_cache_dtype="nvfp4"`` layout; CPU path and CUDA
 import sys as _sys
 
 from ._C import __version__
-from .api import (build_info, cpu_threads, dequantize, gather_dequant, prepare_store, reshape_and_cache_flash,
-                  set_cpu_threads, store, store_workspace, store_workspace_bytes)
+from .api import (build_info, cpu_threads, decode_attention, decode_workspace, decode_workspace_bytes, dequantize,
+                  gather_dequant, prepare_store, reshape_and_cache_flash, set_cpu_threads, store, store_workspace,
+                  store_workspace_bytes)
 from .paths import cmake_dir, get_include, get_library_dir
 from .spec import (
     MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP,
@@ -40,6 +41,9 @@ __all__ = [
     "store_workspace_bytes",
     "dequantize",
     "gather_dequant",
+    "decode_attention",
+    "decode_workspace",
+    "decode_workspace_bytes",
     "set_cpu_threads",
     "cpu_threads",
     "reshape_and_cache_flash",

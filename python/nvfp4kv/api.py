@@ -19,7 +19,7 @@ _SCALE_LAYOUTS = {name: i for i, name in enumerate(_C.SCALE_LAYOUTS)}
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
 __all__ = ["store", "prepare_store", "store_workspace", "store_workspace_bytes", "reshape_and_cache_flash", "dequantize",
-           "gather_dequant", "build_info"]
+           "gather_dequant", "decode_attention", "decode_workspace", "decode_workspace_bytes", "build_info"]
 
 
 def _choice(value: Any, table: dict, arg: str) -> int:
@@ -567,6 +567,159 @@ def gather_dequant(
         ops.gather_dequant(kv_cache, block_table, seq_lens, cu_seqlens, ops.scale_tensor(k_scale),
                            ops.scale_tensor(v_scale), key_out, value_out, value_cache, scale_layout)
     return key_out, value_out, cu_seqlens
+
+
+def decode_workspace_bytes(num_seqs: int, q_len: int, num_qo_heads: int, num_kv_heads: int, head_size_v: int,
+                           max_blocks_per_seq: int) -> int:
+    """Bytes of the :func:`decode_attention` workspace for that geometry (0: none needed).
+
+    The CUDA path splits each sequence's tokens over several blocks when few (sequence, KV head)
+    pairs would occupy the GPU; the split count, hence this size, depends on the geometry alone
+    (``num_seqs``, ``num_kv_heads``, ``max_blocks_per_seq``), so one workspace serves every call
+    of that geometry, and a larger one does too.
+    """
+    return _C.decode_workspace_bytes(num_seqs, q_len, num_qo_heads, num_kv_heads, head_size_v, max_blocks_per_seq)
+
+
+def decode_workspace(kv_cache: Any, query: Any, block_table: Any, q_len: int = 1, value_cache: Any = None) -> Any:
+    """A zeroed uint8 :func:`decode_attention` workspace on the cache's device, sized for this
+    call's geometry (an empty array when it needs none). Same framework as the cache."""
+    _, _, h, _, dv = _cache_geometry(kv_cache, value_cache)
+    qshape, bshape = _shape(query, "query"), _shape(block_table, "block_table")
+    if len(qshape) != 3:
+        raise ValueError(f"query: shape {qshape} received; expected (num_seqs * q_len, num_qo_heads, head_size)")
+    if len(bshape) != 2:
+        raise ValueError(f"block_table: shape {bshape} received; expected (num_seqs, max_blocks_per_seq)")
+    nbytes = decode_workspace_bytes(bshape[0], q_len, qshape[1], h, dv, bshape[1])
+    fw = _framework(kv_cache)
+    if fw == "torch":
+        import torch
+
+        return torch.zeros(nbytes, dtype=torch.uint8, device=kv_cache.device)
+    if fw == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(kv_cache.device.id):
+            return cupy.zeros(nbytes, dtype=cupy.uint8)
+    import numpy as np
+
+    return np.zeros(nbytes, dtype=np.uint8)
+
+
+def _decode_out(query: Any, kv_cache: Any, value_cache: Any, out: Any) -> Any:
+    """decode_attention()'s output: the one given, else a new array [rows, Hq, Dv] in the query's
+    dtype, framework and device."""
+    if out is not None:
+        return out
+    qshape = _shape(query, "query")
+    if len(qshape) != 3:
+        raise ValueError(f"query: shape {qshape} received; expected (num_seqs * q_len, num_qo_heads, head_size)")
+    dv = _cache_geometry(kv_cache, value_cache)[4]
+    return _empty(query, (qshape[0], qshape[1], dv), query.dtype)
+
+
+def _real(x: Any, arg: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{arg}: {type(x).__name__} received; expected a float")
+    return float(x)
+
+
+def _int(x: Any, arg: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{arg}: {type(x).__name__} received; expected an int")
+    return int(x)
+
+
+def _decode_scalars(query: Any, sm_scale: Any, logits_soft_cap: Any, window_left: Any,
+                    q_len: Any) -> Tuple[float, float, int, int]:
+    """The scalar arguments of decode_attention() as the binding takes them (sm_scale defaults
+    to 1/sqrt(D)); their values are checked by the C ABI."""
+    if sm_scale is None:
+        shape = _shape(query, "query")
+        if len(shape) != 3 or shape[2] <= 0:
+            raise ValueError(f"query: shape {shape} received; expected (num_seqs * q_len, num_qo_heads, head_size)")
+        sm = 1.0 / float(shape[2]) ** 0.5
+    else:
+        sm = _real(sm_scale, "sm_scale")
+    return sm, _real(logits_soft_cap, "logits_soft_cap"), _int(window_left, "window_left"), _int(q_len, "q_len")
+
+
+def decode_attention(
+    query: Any,
+    kv_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    k_scale: Any = 1.0,
+    v_scale: Any = 1.0,
+    *,
+    value_cache: Any = None,
+    scale_layout: str = "vllm",
+    sm_scale: Optional[float] = None,
+    logits_soft_cap: float = 0.0,
+    window_left: int = -1,
+    q_len: int = 1,
+    out: Any = None,
+    lse: Any = None,
+    workspace: Any = None,
+    stream: Any = None,
+) -> Any:
+    """Decode attention that reads the NVFP4 pages directly (no bf16 copy of K/V).
+
+    Query row ``i`` of sequence ``b`` (row ``b * q_len + i`` of ``query``, at token position
+    ``p = seq_lens[b] - q_len + i``) attends to the positions ``j <= p`` of its sequence (and
+    ``j >= p - window_left`` when ``window_left >= 0``), read through ``block_table`` as
+    :func:`gather_dequant` reads them; positions whose block-table entry is < 0 or >= N are masked
+    out and never read.
+
+    Parameters
+    ----------
+    query : bfloat16/float16 array ``[B * q_len, Hq, D]``
+        Last stride 1. ``Hq = group * H`` (group 1..16); D = the cache's head size, 64, 128 or 256.
+    kv_cache, value_cache, k_scale, v_scale, scale_layout, stream
+        As for :func:`store`. V's head size ``Dv`` is 64, 128 or 256 too.
+    block_table : int32/int64 array ``[B, max_blocks]``
+    seq_lens : int32/int64 array ``[B]``
+        Tokens of each sequence, the query rows' own tokens included.
+    sm_scale : float, optional
+        Softmax scale; default ``1 / sqrt(D)``. Logits are ``(q . k) * k_scale * sm_scale``.
+    logits_soft_cap : float
+        > 0: logits become ``cap * tanh(logit / cap)``; 0: none.
+    window_left : int
+        -1: no window; >= 0: position ``p`` sees ``[p - window_left, p]``.
+    q_len : int
+        Query rows per sequence, 1..8 (causal among them).
+    out : array ``[B * q_len, Hq, Dv]``, optional
+        The query's dtype; allocated here (like the query) when not given.
+    lse : float32 array ``[B * q_len, Hq]``, optional
+        Receives the natural log of each row's softmax denominator (-inf for a row that sees no
+        position).
+    workspace : optional
+        From :func:`decode_workspace`: needed by CUDA calls whose geometry splits the sequences
+        (:func:`decode_workspace_bytes` > 0); ignored otherwise, and on the CPU.
+
+    Returns
+    -------
+    out
+        A row that sees no position is 0. Nothing is written when an argument is rejected.
+    """
+    sm, cap, window, rows = _decode_scalars(query, sm_scale, logits_soft_cap, window_left, q_len)
+    out = _decode_out(query, kv_cache, value_cache, out)
+    try:
+        _C.decode_attention(query, kv_cache, value_cache, block_table, seq_lens, k_scale, v_scale, scale_layout,
+                            rows, sm, cap, window, out, lse, workspace, stream)
+    except ValueError:
+        halves = _split_halves(kv_cache, value_cache)
+        if halves is not None:  # (N, H, T, F) halves of a packed torch cache: read as (N, T, H, F)
+            _C.decode_attention(query, halves[0], halves[1], block_table, seq_lens, k_scale, v_scale, scale_layout,
+                                rows, sm, cap, window, out, lse, workspace, stream)
+            return out
+        if not _without_data(query, kv_cache, value_cache, block_table, seq_lens, out, lse, workspace):
+            raise
+        ops = _ops()
+        ops.decode_attention(query, kv_cache, block_table, seq_lens, ops.scale_tensor(k_scale),
+                             ops.scale_tensor(v_scale), out, sm, lse, value_cache, scale_layout, cap, window, rows,
+                             workspace)
+    return out
 
 
 def set_cpu_threads(threads: int) -> None:

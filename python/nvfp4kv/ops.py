@@ -5,7 +5,7 @@ already imported (torch stays optional: nothing here is imported otherwise). Eac
 the tensors it writes (``Tensor(a!)``), has a fake implementation (shapes only, no data: under
 ``FakeTensorMode`` and while ``torch.compile`` traces, no pointer is ever read), and runs the
 same C ABI call as the Python API on the current torch stream. ``nvfp4kv.store``,
-``reshape_and_cache_flash``, ``dequantize`` and ``gather_dequant`` route through these ops when
+``reshape_and_cache_flash``, ``dequantize``, ``gather_dequant`` and ``decode_attention`` route through these ops when
 they are traced or given tensors without data (``nvfp4kv.api._route``); eager calls on real
 tensors go straight to the extension, so the ops cost the decode-time store nothing.
 
@@ -21,7 +21,7 @@ import torch
 
 from . import _C
 
-__all__ = ["store", "reshape_and_cache_flash", "dequantize", "gather_dequant", "scale_tensor"]
+__all__ = ["store", "reshape_and_cache_flash", "dequantize", "gather_dequant", "decode_attention", "scale_tensor"]
 
 _NS = "nvfp4kv"
 
@@ -44,6 +44,11 @@ _SCHEMAS = {
         "(Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor cu_seqlens, "
         "Tensor k_scale, Tensor v_scale, Tensor(a!) key_out, Tensor(b!) value_out, Tensor? value_cache=None, "
         "str scale_layout='vllm') -> ()"
+    ),
+    "decode_attention": (
+        "(Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor k_scale, Tensor v_scale, "
+        "Tensor(a!) out, float sm_scale, Tensor(b!)? lse=None, Tensor? value_cache=None, str scale_layout='vllm', "
+        "float logits_soft_cap=0.0, int window_left=-1, int q_len=1, Tensor(c!)? workspace=None) -> ()"
     ),
 }
 
@@ -83,6 +88,13 @@ def _gather_dequant_impl(kv_cache, block_table, seq_lens, cu_seqlens, k_scale, v
                       key_out, value_out, None)
 
 
+def _decode_attention_impl(query, kv_cache, block_table, seq_lens, k_scale, v_scale, out, sm_scale, lse=None,
+                           value_cache=None, scale_layout="vllm", logits_soft_cap=0.0, window_left=-1, q_len=1,
+                           workspace=None):
+    _C.decode_attention(query, kv_cache, value_cache, block_table, seq_lens, k_scale, v_scale, scale_layout, q_len,
+                        sm_scale, logits_soft_cap, window_left, out, lse, workspace, None)
+
+
 def _nothing(*args, **kwargs) -> None:
     """The fake implementation of every op: they only write into tensors they were given."""
     return None
@@ -93,6 +105,7 @@ _IMPLS = {
     "reshape_and_cache_flash": _reshape_and_cache_flash_impl,
     "dequantize": _dequantize_impl,
     "gather_dequant": _gather_dequant_impl,
+    "decode_attention": _decode_attention_impl,
 }
 
 
@@ -117,6 +130,7 @@ store = torch.ops.nvfp4kv.store.default
 reshape_and_cache_flash = torch.ops.nvfp4kv.reshape_and_cache_flash.default
 dequantize = torch.ops.nvfp4kv.dequantize.default
 gather_dequant = torch.ops.nvfp4kv.gather_dequant.default
+decode_attention = torch.ops.nvfp4kv.decode_attention.default
 
 
 # ---- The Python API under torch.compile ----------------------------------------------------------
@@ -175,3 +189,15 @@ def _gather_dequant_traced(kv_cache, block_table, seq_lens, k_scale=1.0, v_scale
     gather_dequant(kv_cache, block_table, seq_lens, cu_seqlens, scale_tensor(k_scale), scale_tensor(v_scale),
                    key_out, value_out, value_cache, scale_layout)
     return key_out, value_out, cu_seqlens
+
+
+@_traced_as(_api.decode_attention)
+def _decode_attention_traced(query, kv_cache, block_table, seq_lens, k_scale=1.0, v_scale=1.0, *, value_cache=None,
+                             scale_layout="vllm", sm_scale=None, logits_soft_cap=0.0, window_left=-1, q_len=1,
+                             out=None, lse=None, workspace=None, stream=None):
+    _no_stream(stream)
+    sm, cap, window, rows = _api._decode_scalars(query, sm_scale, logits_soft_cap, window_left, q_len)
+    out = _api._decode_out(query, kv_cache, value_cache, out)
+    decode_attention(query, kv_cache, block_table, seq_lens, scale_tensor(k_scale), scale_tensor(v_scale), out, sm,
+                     lse, value_cache, scale_layout, cap, window, rows, workspace)
+    return out

@@ -560,6 +560,44 @@ void gather_dequant(nb::handle kv_cache, nb::handle value_cache, nb::handle bloc
   raise_for(st);
 }
 
+void decode_attention(nb::handle query, nb::handle kv_cache, nb::handle value_cache, nb::handle block_table,
+                      nb::handle seq_lens, nb::handle k_scale, nb::handle v_scale, nb::handle scale_layout,
+                      int64_t q_len, double sm_scale, double logits_soft_cap, int64_t window_left, nb::handle out,
+                      nb::handle lse, nb::handle workspace, nb::handle stream) {
+  const int profile = choice(scale_layout, kScaleLayoutNames, 2, "_SCALE_LAYOUTS", "scale_layout");
+  if (q_len < INT32_MIN || q_len > INT32_MAX)  // the C ABI's q_len is an int32_t
+    throw nb::value_error(("q_len: " + std::to_string(q_len) + " received; expected 1 to 8 query rows per "
+                           "sequence").c_str());
+  const nb::object ksc = scale_arg(k_scale, "k_scale"), vsc = scale_arg(v_scale, "v_scale");
+  Arg q, c, vc, bt, sl, ks, vs, o, l, ws;
+  import_array(q, query, "query", false);
+  import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
+  import_optional(vc, value_cache, "value_cache", false);
+  orient_sides(c, kv_cache, vc, value_cache);
+  import_array(bt, block_table, "block_table", false);
+  import_array(sl, seq_lens, "seq_lens", false);
+  import_scale(ks, ksc, "k_scale");
+  import_scale(vs, vsc, "v_scale");
+  import_array(o, out, "out", true);
+  import_optional(l, lse, "lse", true);
+  import_optional(ws, workspace, "workspace", true);
+  const uintptr_t st_handle = stream_handle(stream, kv_cache, c);
+  float sm, cap;
+  {
+    const nvfp4kv::FloatModeGuard ieee;  // no flush of a subnormal to 0 on the way to float
+    sm = static_cast<float>(sm_scale);
+    cap = static_cast<float>(logits_soft_cap);
+  }
+  nvfp4kv_status st;
+  {
+    nb::gil_scoped_release release;
+    st = nvfp4kv_decode_attention(q.get(), c.get(), vc.get(), bt.get(), sl.get(), ks.get(), vs.get(),
+                                  static_cast<nvfp4kv_scale_profile>(profile), static_cast<int32_t>(q_len), sm, cap,
+                                  window_left, o.get_mut(), l.get_mut(), ws.get(), reinterpret_cast<void*>(st_handle));
+  }
+  raise_for(st);
+}
+
 nb::dict cuda_info() {
   nb::dict d;
   const char* reason = nullptr;
@@ -617,6 +655,23 @@ NB_MODULE(_C, m) {
         nb::arg("block_table"), nb::arg("seq_lens"), nb::arg("cu_seqlens"),
         nb::arg("k_scale").none(), nb::arg("v_scale").none(), nb::arg("scale_layout").none(),
         nb::arg("key_out"), nb::arg("value_out"), nb::arg("stream").none());
+  m.def("decode_attention", &decode_attention, nb::arg("query"), nb::arg("kv_cache"), nb::arg("value_cache").none(),
+        nb::arg("block_table"), nb::arg("seq_lens"), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
+        nb::arg("scale_layout").none(), nb::arg("q_len"), nb::arg("sm_scale"), nb::arg("logits_soft_cap"),
+        nb::arg("window_left"), nb::arg("out"), nb::arg("lse").none(), nb::arg("workspace").none(),
+        nb::arg("stream").none());
+  m.def("decode_workspace_bytes",
+        [](int64_t num_seqs, int64_t q_len, int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_size_v,
+           int64_t max_blocks_per_seq) {
+          if (q_len < INT32_MIN || q_len > INT32_MAX)
+            throw nb::value_error(("q_len: " + std::to_string(q_len) + " received; expected 1 to 8").c_str());
+          size_t bytes = 0;
+          raise_for(nvfp4kv_decode_workspace_size(num_seqs, static_cast<int32_t>(q_len), num_qo_heads, num_kv_heads,
+                                                  head_size_v, max_blocks_per_seq, &bytes));
+          return bytes;
+        },
+        nb::arg("num_seqs"), nb::arg("q_len"), nb::arg("num_qo_heads"), nb::arg("num_kv_heads"),
+        nb::arg("head_size_v"), nb::arg("max_blocks_per_seq"));
   m.def("cuda_info", &cuda_info);
   m.def("set_cpu_threads", [](int threads) { raise_for(nvfp4kv_set_cpu_threads(threads)); }, nb::arg("threads"));
   m.def("cpu_threads", [] { return nvfp4kv_cpu_threads(); });

@@ -194,6 +194,59 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_gather_dequant(const DLTensor* kv_cache,
                                                   DLTensor* key_out, DLTensor* value_out,
                                                   void* stream);
 
+/* Decode attention that reads the NVFP4 pages directly (no bf16 copy of K/V): for each sequence,
+ * its last q_len tokens (decode, or a few speculative tokens) attend to the sequence's cached
+ * tokens through its block table.
+ *
+ * query:        [B * q_len, Hq, D] bfloat16 or float16, last stride 1, other strides free. Row
+ *               b * q_len + i is query row i of sequence b, at token position
+ *               p = seq_lens[b] - q_len + i. Hq = group * H, group 1..16; query head hq reads
+ *               KV head hq / group. D = the cache's K head size, one of 64, 128, 256.
+ * kv_cache, value_cache, k_scale, v_scale, profile: as for nvfp4kv_store (the cache's V head
+ *               size Dv is one of 64, 128, 256 too).
+ * block_table:  [B, max_blocks] int32 or int64: page of each block of each sequence (B is its
+ *               dimension 0).
+ * seq_lens:     [B] int32 or int64: tokens of each sequence, the query rows' tokens included.
+ * q_len:        query rows per sequence, 1..8 (causal among them: row i sees positions <= p).
+ * sm_scale:     softmax scale (usually 1/sqrt(D)), finite and > 0.
+ * logits_soft_cap: finite, >= 0; > 0: logits become cap * tanh(logit / cap); 0: none.
+ * window_left:  -1: no window; >= 0: row at position p sees positions [p - window_left, p].
+ * out:          [B * q_len, Hq, Dv], the query's dtype, last stride 1, on the cache's device.
+ * lse:          NULL, or [B * q_len, Hq] float32: natural log of each row's softmax
+ *               denominator, with the logits scaled (k_scale * sm_scale) and capped.
+ * workspace:    split-KV partials. Used by the CUDA path when the geometry splits sequences
+ *               (nvfp4kv_decode_workspace_size gives more than 0 bytes), and then required:
+ *               float32 or uint8, contiguous, 16-byte aligned, at least that size, on the cache's
+ *               device, sharing no byte with any other argument; its contents need no
+ *               initialization. Ignored otherwise (and always on the CPU: NULL is fine).
+ * stream:       cudaStream_t for CUDA tensors; ignored on the CPU.
+ *
+ * K and V are read as e2m1 * e4m3 (exact in fp32); logit = (q . k) * (k_scale * sm_scale),
+ * out = softmax-weighted sum of v, times v_scale, rounded to nearest even. Positions whose
+ * block-table entry is < 0 or >= N (or whose block is past max_blocks) are masked out and never
+ * read. A row that sees no position (seq_len <= 0, p < 0, everything masked) gets out = 0 and
+ * lse = -inf. A group stored from NaN makes the rows that see it NaN. The CPU path computes in
+ * fp32 and is the reference of the CUDA path (tolerances: docs/c-api.md). */
+NVFP4KV_API nvfp4kv_status nvfp4kv_decode_attention(const DLTensor* query, const DLTensor* kv_cache,
+                                                    const DLTensor* value_cache,
+                                                    const DLTensor* block_table,
+                                                    const DLTensor* seq_lens,
+                                                    const DLTensor* k_scale, const DLTensor* v_scale,
+                                                    nvfp4kv_scale_profile profile, int32_t q_len,
+                                                    float sm_scale, float logits_soft_cap,
+                                                    int64_t window_left, DLTensor* out, DLTensor* lse,
+                                                    const DLTensor* workspace, void* stream);
+
+/* Bytes of the workspace of nvfp4kv_decode_attention for that geometry (num_seqs = B,
+ * max_blocks_per_seq = the block table's dimension 1): 4 * rows * Hq * splits * (Dv + 2) with
+ * rows = num_seqs * q_len, where the CUDA path splits each sequence's tokens (splits > 1), else
+ * 0 (the split count is a function of the geometry alone, so one workspace serves every call of
+ * that geometry, and any larger workspace does too). */
+NVFP4KV_API nvfp4kv_status nvfp4kv_decode_workspace_size(int64_t num_seqs, int32_t q_len,
+                                                         int64_t num_qo_heads, int64_t num_kv_heads,
+                                                         int64_t head_size_v,
+                                                         int64_t max_blocks_per_seq, size_t* bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,7 @@
 // The CPU path: loops over the parameter structs, calling the format core for every byte.
 // A real, shipped path (engines without a GPU, tests' oracle for the kernels), not a helper.
 #include "backend.h"
+#include "cpu/shares.h"
 #include "float_mode.h"
 
 #include <errno.h>
@@ -317,6 +318,11 @@ void gather_impl(const GatherParams& p) {
 }
 
 }  // namespace
+
+void cpu_for_shares(double work, bool separate, const std::function<void(int, int)>& fn) {
+  for_shares(work, separate, fn);
+}
+bool cpu_in_share(int64_t i, int k, int n) { return in_share(i, k, n); }
 
 void cpu_set_threads(int threads) { g_threads.store(threads, std::memory_order_relaxed); }
 int cpu_threads() { return configured_threads(); }

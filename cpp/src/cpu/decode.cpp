@@ -1,0 +1,188 @@
+// Decode attention on the CPU (nvfp4kv_decode_attention): fp32 math in a fixed order, the
+// reference the CUDA kernel is tested against. Each (sequence, KV head) is one unit of work, done
+// whole by one thread: the bytes do not depend on the thread count.
+//
+// Per unit, the rows r = i * group + g (query row i, query head h * group + g) share every K and
+// V row read. Two passes over the tokens, in increasing position: the first finds each row's
+// largest logit m, the second sums p_j = exp(l_j - m) and p_j * v_j (the logits are recomputed,
+// with the same operations, so they are the values of the first pass). Memory stays bounded by a
+// chunk of tokens whatever the sequence lengths.
+#include <math.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "backend.h"
+#include "cpu/shares.h"
+
+namespace nvfp4kv {
+namespace {
+
+constexpr int64_t kChunk = 64;  // tokens dequantized at a time
+constexpr int kMaxRows = 8 * 16;
+
+template <DType kDType>
+inline float load_q(const void* base, int64_t idx) {
+  const uint16_t h = static_cast<const uint16_t*>(base)[idx];
+  return kDType == DType::kFloat16 ? f16_to_float(h) : bf16_to_float(h);
+}
+
+template <DType kDType>
+inline void store_o(void* base, int64_t idx, float v) {
+  static_cast<uint16_t*>(base)[idx] = kDType == DType::kFloat16 ? float_to_f16(v) : float_to_bf16(v);
+}
+
+// Raw values e2m1 * e4m3 of row (h, t) of one side of one page (NaN for a NaN group).
+void raw_row(const CacheSide& s, const uint8_t* side, int64_t h, int64_t t, int32_t H, int32_t T, Layout layout,
+             float* y) {
+  const int64_t D = s.D;
+  const int64_t row = row_index(layout, h, t, H, T);
+  const uint8_t* data = side + data_offset(row, D);
+  for (int64_t g16 = 0; g16 < D / kGroupSize; ++g16) {
+    const int64_t soff = s.interleaved ? scale_offset_interleaved(h, t, g16, T, H, D)
+                                       : scale_offset_linear(row, g16, H, T, D);
+    uint32_t w[2] = {0, 0};
+    for (int b = 0; b < 8; ++b) w[b / 4] |= static_cast<uint32_t>(data[8 * g16 + b]) << (8 * (b % 4));
+    float out[kGroupSize];
+    dequantize_group(w, side[soff], 1.0f, out);
+    for (int i = 0; i < kGroupSize; ++i) y[g16 * kGroupSize + i] = out[i];
+  }
+}
+
+// The positions [lo, hi] (inclusive; empty when lo > hi) that query row i of a sequence of `len`
+// tokens sees, before masking by the block table; `cap` = max_blocks * T bounds them (positions
+// past the block table have no page).
+struct Range {
+  int64_t lo, hi;
+};
+
+Range row_range(const DecodeParams& p, int64_t len, int64_t i, int64_t cap) {
+  if (len <= 0) return Range{0, -1};
+  const int64_t pos = len - p.q_len + i;  // len > 0, q_len <= 8: no overflow
+  if (pos < 0) return Range{0, -1};
+  const int64_t lo = p.window_left >= 0 && pos > p.window_left ? pos - p.window_left : 0;
+  const int64_t hi = pos < cap - 1 ? pos : cap - 1;
+  return Range{lo, hi};
+}
+
+// One thread's buffers.
+struct Scratch {
+  std::vector<float> q, k, v, acc;  // [rows][D], [kChunk][D], [kChunk][Dv], [rows][Dv]
+  Scratch(const DecodeParams& p, int rows)
+      : q(static_cast<size_t>(rows) * p.k.D), k(static_cast<size_t>(kChunk) * p.k.D),
+        v(static_cast<size_t>(kChunk) * p.v.D), acc(static_cast<size_t>(rows) * p.v.D) {}
+};
+
+template <DType kDType>
+void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale, float v_scale, int64_t cap,
+                 Scratch& s) {
+  const int64_t D = p.k.D, Dv = p.v.D, G = p.group, R = p.q_len * G;
+  const int64_t len = load_index(p.seq_lens, b);
+  const IndexVec bt_row = block_table_row(p, b);
+  Range range[kMaxRows];
+  float m[kMaxRows], sum[kMaxRows];
+  int64_t seen[kMaxRows];
+  for (int64_t i = 0; i < p.q_len; ++i) {
+    const Range ri = row_range(p, len, i, cap);
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t r = i * G + g;
+      range[r] = ri;
+      m[r] = -INFINITY;
+      sum[r] = 0.0f;
+      seen[r] = 0;
+      const int64_t qrow = (b * p.q_len + i) * p.q_stride[0] + (h * G + g) * p.q_stride[1];
+      for (int64_t d = 0; d < D; ++d) s.q[r * D + d] = load_q<kDType>(p.query, qrow + d);
+      for (int64_t d = 0; d < Dv; ++d) s.acc[r * Dv + d] = 0.0f;
+    }
+  }
+  // Positions any row sees: rows' ranges move forward with i.
+  int64_t lo = INT64_MAX, hi = -1;
+  for (int64_t r = 0; r < R; ++r)
+    if (range[r].lo <= range[r].hi) {
+      lo = std::min(lo, range[r].lo);
+      hi = std::max(hi, range[r].hi);
+    }
+
+  const auto logit = [&](int64_t r, const float* k) {
+    const float* q = &s.q[r * D];
+    float dot = 0.0f;
+    for (int64_t d = 0; d < D; ++d) dot = add_rn(dot, mul_rn(q[d], k[d]));
+    float l = mul_rn(dot, logit_scale);
+    if (p.soft_cap > 0.0f) l = mul_rn(p.soft_cap, tanhf(l / p.soft_cap));
+    return l;
+  };
+
+  for (int pass = 0; pass < 2 && lo <= hi; ++pass) {
+    for (int64_t blk = lo / p.T; blk <= hi / p.T; ++blk) {
+      const int64_t page = load_index(bt_row, blk);
+      if (page < 0 || page >= p.N) continue;  // masked out, never read
+      const uint8_t* kside = p.k.base + page * p.k.page_stride;
+      const uint8_t* vside = p.v.base + page * p.v.page_stride;
+      const int64_t t_end = std::min<int64_t>(p.T, hi - blk * p.T + 1);
+      for (int64_t t0 = std::max<int64_t>(0, lo - blk * p.T); t0 < t_end; t0 += kChunk) {
+        const int64_t n = std::min(kChunk, t_end - t0), j0 = blk * p.T + t0;
+        for (int64_t t = 0; t < n; ++t) {
+          raw_row(p.k, kside, h, t0 + t, p.H, p.T, p.layout, &s.k[t * D]);
+          if (pass == 1) raw_row(p.v, vside, h, t0 + t, p.H, p.T, p.layout, &s.v[t * Dv]);
+        }
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t a = std::max(range[r].lo, j0), z = std::min(range[r].hi, j0 + n - 1);
+          for (int64_t j = a; j <= z; ++j) {
+            const float l = logit(r, &s.k[(j - j0) * D]);
+            if (pass == 0) {
+              m[r] = max_nan(m[r], l);
+              ++seen[r];
+              continue;
+            }
+            const float e = expf(sub_rn(l, m[r]));
+            sum[r] = add_rn(sum[r], e);
+            const float* v = &s.v[(j - j0) * Dv];
+            float* acc = &s.acc[r * Dv];
+            for (int64_t d = 0; d < Dv; ++d) acc[d] = add_rn(acc[d], mul_rn(e, v[d]));
+          }
+        }
+      }
+    }
+  }
+
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t i = r / G, g = r % G, row = b * p.q_len + i, hq = h * G + g;
+    const int64_t orow = row * p.out_stride[0] + hq * p.out_stride[1];
+    const float* acc = &s.acc[r * Dv];
+    for (int64_t d = 0; d < Dv; ++d)
+      store_o<kDType>(p.out, orow + d, seen[r] ? mul_rn(acc[d] / sum[r], v_scale) : 0.0f);
+    if (p.lse) p.lse[row * p.lse_stride[0] + hq * p.lse_stride[1]] = seen[r] ? add_rn(m[r], logf(sum[r])) : -INFINITY;
+  }
+}
+
+template <DType kDType>
+void decode_impl(const DecodeParams& p) {
+  const float logit_scale = mul_rn(p.k_scale.value, p.sm_scale);
+  const float v_scale = p.v_scale.value;
+  const int64_t cap = p.max_blocks > INT64_MAX / p.T ? INT64_MAX : p.max_blocks * p.T;
+  const int rows = p.q_len * p.group;
+  // Work: the positions each unit reads (bounded by the block table), times the rows' elements.
+  double work = 0.0;
+  for (int64_t b = 0; b < p.B; ++b) {
+    const int64_t len = load_index(p.seq_lens, b);
+    work += static_cast<double>(std::max<int64_t>(0, std::min(len, cap)));
+  }
+  work *= static_cast<double>(p.H) * rows * (p.k.D + p.v.D);
+  // Units write disjoint elements of out and lse (the C ABI checked that neither addresses an
+  // element twice, that they do not overlap each other or any input).
+  cpu_for_shares(work, true, [&](int k, int n) {
+    Scratch s(p, rows);
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t h = 0; h < p.H; ++h)
+        if (cpu_in_share(b * p.H + h, k, n)) decode_unit<kDType>(p, b, h, logit_scale, v_scale, cap, s);
+  });
+}
+
+}  // namespace
+
+void cpu_decode(const DecodeParams& p) {
+  if (p.dtype == DType::kFloat16) return decode_impl<DType::kFloat16>(p);
+  return decode_impl<DType::kBFloat16>(p);
+}
+
+}  // namespace nvfp4kv
