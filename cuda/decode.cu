@@ -28,6 +28,8 @@ constexpr int kMaxRows = 8;  // query rows (group x q_len) of one block; more ro
 
 struct DecodeLaunch {
   DecodeParams p;
+  SideOffsets off[2];      // K, V: the format core's offsets, affine in (head, position, group)
+  FastDiv block_size;      // T
   int64_t cols_per_split;  // block-table columns of one split
   int32_t splits;
   int32_t chunks;          // chunks of kRowsPerBlock query rows per KV head
@@ -46,18 +48,6 @@ __device__ __forceinline__ float load_q(const void* base, int64_t idx) {
 template <DType kDType>
 __device__ __forceinline__ void store_out(void* base, int64_t idx, float v) {
   static_cast<uint16_t*>(base)[idx] = kDType == DType::kFloat16 ? float_to_f16(v) : float_to_bf16(v);
-}
-
-// Byte offsets of row (h, pos) of one side of a page: its codes and the scale byte of group g.
-__device__ __forceinline__ int64_t code_at(const CacheSide& c, Layout layout, int64_t h, int64_t pos, int32_t H,
-                                           int32_t T) {
-  return data_offset(row_index(layout, h, pos, H, T), c.D);
-}
-
-__device__ __forceinline__ int64_t scale_at(const CacheSide& c, Layout layout, int64_t h, int64_t pos, int64_t g,
-                                            int32_t H, int32_t T) {
-  return c.interleaved ? scale_offset_interleaved(h, pos, g, T, H, c.D)
-                       : scale_offset_linear(row_index(layout, h, pos, H, T), g, H, T, c.D);
 }
 
 // kRowsPerBlock: 1, 2, 4 or 8 query rows per block (the smallest power of two that holds the
@@ -108,6 +98,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   const int64_t lo = split * L.cols_per_split * p.T;
   const int64_t hi = min64(min64((split + 1) * L.cols_per_split, p.max_blocks) * p.T, len);
   const IndexVec bt_row = block_table_row(p, b);
+  PageOffsets kat, vat;  // this KV head's rows: 32-bit offsets per position and group
+  kat.init(L.off[0], h, 0);
+  vat.init(L.off[1], h, lane * kE / kGroupSize);
 
   float m[kRowsPerBlock], l[kRowsPerBlock], acc[kRowsPerBlock][kE];
 #pragma unroll
@@ -122,22 +115,22 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
     // Logits: lane = token.
     const int64_t j = t0 + lane;
     int64_t page = -1;
+    const int64_t blk = L.block_size.div_any(j);
+    const uint32_t pos = static_cast<uint32_t>(j - blk * p.T);
     if (j < hi) {
-      const int64_t blk = j / p.T;
       page = load_index(bt_row, blk);
       if (page < 0 || page >= p.N) page = -1;  // masked out, never read
     }
-    const int64_t pos = j % p.T;
     float s[kRowsPerBlock];
 #pragma unroll
     for (int r = 0; r < kRowsPerBlock; ++r) s[r] = 0.0f;
     if (page >= 0) {
       const uint8_t* side = p.k.base + page * p.k.page_stride;
-      const uint8_t* codes = side + code_at(p.k, p.layout, h, pos, p.H, p.T);
+      const uint8_t* codes = side + kat.data(pos);
 #pragma unroll
       for (int g = 0; g < kD / kGroupSize; ++g) {
         const uint32_t* cw = reinterpret_cast<const uint32_t*>(codes + 8 * g);  // 4-byte aligned
-        const uint32_t sfb = side[scale_at(p.k, p.layout, h, pos, g, p.H, p.T)];
+        const uint32_t sfb = side[kat.scale(pos, g)];
         float k[kGroupSize];
         const uint32_t words[2] = {__ldg(cw), __ldg(cw + 1)};
 #pragma unroll
@@ -178,14 +171,12 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
     // Output: lane = kE consecutive elements of each of the step's tokens.
     const int step = static_cast<int>(min64(32, hi - t0));
     for (int t = 0; t < step; ++t) {
-      const int64_t jt = t0 + t;
       const int64_t pg = __shfl_sync(0xffffffffu, page, t);
       if (pg < 0) continue;  // warp-uniform
-      const int64_t pt = jt % p.T;
+      const uint32_t pt = __shfl_sync(0xffffffffu, pos, t);
       const uint8_t* side = p.v.base + pg * p.v.page_stride;
-      const uint8_t* codes = side + code_at(p.v, p.layout, h, pt, p.H, p.T) + lane * kE / 2;
-      const int g = lane * kE / kGroupSize;
-      const uint32_t sfb = side[scale_at(p.v, p.layout, h, pt, g, p.H, p.T)];
+      const uint8_t* codes = side + vat.data(pt) + (lane * kE / 2) % 8;
+      const uint32_t sfb = side[vat.scale(pt, 0)];
       const float sfq = (sfb & 0x7Fu) == kScaleNaN ? quiet_nan() : e4m3_decode(sfb);
       float v[kE];
 #pragma unroll
@@ -330,6 +321,9 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
     return cudaErrorInvalidValue;
   }
   L.cols_per_split = std::max<int64_t>(1, (p.max_blocks + L.splits - 1) / L.splits);
+  L.off[0] = SideOffsets::make(p.k, p.layout, p.H, p.T);
+  L.off[1] = SideOffsets::make(p.v, p.layout, p.H, p.T);
+  L.block_size = FastDiv(static_cast<uint32_t>(p.T));
   const int rows = p.group * p.q_len;
   const int per_block = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : kMaxRows;  // as launch_decode
   L.chunks = (rows + per_block - 1) / per_block;
