@@ -473,7 +473,7 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
   // The workspace: read by the CUDA path only, and only where it splits the sequences.
   const int64_t max_blocks = bt.size(1);
   const int64_t splits = decode_splits(B, c.H, max_blocks);
-  const bool use_workspace = c.device.device_type == kDLCUDA && splits > 1;
+  const bool use_workspace = where(c.device, c.k_name) == Where::kCuda && splits > 1;
   float* ws_ptr = nullptr;
   int64_t ws_floats = 0;
   const Tensor ws = workspace && use_workspace ? Tensor(workspace, "workspace") : cache_ref;

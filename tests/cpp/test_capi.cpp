@@ -238,6 +238,65 @@ int main() {
     CHECK(nvfp4kv_set_cpu_threads(0) == NVFP4KV_SUCCESS, "threads auto");
   }
 
+  // Decode attention: an all-zero cache (every K and V value 0) gives logits 0, so out = 0 and
+  // lse = log(number of positions seen); the workspace size is params.h's formula.
+  {
+    const int64_t dN = 4, dT = 16, dH = 2, dD = 64, dF = 36, B = 2, ql = 2, Hq = 8;
+    std::vector<uint8_t> zc(dN * 2 * dT * dH * dF, 0);
+    std::vector<int32_t> table = {0, 1, 3, -1}, lens = {20, 1};
+    std::vector<uint16_t> q(B * ql * Hq * dD, 0x3F80), o(B * ql * Hq * dD, 0xFFFF);  // bf16 1.0, NaN
+    std::vector<float> lse(B * ql * Hq, 7.0f);
+    const DLDataType kBF16{kDLBfloat, 16, 1}, kI32{kDLInt, 32, 1};
+    View zv(zc.data(), kU8, {dN, 2, dT, dH, dF}), tv(table.data(), kI32, {B, 2}), lv(lens.data(), kI32, {B}),
+        qv(q.data(), kBF16, {B * ql, Hq, dD}), ov(o.data(), kBF16, {B * ql, Hq, dD}), sv(lse.data(), kF32, {B * ql, Hq});
+    CHECK(nvfp4kv_decode_attention(&qv.t, &zv.t, nullptr, &tv.t, &lv.t, &kscale.t, &vscale.t, NVFP4KV_SCALES_LINEAR,
+                                   static_cast<int32_t>(ql), 0.125f, 0.0f, -1, &ov.t, &sv.t, nullptr,
+                                   nullptr) == NVFP4KV_SUCCESS,
+          "decode: %s", nvfp4kv_last_error());
+    bool zeros = true;
+    for (uint16_t x : o) zeros = zeros && x == 0;
+    CHECK(zeros, "decode: out of an all-zero cache is 0");
+    // Rows: sequence 0 at positions 18, 19 (19, 20 positions), sequence 1 at -1 (none), 0 (one).
+    const float want[4] = {logf(19.0f), logf(20.0f), -INFINITY, 0.0f};
+    for (int r = 0; r < 4; ++r)
+      for (int h = 0; h < Hq; ++h)
+        CHECK(lse[r * Hq + h] == want[r], "decode: lse row %d head %d = %g, expected %g", r, h, lse[r * Hq + h],
+              want[r]);
+    // Rejected calls leave the outputs alone and name the argument.
+    o.assign(o.size(), 0xFFFF);
+    CHECK(nvfp4kv_decode_attention(&qv.t, &zv.t, nullptr, &tv.t, &lv.t, &kscale.t, &vscale.t, NVFP4KV_SCALES_LINEAR,
+                                   9, 0.125f, 0.0f, -1, &ov.t, &sv.t, nullptr, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
+              std::string(nvfp4kv_last_error()).find("q_len") != std::string::npos,
+          "decode: q_len 9: %s", nvfp4kv_last_error());
+    CHECK(nvfp4kv_decode_attention(&qv.t, &zv.t, nullptr, &tv.t, &lv.t, &kscale.t, &vscale.t, NVFP4KV_SCALES_LINEAR,
+                                   static_cast<int32_t>(ql), NAN, 0.0f, -1, &ov.t, &sv.t, nullptr, nullptr) ==
+                  NVFP4KV_ERROR_INVALID_VALUE &&
+              std::string(nvfp4kv_last_error()).find("sm_scale") != std::string::npos,
+          "decode: sm_scale NaN: %s", nvfp4kv_last_error());
+    bool untouched = true;
+    for (uint16_t x : o) untouched = untouched && x == 0xFFFF;
+    CHECK(untouched, "decode: a rejected call wrote out");
+    // A CUDA cache in a build without CUDA: NOT_SUPPORTED (before any workspace requirement).
+    if (!nvfp4kv_cuda_built()) {
+      View cz = zv, cq = qv, co = ov, ct = tv, cl = lv;
+      for (View* x : {&cz, &cq, &co, &ct, &cl}) x->t.device = DLDevice{kDLCUDA, 0};
+      CHECK(nvfp4kv_decode_attention(&cq.t, &cz.t, nullptr, &ct.t, &cl.t, &kscale.t, &vscale.t,
+                                     NVFP4KV_SCALES_LINEAR, static_cast<int32_t>(ql), 0.125f, 0.0f, -1, &co.t,
+                                     nullptr, nullptr, nullptr) == NVFP4KV_ERROR_NOT_SUPPORTED,
+            "decode: CUDA tensors in a CPU build: %s", nvfp4kv_last_error());
+    }
+    size_t bytes = 1;
+    CHECK(nvfp4kv_decode_workspace_size(B, static_cast<int32_t>(ql), Hq, dH, dD, 2, &bytes) == NVFP4KV_SUCCESS &&
+              bytes == static_cast<size_t>(4 * B * ql * Hq * 2 * (dD + 2)),
+          "decode workspace: %zu bytes", bytes);  // splits = min(ceil(512 / 4), 64, 2) = 2
+    CHECK(nvfp4kv_decode_workspace_size(512, 1, 8, 1, 128, 100, &bytes) == NVFP4KV_SUCCESS && bytes == 0,
+          "decode workspace of one split: %zu bytes", bytes);
+    CHECK(nvfp4kv_decode_workspace_size(1, 1, 8, 2, 128, 3, nullptr) == NVFP4KV_ERROR_INVALID_VALUE,
+          "decode workspace: NULL bytes");
+    CHECK(nvfp4kv_decode_workspace_size(1, 1, 8, 2, 96, 3, &bytes) == NVFP4KV_ERROR_INVALID_VALUE,
+          "decode workspace: head size 96");
+  }
+
   if (g_failures) {
     fprintf(stderr, "test_capi: %d failures\n", g_failures);
     return 1;

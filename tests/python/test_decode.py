@@ -1,0 +1,444 @@
+"""Decode attention over the NVFP4 pages (nvfp4kv.decode_attention, issue #23), CPU path.
+
+The reference is the issue's definition: attention in float64 (NumPy) over what
+nvfp4kv.dequantize() gives for the cache (float32, the global scales applied), with the query's
+bf16/fp16 values, the soft cap, the window, causal query rows and masked block-table entries.
+The CPU path computes in fp32 and rounds the output to the query's dtype, so it is held to a
+relative L2 error (REL_L2_TOL, over the whole output) and lse to an absolute error (LSE_TOL).
+Rows that see no position must be exactly 0 with lse -inf. Rejected calls must leave out and lse
+bit for bit as they were.
+"""
+import math
+import os
+
+import numpy as np
+import pytest
+from conftest import make_cache, view_combos
+
+torch = pytest.importorskip("torch")
+nvfp4kv = pytest.importorskip("nvfp4kv")
+import nvfp4kv.ops  # noqa: E402,F401  (registers the ops even if torch came after nvfp4kv)
+
+# The tolerances of the CPU path against the float64 reference (stated once).
+REL_L2_TOL = 4e-3  # relative L2 error of out (bf16 rounding alone is ~1.1e-3)
+LSE_TOL = 1e-4     # absolute error of lse
+
+MEASURED = {"rel_l2": 0.0, "lse": 0.0}  # the largest errors seen in this run (for reports)
+
+TORCH_DTYPE = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ------------------------------------------------------------------------------------ helpers
+def fill(cache, rng, k_scale, v_scale, scale_layout, nan_slot=None):
+    """Store random K/V into every slot of the cache (so every byte a read may touch is
+    defined); nan_slot: a slot whose K holds a NaN (its groups' scale byte becomes 0x7F)."""
+    n = cache.N * cache.T
+    k = torch.from_numpy(rng.standard_normal((n, cache.H, cache.D)).astype(np.float32))
+    v = torch.from_numpy(rng.standard_normal((n, cache.H, cache.D)).astype(np.float32))
+    k[:, :, : cache.D // 2] *= 3.0  # uneven magnitudes: group scales differ
+    if nan_slot is not None:
+        k[nan_slot, :, 5] = float("nan")
+    slots = torch.randperm(n, generator=torch.Generator().manual_seed(int(rng.integers(1 << 30))))
+    nvfp4kv.store(k[slots], v[slots], slot_mapping=slots, k_scale=k_scale, v_scale=v_scale,
+                  scale_layout=scale_layout, **cache.kwargs())
+
+
+def reference(q, kd, vd, bt, seq_lens, q_len, sm_scale, cap, window, N, T):
+    """(out, lse) in float64: q [B*q_len, Hq, D] (values), kd/vd (N, T, H, D) dequantize()d."""
+    rows, Hq, _ = q.shape
+    H, Dv = kd.shape[2], vd.shape[3]
+    G = Hq // H
+    bt = np.asarray(bt, np.int64)
+    B, max_blocks = bt.shape
+    out = np.zeros((rows, Hq, Dv))
+    lse = np.full((rows, Hq), -np.inf)
+    for b in range(B):
+        length = int(seq_lens[b])
+        for i in range(q_len):
+            p = length - q_len + i
+            if length <= 0 or p < 0:
+                continue
+            lo = max(0, p - window) if window >= 0 else 0
+            j = np.arange(lo, min(p, max_blocks * T - 1) + 1)
+            pages = bt[b, j // T]
+            keep = (pages >= 0) & (pages < N)
+            j, pages = j[keep], pages[keep]
+            if len(j) == 0:
+                continue
+            K = kd[pages, j % T].astype(np.float64)  # [n, H, D]
+            V = vd[pages, j % T].astype(np.float64)
+            row = b * q_len + i
+            qr = q[row].astype(np.float64).reshape(H, G, -1)
+            with np.errstate(invalid="ignore"):
+                logits = np.einsum("nhd,hgd->hgn", K, qr) * sm_scale
+                if cap > 0:
+                    logits = cap * np.tanh(logits / cap)
+                m = logits.max(axis=-1, keepdims=True)
+                e = np.exp(logits - m)
+                s = e.sum(axis=-1)
+                o = np.einsum("hgn,nhd->hgd", e, V) / s[..., None]
+            out[row] = o.reshape(Hq, Dv)
+            lse[row] = (m[..., 0] + np.log(s)).reshape(Hq)
+    return out, lse
+
+
+def poisoned(shape, dtype, seed):
+    """A tensor of random bits (NaN/Inf patterns included)."""
+    bits = np.random.default_rng(seed).integers(0, 2**16, shape, dtype=np.uint64).astype(np.uint16)
+    if dtype == torch.float32:
+        bits = np.random.default_rng(seed).integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32)
+        return torch.from_numpy(bits.view(np.int32).copy()).view(torch.float32)
+    return torch.from_numpy(bits.view(np.int16).copy()).view(dtype)
+
+
+def bits(x):
+    return x.view(torch.int16 if x.element_size() == 2 else torch.int32).clone()
+
+
+def as_index(x, dtype):
+    return torch.tensor(np.asarray(x), dtype=getattr(torch, dtype))
+
+
+def check(cache, q, bt, seq_lens, q_len=1, k_scale=0.02, v_scale=0.03, scale_layout="vllm", cap=0.0,
+          window=-1, sm_scale=None, seed=0):
+    """decode_attention against the reference; returns (rel L2 error, max |lse error|)."""
+    out = poisoned((q.shape[0], q.shape[1], cache.D), q.dtype, seed)
+    lse = poisoned((q.shape[0], q.shape[1]), torch.float32, seed + 1)
+    got = nvfp4kv.decode_attention(q, cache.kv_cache, bt, seq_lens, k_scale, v_scale,
+                                   value_cache=cache.value_cache, scale_layout=scale_layout, sm_scale=sm_scale,
+                                   logits_soft_cap=cap, window_left=window, q_len=q_len, out=out, lse=lse)
+    assert got is out
+    kd, vd = nvfp4kv.dequantize(cache.kv_cache, k_scale, v_scale, value_cache=cache.value_cache,
+                                scale_layout=scale_layout, dtype="float32")
+    sm = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else sm_scale
+    want, want_lse = reference(q.float().numpy(), kd.numpy(), vd.numpy(), bt.numpy(), seq_lens.numpy(), q_len,
+                               sm, cap, window, cache.N, cache.T)
+    o = out.float().numpy().astype(np.float64)
+    l64 = lse.numpy().astype(np.float64)
+    empty = np.isneginf(want_lse)
+    assert np.array_equal(np.isneginf(l64), empty), "lse -inf exactly for the rows that see no position"
+    assert not o[empty].any(), "rows that see no position are 0"
+    assert np.all(np.isfinite(o)) and np.all(np.isfinite(l64[~empty]))
+    den = np.linalg.norm(want)
+    err = np.linalg.norm(o - want) / den if den > 0 else np.linalg.norm(o)
+    lse_err = np.abs(l64[~empty] - want_lse[~empty]).max() if (~empty).any() else 0.0
+    MEASURED["rel_l2"], MEASURED["lse"] = max(MEASURED["rel_l2"], err), max(MEASURED["lse"], lse_err)
+    assert err <= REL_L2_TOL, f"relative L2 error {err:.3g} > {REL_L2_TOL}"
+    assert lse_err <= LSE_TOL, f"lse error {lse_err:.3g} > {LSE_TOL}"
+    return err, lse_err
+
+
+def setup(N=12, T=16, H=2, D=128, view="5d", layout="HND", scale_layout="vllm", B=3, q_len=1, group=4,
+          dtype="bfloat16", index="int32", seq_lens=None, seed=0, k_scale=0.02, v_scale=0.03):
+    rng = np.random.default_rng(seed)
+    cache = make_cache(N, T, H, D, view=view, layout=layout, backend="torch", seed=seed)
+    fill(cache, rng, k_scale, v_scale, scale_layout)
+    max_blocks = N // B + 2
+    bt = rng.permutation(N)[: B * (max_blocks - 2)].reshape(B, max_blocks - 2)
+    bt = np.concatenate([bt, rng.integers(0, N, (B, 2))], axis=1)  # pages may repeat: allowed
+    if seq_lens is None:
+        seq_lens = rng.integers(q_len, max_blocks * T + 1, B)
+    q = torch.from_numpy(rng.standard_normal((B * q_len, H * group, D)).astype(np.float32) * 2).to(TORCH_DTYPE[dtype])
+    return cache, q, as_index(bt, index), as_index(seq_lens, index)
+
+
+# ------------------------------------------------------------------------------------ accuracy
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("group", [1, 4, 8, 16])
+@pytest.mark.parametrize("q_len", [1, 2, 4, 8])
+def test_head_sizes_groups_q_len(D, group, q_len):
+    k = (D // 64) * 16 + group * 4 + q_len  # the other dimensions vary with the case
+    dtype = ("bfloat16", "float16")[k % 2]
+    index = ("int32", "int64")[(k // 2) % 2]
+    T = (16, 32)[(k // 3) % 2]
+    cache, q, bt, sl = setup(N=8, T=T, H=2 if group < 16 else 1, D=D, B=2, q_len=q_len, group=group, dtype=dtype,
+                             index=index, seed=k)
+    check(cache, q, bt, sl, q_len=q_len, seed=k)
+
+
+@pytest.mark.parametrize("view,layout,scale_layout", view_combos())
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("index", ["int32", "int64"])
+def test_cache_forms(view, layout, scale_layout, dtype, index):
+    cache, q, bt, sl = setup(view=view, layout=layout, scale_layout=scale_layout, dtype=dtype, index=index,
+                             q_len=2, group=4, seed=len(view) + len(layout) + len(dtype))
+    check(cache, q, bt, sl, q_len=2, scale_layout=scale_layout)
+
+
+@pytest.mark.parametrize("T,layout", [(1, "HND"), (3, "NHD"), (3, "HND"), (32, "NHD")])
+def test_block_sizes_linear(T, layout):
+    cache, q, bt, sl = setup(N=24, T=T, layout=layout, scale_layout="linear", q_len=4, group=8, B=3, seed=T)
+    check(cache, q, bt, sl, q_len=4, scale_layout="linear")
+
+
+def test_two_sides_different_head_sizes():
+    """K of head size 128, V of head size 64 (two sides of their own)."""
+    rng = np.random.default_rng(5)
+    N, T, H = 6, 16, 2
+    kc = make_cache(N, T, H, 128, view="sides", backend="torch", seed=1)
+    vc = make_cache(N, T, H, 64, view="sides", backend="torch", seed=2)
+    key_cache, value_cache = kc.kv_cache, vc.value_cache
+    n = N * T
+    k = torch.randn(n, H, 128, generator=torch.Generator().manual_seed(0))
+    v = torch.randn(n, H, 64, generator=torch.Generator().manual_seed(1))
+    nvfp4kv.store(k, v, key_cache, torch.arange(n), 0.02, 0.03, value_cache=value_cache)
+    bt = as_index(rng.permutation(N).reshape(2, 3), "int64")
+    sl = as_index([40, 48], "int64")
+    q = torch.randn(4, 8, 128).to(torch.bfloat16)
+    out = nvfp4kv.decode_attention(q, key_cache, bt, sl, 0.02, 0.03, value_cache=value_cache, q_len=2)
+    assert tuple(out.shape) == (4, 8, 64) and out.dtype == torch.bfloat16
+    kd, vd = nvfp4kv.dequantize(key_cache, 0.02, 0.03, value_cache=value_cache, dtype="float32")
+    want, _ = reference(q.float().numpy(), kd.numpy(), vd.numpy(), bt.numpy(), sl.numpy(), 2, 1 / math.sqrt(128),
+                        0.0, -1, N, T)
+    assert np.linalg.norm(out.float().numpy() - want) / np.linalg.norm(want) <= REL_L2_TOL
+
+
+@pytest.mark.parametrize("q_len", [1, 4, 8])
+def test_short_and_empty_sequences(q_len):
+    """Lengths 0, 1, < q_len (some rows at p < 0 see nothing), q_len, and negative: rows that see
+    no position are 0 with lse -inf."""
+    lens = [0, 1, max(q_len - 1, 1), q_len, -5, 37]
+    cache, q, bt, sl = setup(B=len(lens), N=18, q_len=q_len, group=2, seq_lens=lens, seed=q_len)
+    check(cache, q, bt, sl, q_len=q_len)
+
+
+@pytest.mark.parametrize("index", ["int32", "int64"])
+def test_bad_block_table_entries_are_masked(index):
+    """Entries < 0 or >= N mask their positions (the output equals attention without them), as
+    do positions past the block table's columns (seq_lens beyond max_blocks * T)."""
+    cache, q, bt, sl = setup(N=10, B=3, q_len=2, group=4, index=index, seed=7)
+    big = 2**31 - 1 if index == "int32" else 2**62
+    bt[0, 0], bt[0, 2], bt[1, 1] = -1, cache.N, -(2**31)
+    bt[2] = torch.tensor([big, -7, 10**6, cache.N + 1, 3])  # only block 4 valid
+    sl[1] = bt.shape[1] * cache.T + 100  # past the table
+    check(cache, q, bt, sl, q_len=2)
+    # With a window, sequence 2's rows see its last block only, or nothing.
+    check(cache, q, bt, sl, q_len=2, window=5)
+
+
+@pytest.mark.parametrize("cap,window", [(0.0, 0), (0.0, 1), (0.0, 17), (30.0, -1), (5.0, 40), (0.5, -1)])
+def test_soft_cap_and_window(cap, window):
+    cache, q, bt, sl = setup(N=16, B=2, q_len=4, group=4, seed=int(cap * 10) + window)
+    check(cache, q, bt, sl, q_len=4, cap=cap, window=window)
+    check(cache, q, bt, sl, q_len=4, cap=cap, window=window, sm_scale=0.3, k_scale=0.05, v_scale=0.5)
+
+
+@pytest.mark.parametrize("D,window", [(128, -1), (256, 1000), (64, -1)])
+def test_long_sequences(D, window):
+    """A few thousand tokens per sequence."""
+    T = 32
+    cache, q, bt, sl = setup(N=220, T=T, H=1, D=D, B=2, q_len=2, group=8, seed=D, seq_lens=[3000 + D, 3333])
+    check(cache, q, bt, sl, q_len=2, window=window)
+
+
+def test_nan_groups_reach_only_the_rows_that_see_them():
+    rng = np.random.default_rng(3)
+    N, T, H, D = 4, 16, 1, 64
+    cache = make_cache(N, T, H, D, backend="torch", seed=3)
+    fill(cache, rng, 1.0, 1.0, "vllm", nan_slot=5)  # page 0, position 5
+    bt = as_index([[0, 1]], "int32")
+    q = torch.randn(4, 2, D).to(torch.bfloat16)
+    lse = torch.empty(4, 2)
+    out = nvfp4kv.decode_attention(q, cache.kv_cache, bt, as_index([24], "int32"), q_len=4, window_left=16, lse=lse)
+    # rows at positions 20..23 see [4..7].. [7..23]: position 5 only for rows 0, 1 (p = 20, 21).
+    assert torch.isnan(out[:2].float()).all() and torch.isnan(lse[:2]).all()
+    assert torch.isfinite(out[2:].float()).all() and torch.isfinite(lse[2:]).all()
+
+
+def test_same_bytes_for_every_thread_count():
+    cache, q, bt, sl = setup(N=64, B=8, q_len=2, group=8, seed=11, seq_lens=[200] * 8)
+    outs = []
+    try:
+        for threads in (1, 2, 5):
+            nvfp4kv.set_cpu_threads(threads)
+            lse = torch.empty(q.shape[0], q.shape[1])
+            outs.append((bits(nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, q_len=2, lse=lse)), bits(lse)))
+    finally:
+        env = os.environ.get("NVFP4KV_CPU_THREADS", "")
+        nvfp4kv.set_cpu_threads(int(env) if env.isdigit() and int(env) <= 256 else 0)  # as test_cpu_threads
+    for o, lse in outs[1:]:
+        assert torch.equal(o, outs[0][0]) and torch.equal(lse, outs[0][1])
+
+
+def test_defaults_allocate_out_like_the_query():
+    cache, q, bt, sl = setup(dtype="float16", seed=2)
+    out = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03)
+    assert out.dtype == torch.float16 and tuple(out.shape) == tuple(q.shape)
+    again = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03, sm_scale=1 / math.sqrt(128))
+    assert torch.equal(bits(out), bits(again))
+
+
+# ------------------------------------------------------------------------------------ workspace
+def splits(B, H, max_blocks):  # params.h's decode_splits
+    units = max(B * H, 1)
+    return max(1, min(-(-512 // units), 64, max_blocks))
+
+
+@pytest.mark.parametrize("B,q_len,Hq,H,Dv,mb", [(1, 1, 8, 2, 128, 3), (4, 2, 32, 8, 64, 100), (256, 1, 8, 8, 128, 64),
+                                                (0, 1, 4, 4, 256, 5), (7, 8, 16, 1, 256, 1)])
+def test_workspace_bytes(B, q_len, Hq, H, Dv, mb):
+    s = splits(B, H, mb)
+    want = 4 * B * q_len * Hq * s * (Dv + 2) if s > 1 else 0
+    assert nvfp4kv.decode_workspace_bytes(B, q_len, Hq, H, Dv, mb) == want
+
+
+def test_decode_workspace_allocates():
+    cache, q, bt, sl = setup(seed=1)
+    ws = nvfp4kv.decode_workspace(cache.kv_cache, q, bt)
+    assert ws.dtype == torch.uint8 and ws.device == q.device and not ws.any()
+    assert ws.numel() == nvfp4kv.decode_workspace_bytes(bt.shape[0], 1, q.shape[1], 2, 128, bt.shape[1])
+    assert ws.numel() > 0
+    big = torch.zeros(1024, 1, dtype=torch.int32)  # many sequences: one split, no workspace
+    qbig = torch.zeros(1024, 8, 128)
+    assert nvfp4kv.decode_workspace(cache.kv_cache, qbig, big).numel() == 0
+    # On the CPU the workspace is ignored.
+    out = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03, workspace=ws)
+    assert torch.equal(bits(out), bits(nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03)))
+
+
+@pytest.mark.parametrize("args,arg", [((-1, 1, 8, 2, 128, 3), "num_seqs"), ((1, 0, 8, 2, 128, 3), "q_len"),
+                                      ((1, 9, 8, 2, 128, 3), "q_len"), ((1, 1, 7, 2, 128, 3), "num_qo_heads"),
+                                      ((1, 1, 64, 2, 128, 3), "num_qo_heads"), ((1, 1, 8, 0, 128, 3), "num_kv_heads"),
+                                      ((1, 1, 8, 2, 96, 3), "head_size_v"), ((1, 1, 8, 2, 128, -1), "max_blocks")])
+def test_workspace_bytes_rejects(args, arg):
+    with pytest.raises(ValueError, match=arg):
+        nvfp4kv.decode_workspace_bytes(*args)
+
+
+# ------------------------------------------------------------------------------------ bad input
+def bad_cases():
+    """(name, change, error, match): change(kw) edits the keyword arguments of a valid call."""
+    def q_as(dtype):
+        return lambda kw: kw.update(query=kw["query"].to(dtype))
+
+    def set_(**values):
+        return lambda kw: kw.update(values)
+
+    def small_cache(kw):
+        c = make_cache(12, 16, 2, 32, backend="torch")
+        kw.update(kv_cache=c.kv_cache, query=torch.zeros(3, 8, 32, dtype=torch.bfloat16), scale_layout="linear")
+
+    def v_side_32(kw):
+        c = make_cache(12, 16, 2, 128, view="sides", backend="torch")
+        v = make_cache(12, 16, 2, 32, view="sides", backend="torch")
+        kw.update(kv_cache=c.kv_cache, value_cache=v.value_cache, scale_layout="linear")
+
+    def strided_query(kw):
+        kw.update(query=torch.zeros(3, 8, 256, dtype=torch.bfloat16)[:, :, ::2])
+
+    def out_is_query(kw):
+        kw.update(query=kw["out"])
+
+    return [
+        ("query float32", q_as(torch.float32), TypeError, "query"),
+        ("query head size 32", small_cache, ValueError, "query: head size 32.*64, 128 and 256"),
+        ("V head size 32", v_side_32, ValueError, "value_cache: head size 32.*64, 128 and 256"),
+        ("query head size != cache", set_(query=torch.zeros(3, 8, 64, dtype=torch.bfloat16)), ValueError, "query"),
+        ("query last stride", strided_query, ValueError, "query"),
+        ("query 2-D", set_(query=torch.zeros(3, 8 * 128, dtype=torch.bfloat16)), ValueError, "query"),
+        ("Hq not a multiple", set_(query=torch.zeros(3, 3, 128, dtype=torch.bfloat16)), ValueError, "query"),
+        ("group 32", set_(query=torch.zeros(3, 64, 128, dtype=torch.bfloat16)), ValueError, "query"),
+        ("q_len 0", set_(q_len=0), ValueError, "q_len"),
+        ("q_len 9", set_(q_len=9), ValueError, "q_len"),
+        ("q_len huge", set_(q_len=2**40), ValueError, "q_len"),
+        ("q_len float", set_(q_len=1.0), TypeError, "q_len"),
+        ("rows != B*q_len", set_(q_len=2), ValueError, "query"),
+        ("seq_lens length", set_(seq_lens=torch.zeros(2, dtype=torch.int32)), ValueError, "seq_lens"),
+        ("seq_lens float", set_(seq_lens=torch.zeros(3)), TypeError, "seq_lens"),
+        ("block_table 1-D", set_(block_table=torch.zeros(3, dtype=torch.int32)), ValueError, "block_table"),
+        ("block_table float", set_(block_table=torch.zeros(3, 4)), TypeError, "block_table"),
+        ("out shape", set_(out=torch.zeros(3, 8, 64, dtype=torch.bfloat16)), ValueError, "out"),
+        ("out dtype", set_(out=torch.zeros(3, 8, 128, dtype=torch.float16)), TypeError, "out"),
+        ("out last stride", set_(out=torch.zeros(3, 8, 256, dtype=torch.bfloat16)[:, :, ::2]), ValueError, "out"),
+        ("lse shape", set_(lse=torch.zeros(3, 4)), ValueError, "lse"),
+        ("lse dtype", set_(lse=torch.zeros(3, 8, dtype=torch.bfloat16)), TypeError, "lse"),
+        ("lse expanded", set_(lse=torch.zeros(1, 8).expand(3, 8)), ValueError, "lse"),
+        ("out overlaps query", out_is_query, ValueError, "shares memory"),
+        ("sm_scale 0", set_(sm_scale=0.0), ValueError, "sm_scale"),
+        ("sm_scale -1", set_(sm_scale=-1.0), ValueError, "sm_scale"),
+        ("sm_scale inf", set_(sm_scale=float("inf")), ValueError, "sm_scale"),
+        ("sm_scale nan", set_(sm_scale=float("nan")), ValueError, "sm_scale"),
+        ("sm_scale str", set_(sm_scale="1"), TypeError, "sm_scale"),
+        ("soft cap -1", set_(logits_soft_cap=-1.0), ValueError, "logits_soft_cap"),
+        ("soft cap inf", set_(logits_soft_cap=float("inf")), ValueError, "logits_soft_cap"),
+        ("soft cap nan", set_(logits_soft_cap=float("nan")), ValueError, "logits_soft_cap"),
+        ("window -2", set_(window_left=-2), ValueError, "window_left"),
+        ("k_scale 0", set_(k_scale=0.0), ValueError, "k_scale"),
+        ("v_scale nan", set_(v_scale=float("nan")), ValueError, "v_scale"),
+        ("scale_layout", set_(scale_layout="nope"), ValueError, "scale_layout"),
+        ("kv_cache float", set_(kv_cache=torch.zeros(12, 2, 16, 2, 72)), TypeError, "kv_cache"),
+    ]
+
+
+@pytest.mark.parametrize("name,change,error,match", bad_cases(), ids=[c[0] for c in bad_cases()])
+def test_bad_input_raises_and_writes_nothing(name, change, error, match):
+    cache, q, bt, sl = setup(B=3, q_len=1, group=4, seed=4)
+    out = poisoned((3, 8, 128), torch.bfloat16, 1)
+    lse = poisoned((3, 8), torch.float32, 2)
+    kw = dict(query=q, kv_cache=cache.kv_cache, block_table=bt, seq_lens=sl, k_scale=0.02, v_scale=0.03,
+              out=out, lse=lse)
+    change(kw)
+    outs = [x for x in (kw["out"], kw["lse"]) if x is not None]
+    before = [bits(x) for x in outs]
+    with pytest.raises(error, match=match):
+        nvfp4kv.decode_attention(**kw)
+    for x, b in zip(outs, before):
+        assert torch.equal(bits(x), b), f"{name}: an output was written"
+
+
+def test_vllm_profile_needs_hnd():
+    cache, q, bt, sl = setup(layout="NHD", scale_layout="linear", seed=6)
+    with pytest.raises(ValueError, match="scale_layout"):
+        nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, scale_layout="vllm")
+
+
+# ------------------------------------------------------------------------------------ torch op
+def test_custom_op_equals_api():
+    cache, q, bt, sl = setup(B=3, q_len=2, group=4, seed=9)
+    lse1, lse2 = torch.empty(6, 8), torch.empty(6, 8)
+    want = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03, q_len=2, lse=lse1, logits_soft_cap=20.0,
+                                    window_left=30)
+    out = torch.empty_like(want)
+    torch.ops.nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, torch.tensor(0.02), torch.tensor(0.03), out,
+                                       1 / math.sqrt(128), lse2, None, "vllm", 20.0, 30, 2)
+    assert torch.equal(bits(out), bits(want)) and torch.equal(bits(lse1), bits(lse2))
+
+
+def test_opcheck():
+    from torch.library import opcheck
+
+    cache, q, bt, sl = setup(B=2, q_len=1, group=2, seed=10, N=6)
+    kv = cache.kv_cache.clone()  # a tensor of its own (opcheck clones its arguments)
+    args = (q, kv, bt, sl, torch.tensor(0.02), torch.tensor(0.03), torch.empty(2, 4, 128, dtype=torch.bfloat16),
+            0.1, torch.empty(2, 4))
+    result = opcheck(torch.ops.nvfp4kv.decode_attention.default, args)
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+
+def test_meta_and_fake_tensors_go_through_the_op():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    F = nvfp4kv.nvfp4_kv_cache_full_dim(128)
+    kv = torch.empty(6, 2, 16, 2, F, dtype=torch.uint8, device="meta")
+    q = torch.empty(4, 8, 128, dtype=torch.bfloat16, device="meta")
+    bt = torch.empty(2, 3, dtype=torch.int32, device="meta")
+    sl = torch.empty(2, dtype=torch.int32, device="meta")
+    out = nvfp4kv.decode_attention(q, kv, bt, sl, q_len=2)
+    assert out.device.type == "meta" and tuple(out.shape) == (4, 8, 128)
+    cache, qr, btr, slr = setup(B=2, q_len=2, group=4, seed=12)
+    with FakeTensorMode() as mode:
+        f = [mode.from_tensor(x) for x in (qr, cache.kv_cache, btr, slr)]
+        out = nvfp4kv.decode_attention(*f, 0.02, 0.03, q_len=2, lse=mode.from_tensor(torch.empty(4, 8)))
+        assert tuple(out.shape) == (4, 8, 128)
+
+
+def test_compiled_equals_eager():
+    cache, q, bt, sl = setup(B=2, q_len=2, group=4, seed=13)
+
+    def f(q, kv, bt, sl):
+        return nvfp4kv.decode_attention(q, kv, bt, sl, 0.02, 0.03, q_len=2, window_left=20)
+
+    want = f(q, cache.kv_cache, bt, sl)
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True, backend="eager")(q, cache.kv_cache, bt, sl)
+    assert torch.equal(bits(got), bits(want))
