@@ -168,28 +168,42 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
       p_s[warp][r][lane] = pr;
     }
     __syncwarp();
-    // Output: lane = kE consecutive elements of each of the step's tokens.
+    // Output: lane = kE consecutive elements of each of the step's tokens, kVBatch tokens' loads
+    // in flight at once (one token at a time left every warp waiting on one load's latency).
+    constexpr int kVBatch = 8;
     const int step = static_cast<int>(min64(32, hi - t0));
-    for (int t = 0; t < step; ++t) {
-      const int64_t pg = __shfl_sync(0xffffffffu, page, t);
-      if (pg < 0) continue;  // warp-uniform
-      const uint32_t pt = __shfl_sync(0xffffffffu, pos, t);
-      const uint8_t* side = p.v.base + pg * p.v.page_stride;
-      const uint8_t* codes = side + vat.data(pt) + (lane * kE / 2) % 8;
-      const uint32_t sfb = side[vat.scale(pt, 0)];
-      const float sfq = (sfb & 0x7Fu) == kScaleNaN ? quiet_nan() : e4m3_decode(sfb);
-      float v[kE];
+    for (int t8 = 0; t8 < step; t8 += kVBatch) {
+      uint32_t cw[kVBatch], sb[kVBatch];
 #pragma unroll
-      for (int e = 0; e < kE; e += 2) {
-        const uint32_t byte = codes[e / 2];
-        v[e] = e2m1_decode(byte) * sfq;
-        v[e + 1] = e2m1_decode(byte >> 4) * sfq;
+      for (int u = 0; u < kVBatch; ++u) {
+        const int t = t8 + u;
+        const int64_t pg = __shfl_sync(0xffffffffu, page, t & 31);
+        const uint32_t pt = __shfl_sync(0xffffffffu, pos, t & 31);
+        cw[u] = 0u;
+        sb[u] = 0u;  // a masked token: codes and scale 0, so its values are 0 (and its p is 0)
+        if (t < step && pg >= 0) {
+          const uint8_t* side = p.v.base + pg * p.v.page_stride;
+          const uint8_t* codes = side + vat.data(pt) + (lane * kE / 2) % 8;
+          if constexpr (kE == 2) cw[u] = __ldg(codes);
+          else if constexpr (kE == 4) cw[u] = __ldg(reinterpret_cast<const uint16_t*>(codes));
+          else cw[u] = __ldg(reinterpret_cast<const uint32_t*>(codes));
+          sb[u] = __ldg(side + vat.scale(pt, 0));
+        }
       }
 #pragma unroll
-      for (int r = 0; r < kRowsPerBlock; ++r) {
-        const float pr = p_s[warp][r][t];
+      for (int u = 0; u < kVBatch; ++u) {
+        const int t = t8 + u;
+        if (t >= step) break;  // warp-uniform
+        const float sfq = (sb[u] & 0x7Fu) == kScaleNaN ? quiet_nan() : e4m3_decode(sb[u]);
+        float v[kE];
 #pragma unroll
-        for (int e = 0; e < kE; ++e) acc[r][e] = fmaf(pr, v[e], acc[r][e]);
+        for (int e = 0; e < kE; ++e) v[e] = e2m1_decode(cw[u] >> (4 * e)) * sfq;
+#pragma unroll
+        for (int r = 0; r < kRowsPerBlock; ++r) {
+          const float pr = p_s[warp][r][t];
+#pragma unroll
+          for (int e = 0; e < kE; ++e) acc[r][e] = fmaf(pr, v[e], acc[r][e]);
+        }
       }
     }
     __syncwarp();
