@@ -205,15 +205,20 @@ def store_workspace(kv_cache: Any, value_cache: Any = None) -> Any:
     """
     n, t = _cache_geometry(kv_cache, value_cache)[:2]
     nbytes = store_workspace_bytes(n, t)
-    fw = _framework(kv_cache)
+    return _zeroed_bytes(kv_cache, nbytes)
+
+
+def _zeroed_bytes(like: Any, nbytes: int) -> Any:
+    """A zeroed uint8 array of nbytes in the framework and on the device of `like` (workspaces)."""
+    fw = _framework(like)
     if fw == "torch":
         import torch
 
-        return torch.zeros(nbytes, dtype=torch.uint8, device=kv_cache.device)
+        return torch.zeros(nbytes, dtype=torch.uint8, device=like.device)
     if fw == "cupy":
         import cupy
 
-        with cupy.cuda.Device(kv_cache.device.id):
+        with cupy.cuda.Device(like.device.id):
             return cupy.zeros(nbytes, dtype=cupy.uint8)
     import numpy as np
 
@@ -591,19 +596,7 @@ def decode_workspace(kv_cache: Any, query: Any, block_table: Any, q_len: int = 1
     if len(bshape) != 2:
         raise ValueError(f"block_table: shape {bshape} received; expected (num_seqs, max_blocks_per_seq)")
     nbytes = decode_workspace_bytes(bshape[0], q_len, qshape[1], h, dv, bshape[1])
-    fw = _framework(kv_cache)
-    if fw == "torch":
-        import torch
-
-        return torch.zeros(nbytes, dtype=torch.uint8, device=kv_cache.device)
-    if fw == "cupy":
-        import cupy
-
-        with cupy.cuda.Device(kv_cache.device.id):
-            return cupy.zeros(nbytes, dtype=cupy.uint8)
-    import numpy as np
-
-    return np.zeros(nbytes, dtype=np.uint8)
+    return _zeroed_bytes(kv_cache, nbytes)
 
 
 def _decode_out(query: Any, kv_cache: Any, value_cache: Any, out: Any) -> Any:
