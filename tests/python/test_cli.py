@@ -508,10 +508,68 @@ def test_demo_json_schema(demo_result):
     assert [x["recipe"] for x in r["recipes"]] == ["nvfp4", "nvfp4_4over6"]
     for x in r["recipes"]:
         assert set(x["k"]) == set(x["v"]) == {"rel_l2", "cosine_mean", "cosine_min"}
+        d = x["default_scales"]
+        assert set(d) == {"k", "v"}
+        assert set(d["k"]) == set(d["v"]) == {"rel_l2", "cosine_mean", "cosine_min"}
         s = x["store"]
         assert s["seconds_per_call"] > 0 and s["calls"] >= 3
         assert s["tokens_per_s"] == pytest.approx(256 / s["seconds_per_call"])
         assert s["GBps"] > 0
+
+
+def test_demo_scale_comparison_schema(demo_result):
+    c = demo_result["scale_comparison"]
+    assert c["used"] == "calibrated"
+    assert c["calibrated"] == {"k_scale": demo_result["k_scale"], "v_scale": demo_result["v_scale"]}
+    assert c["default"] == {"k_scale": 1.0, "v_scale": 1.0}
+    # Group amaxes whose E4M3 scale amax/(6 g) is normal for g = 1: 6 * 2^-6 .. 6 * 448.
+    assert c["default_window"] == [0.09375, 2688.0]
+    for side in ("k", "v"):
+        for which in ("calibrated", "default"):
+            g = c["groups"][side][which]
+            assert set(g) == {"subnormal", "zero", "saturated"}
+            assert all(0.0 <= v <= 1.0 for v in g.values()) and sum(g.values()) <= 1.0
+        # amax/448 puts the largest group at scale 448/6: nothing saturates, nothing vanishes.
+        assert c["groups"][side]["calibrated"]["saturated"] == 0.0
+    assert "amax/448" in c["note"] and "1.0" in c["note"]
+
+
+def test_demo_default_scale_errors(demo_result):
+    # This batch's magnitudes (|K| up to ~1e3, |V| up to ~1e2, few groups below 0.09) lie inside
+    # the window where 1.0 keeps full precision, so the default costs little here: the demo
+    # reports it rather than claiming a loss. Both are in the range of the calibrated error.
+    for x in demo_result["recipes"]:
+        for side in ("k", "v"):
+            cal, dft = x[side]["rel_l2"], x["default_scales"][side]["rel_l2"]
+            assert 0.03 < dft < 0.2, (x["recipe"], side, dft)
+            assert dft < 1.5 * cal, (x["recipe"], side, dft, cal)
+
+
+def test_demo_group_stats_and_window_by_hand():
+    import numpy as np
+    from nvfp4kv.cli import demo
+
+    assert demo._full_precision_window(1.0) == (0.09375, 2688.0)
+    assert demo._decode_scale(448.0) == 1.0
+    groups = np.zeros((4, 16), np.float32)
+    groups[0, 3] = 1.0  # amax/6 = 0.167: normal
+    groups[1, 0] = 0.03  # 0.005: subnormal (< 2^-6), not zero (> 2^-10)
+    groups[2, 5] = -0.005  # 0.00083 <= 2^-10: scale byte 0, reads back as zeros
+    groups[3, 9] = 3000.0  # 500 > 448: saturated
+    for torch in (None, pytest.importorskip("torch")):
+        x = groups if torch is None else torch.from_numpy(groups)
+        assert demo._group_stats(x, 1.0, torch) == {
+            "subnormal": 0.25,
+            "zero": 0.25,
+            "saturated": 0.25,
+        }
+        # Calibrated g = 3000/448: the largest group's scale is 448/6, the 1.0 group's 0.025
+        # (normal), the two small groups' scales round to zero.
+        assert demo._group_stats(x, 3000.0 / 448, torch) == {
+            "subnormal": 0.0,
+            "zero": 0.5,
+            "saturated": 0.0,
+        }
 
 
 def test_demo_errors_in_a_sane_range(demo_result):
@@ -532,6 +590,15 @@ def test_demo_numpy_backend_and_table():
     assert "numpy" in out and "float32 input" in out
     for word in ("bf16", "fp8", "nvfp4_4over6", "3.56x", "1.78x", "K rel L2", "GB/s"):
         assert word in out
+    # The calibrated scales next to the engines' default 1.0, and one line on which is used.
+    scales = out[out.index("Global scales") :]
+    lines = scales.splitlines()
+    cal = next(line for line in lines if line.startswith("calibrated amax/448 (used)"))
+    dft = next(line for line in lines if line.startswith("default (no KV scales)"))
+    assert dft.split()[4:6] == ["1.0", "1.0"]
+    assert (len(cal.split()), len(dft.split())) == (3 + 2 + 4, 4 + 2 + 4)  # label, scales, errors
+    assert "used: calibrated, amax/448. Engines use 1.0 when a checkpoint has no KV scales" in out
+    assert "[0.0938, 2688]" in out and "groups of this batch outside it: K " in out
     accuracy = out[out.index("Accuracy") :]
     row = next(line for line in accuracy.splitlines() if line.startswith("nvfp4 "))
     rel_k = float(row.split()[1])

@@ -121,6 +121,48 @@ def _error_stats(x, y, torch) -> dict[str, float]:
     return {"rel_l2": rel, "cosine_mean": float(cos.mean()), "cosine_min": float(cos.min())}
 
 
+# E4M3 limits that decide what a global scale does to a group of 16 (docs/FORMAT.md §1, §2): the
+# group's scale amax/(6 g) keeps full precision from 2^-6 (smallest normal) to 448, has fewer bits
+# below 2^-6, rounds to 0 at 2^-10 or less (the group reads back as zeros) and saturates above 448.
+_E4M3_MAX = 448.0
+_E4M3_MIN_NORMAL = 2.0**-6
+_E4M3_ZERO = 2.0**-10
+_DEFAULT_SCALE = 1.0  # what vLLM uses when a checkpoint has no k_scale / v_scale
+
+
+def _decode_scale(amax: float) -> float:
+    """The calibrated decode scale amax / 448 (nvfp4kv.scales.decode_scale with margin 1)."""
+    return amax / _E4M3_MAX
+
+
+def _full_precision_window(g: float) -> tuple[float, float]:
+    """(lo, hi): group amaxes whose E4M3 scale amax/(6 g) is a normal number, for global scale g."""
+    return 6.0 * g * _E4M3_MIN_NORMAL, 6.0 * g * _E4M3_MAX
+
+
+def _group_stats(x, g: float, torch) -> dict[str, float]:
+    """Fractions of the 16-element groups of x whose E4M3 scale amax/(6 g) is subnormal (fewer
+    significant bits), rounds to zero (the group reads back as zeros) or saturates at 448."""
+    if torch is not None:
+        sf = x.abs().reshape(-1, 16).amax(-1).double() / (6.0 * g)
+
+        def frac(mask):
+            return mask.double().mean().item()
+    else:
+        import numpy as np
+
+        sf = np.abs(x).reshape(-1, 16).max(-1).astype(np.float64) / (6.0 * g)
+
+        def frac(mask):
+            return float(mask.mean())
+
+    return {
+        "subnormal": frac((sf < _E4M3_MIN_NORMAL) & (sf > _E4M3_ZERO)),
+        "zero": frac(sf <= _E4M3_ZERO),
+        "saturated": frac(sf > _E4M3_MAX),
+    }
+
+
 def _time_store(fn, sync, min_seconds: float, max_calls: int = 1000) -> tuple[float, int]:
     """Seconds per call of fn (already warmed up), over at least min_seconds or max_calls."""
     calls, start = 0, time.perf_counter()
@@ -181,16 +223,16 @@ def run_demo(
         value = torch.from_numpy(value_np).to(device=device, dtype=torch.bfloat16)
         slots = torch.from_numpy(slots_np).to(device)
         key_ref, value_ref = key.float(), value.float()  # what the library is given
-        k_scale = key_ref.abs().max().item() / 448.0
-        v_scale = value_ref.abs().max().item() / 448.0
+        k_scale = _decode_scale(key_ref.abs().max().item())
+        v_scale = _decode_scale(value_ref.abs().max().item())
         sync = torch.cuda.synchronize if device == "cuda" else None
         in_dtype, elem = "bfloat16", 2
         page_idx, pos_idx = slots // T, slots % T
     else:
         key, value, slots = key_np, value_np, slots_np
         key_ref, value_ref = key_np, value_np
-        k_scale = float(np.abs(key_np).max()) / 448.0
-        v_scale = float(np.abs(value_np).max()) / 448.0
+        k_scale = _decode_scale(float(np.abs(key_np).max()))
+        v_scale = _decode_scale(float(np.abs(value_np).max()))
         sync = None
         in_dtype, elem = "float32", 4
         page_idx, pos_idx = slots_np // T, slots_np % T
@@ -214,6 +256,14 @@ def run_demo(
         k_out, v_out = nvfp4kv.dequantize(cache, k_scale, v_scale)
         k_err = _error_stats(key_ref, k_out[page_idx, pos_idx], torch)
         v_err = _error_stats(value_ref, v_out[page_idx, pos_idx], torch)
+        # The same batch with the engines' fallback k_scale = v_scale = 1.0 (same cache, no timing).
+        progress(f"{recipe}: store and compare with k_scale = v_scale = {_DEFAULT_SCALE:.1f} ...")
+        d = _DEFAULT_SCALE
+        nvfp4kv.store(key, value, cache, slots, d, d, recipe=recipe)
+        k_out, v_out = nvfp4kv.dequantize(cache, d, d)
+        k_err_default = _error_stats(key_ref, k_out[page_idx, pos_idx], torch)
+        v_err_default = _error_stats(value_ref, v_out[page_idx, pos_idx], torch)
+        del k_out, v_out
         # Bytes moved per token under the benchmark's model: read K and V, write the NVFP4 rows
         # of both sides (KVCacheSpec.bytes_per_token), read the int64 slot.
         moved = n * (2 * H * D * elem + spec.bytes_per_token + 8)
@@ -222,6 +272,7 @@ def run_demo(
                 "recipe": recipe,
                 "k": k_err,
                 "v": v_err,
+                "default_scales": {"k": k_err_default, "v": v_err_default},
                 "store": {
                     "seconds_per_call": seconds,
                     "calls": calls,
@@ -232,6 +283,26 @@ def run_demo(
             }
         )
     progress.done()
+
+    lo, hi = _full_precision_window(_DEFAULT_SCALE)
+    scale_comparison = {
+        "used": "calibrated",
+        "calibrated": {"k_scale": k_scale, "v_scale": v_scale},
+        "default": {"k_scale": _DEFAULT_SCALE, "v_scale": _DEFAULT_SCALE},
+        "default_window": [lo, hi],
+        "groups": {
+            side: {
+                "calibrated": _group_stats(x, g, torch),
+                "default": _group_stats(x, _DEFAULT_SCALE, torch),
+            }
+            for side, x, g in (("k", key_ref, k_scale), ("v", value_ref, v_scale))
+        },
+        "note": (
+            f"the store uses the calibrated decode scales amax/448; engines fall back to "
+            f"{_DEFAULT_SCALE:.1f} without checkpoint KV scales, which keeps full precision only "
+            f"for groups whose amax lies in [{lo:.4g}, {hi:.4g}]"
+        ),
+    }
 
     return {
         "command": "demo",
@@ -253,6 +324,7 @@ def run_demo(
         "v_scale": v_scale,
         "formats": _strip_private(sizes),
         "recipes": recipes,
+        "scale_comparison": scale_comparison,
     }
 
 
@@ -322,6 +394,35 @@ def _print_demo(r: dict[str, Any]):
         )
     )
     print()
+    c = r["scale_comparison"]
+    lo, hi = c["default_window"]
+    cal, dft = c["calibrated"], c["default"]
+    print("Global scales, rel L2 of K and V per recipe (the table above uses the calibrated ones):")
+    names = [x["recipe"] for x in r["recipes"]]
+    header = ["scales", "k_scale", "v_scale"]
+    for name in names:
+        header += [f"{name} K", f"{name} V"]
+    row_cal = ["calibrated amax/448 (used)", f"{cal['k_scale']:.6g}", f"{cal['v_scale']:.6g}"]
+    row_dft = ["default (no KV scales)", f"{dft['k_scale']:.1f}", f"{dft['v_scale']:.1f}"]
+    for x in r["recipes"]:
+        row_cal += [f"{x['k']['rel_l2']:.4f}", f"{x['v']['rel_l2']:.4f}"]
+        row_dft += [
+            f"{x['default_scales']['k']['rel_l2']:.4f}",
+            f"{x['default_scales']['v']['rel_l2']:.4f}",
+        ]
+    print(_table(header, [row_cal, row_dft]))
+    print(
+        f"used: calibrated, amax/448. Engines use {dft['k_scale']:.1f} when a checkpoint has no KV "
+        f"scales: full precision only for group amax in [{lo:.3g}, {hi:.4g}]"
+    )
+
+    def outside(side):
+        s = c["groups"][side]["default"]
+        below = 100 * (s["subnormal"] + s["zero"])
+        return f"{below:.2f} % below, {100 * s['saturated']:.2f} % above"
+
+    print(f"groups of this batch outside it: K {outside('k')}; V {outside('v')}")
+    print()
     print(
         "rel L2 = ||x_hat - x|| / ||x|| over the batch; cosine = mean over (token, head) vectors;"
     )
@@ -353,7 +454,8 @@ def add_parser(sub, common) -> None:
         description="Quantize a heavy-tailed K/V batch with Llama-3.1-8B geometry "
         "(8 KV heads, head size 128, block size 16) into a paged NVFP4 cache at "
         "random slots, read it back, and report cache sizes (bf16, fp8, nvfp4), "
-        "errors of both recipes and store throughput.",
+        "errors of both recipes (with the calibrated decode scales amax/448 and with the "
+        "engines' default 1.0) and store throughput.",
     )
     p.add_argument(
         "--tokens",
