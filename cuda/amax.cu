@@ -102,7 +102,10 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const __grid_constant__ 
         v[k] = u < L.units ? __ldg(reinterpret_cast<const uint4*>(address(u))) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
-      for (int k = 0; k < kUnroll; ++k) m = fold<k16>(fold<k16>(fold<k16>(fold<k16>(m, v[k].x), v[k].y), v[k].z), v[k].w);
+      for (int k = 0; k < kUnroll; ++k) {
+        m = fold<k16>(fold<k16>(m, v[k].x), v[k].y);
+        m = fold<k16>(fold<k16>(m, v[k].z), v[k].w);
+      }
     }
   }
   if constexpr (kMode == Mode::kFlat) {  // the unaligned ends: fewer than one vector each

@@ -23,7 +23,8 @@ uint32_t load_abs(const uint8_t* p) {
 template <class Word>
 uint32_t scan(const AmaxParams& p, int64_t lo, int64_t hi) {
   const int last = p.ndim - 1;
-  const int64_t inner = p.shape[last], step = p.stride[last] * static_cast<int64_t>(sizeof(Word));
+  constexpr int64_t kSize = static_cast<int64_t>(sizeof(Word));
+  const int64_t inner = p.shape[last], step = p.stride[last] * kSize;
   int64_t idx[8] = {};
   int64_t rest = lo;
   for (int d = last; d >= 0; --d) {
@@ -34,10 +35,10 @@ uint32_t scan(const AmaxParams& p, int64_t lo, int64_t hi) {
   for (int64_t i = lo; i < hi;) {
     int64_t off = 0;
     for (int d = 0; d < last; ++d) off += idx[d] * p.stride[d];
-    const uint8_t* row = static_cast<const uint8_t*>(p.x) + (off + idx[last] * p.stride[last]) * static_cast<int64_t>(sizeof(Word));
+    const uint8_t* row = static_cast<const uint8_t*>(p.x) + (off + idx[last] * p.stride[last]) * kSize;
     const int64_t run = std::min(hi - i, inner - idx[last]);
-    if (step == static_cast<int64_t>(sizeof(Word))) {
-      for (int64_t j = 0; j < run; ++j) m = std::max(m, load_abs<Word>(row + j * static_cast<int64_t>(sizeof(Word))));
+    if (step == kSize) {  // contiguous: a loop the compiler vectorizes
+      for (int64_t j = 0; j < run; ++j) m = std::max(m, load_abs<Word>(row + j * kSize));
     } else {
       for (int64_t j = 0; j < run; ++j) m = std::max(m, load_abs<Word>(row + j * step));
     }
