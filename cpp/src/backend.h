@@ -14,6 +14,7 @@ void cpu_store(const StoreParams& p);
 void cpu_dequantize(const DequantParams& p);
 void cpu_gather(const GatherParams& p);
 void cpu_decode(const DecodeParams& p);
+void cpu_amax(const AmaxParams& p);  // cpu/amax.cpp
 // Most threads a CPU call uses (1 to kMaxCpuThreads; 0: one per usable CPU, at most 16):
 // nvfp4kv_set_cpu_threads.
 constexpr int kMaxCpuThreads = 256;
@@ -28,6 +29,9 @@ int cuda_store(const StoreParams& p, int device, void* stream, const char** mess
 int cuda_dequantize(const DequantParams& p, int device, void* stream, const char** message);
 int cuda_gather(const GatherParams& p, int device, void* stream, const char** message);
 int cuda_decode(const DecodeParams& p, int device, void* stream, const char** message);
+// cuda/amax.cu: no host synchronization; with accumulate 0, a one-thread kernel writes 0 first, so
+// a captured graph resets the result at every replay.
+int cuda_amax(const AmaxParams& p, int device, void* stream, const char** message);
 // The test switches of testing.h, as the CUDA backend keeps them.
 void cuda_set_store_order(nvfp4kv_testing_store_order order);
 void cuda_set_gather_kernel(nvfp4kv_testing_gather_kernel kernel);

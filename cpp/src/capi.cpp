@@ -5,6 +5,7 @@
 #include <exception>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "backend.h"
 #include "cache.h"
@@ -325,6 +326,94 @@ void gather(const DLTensor* kv_cache, const DLTensor* value_cache, const DLTenso
   p.layout = c.layout;
 
   run(c, p, cpu_gather, CUDA_OR_NULL(cuda_gather), stream);
+}
+
+// ---- amax (nvfp4kv_amax) ------------------------------------------------------------------------
+
+// x's elements as AmaxParams describes them: size-1 and broadcast dimensions dropped, negative
+// strides flipped (the base moved to the lowest element), dimensions sorted by stride and merged
+// where contiguous. The maximum visits the same elements, once each, in another order.
+void collapse_amax(const Tensor& x, AmaxParams& p) {
+  p.ndim = 0;
+  p.numel = 0;
+  p.x = x.ptr();
+  if (x.numel() == 0) return;
+  const int64_t esize = dtype_bytes(p.dtype);
+  int64_t shape[8], stride[8];
+  int n = 0;
+  const uint8_t* base = x.ptr();
+  for (int d = 0; d < x.ndim(); ++d) {
+    int64_t e = x.size(d), s = x.stride(d);
+    if (e == 1 || s == 0) continue;
+    if (s < 0) {
+      base += (e - 1) * s * esize;
+      s = -s;
+    }
+    shape[n] = e;
+    stride[n] = s;
+    ++n;
+  }
+  for (int i = 1; i < n; ++i)  // insertion sort, largest stride first
+    for (int j = i; j > 0 && stride[j] > stride[j - 1]; --j) {
+      std::swap(stride[j], stride[j - 1]);
+      std::swap(shape[j], shape[j - 1]);
+    }
+  p.x = base;
+  p.ndim = 0;
+  p.numel = 1;
+  for (int i = 0; i < n; ++i) {
+    if (p.ndim > 0 && p.stride[p.ndim - 1] == stride[i] * shape[i]) {
+      p.shape[p.ndim - 1] *= shape[i];
+      p.stride[p.ndim - 1] = stride[i];
+    } else {
+      p.shape[p.ndim] = shape[i];
+      p.stride[p.ndim] = stride[i];
+      ++p.ndim;
+    }
+    p.numel *= shape[i];
+  }
+  if (p.ndim == 0) {  // one element
+    p.ndim = 1;
+    p.shape[0] = 1;
+    p.stride[0] = 1;
+  }
+}
+
+void amax(const DLTensor* x_t, DLTensor* amax_t, int accumulate, void* stream) {
+  const Tensor x(x_t, "x"), out(amax_t, "amax");
+  AmaxParams p{};
+  p.dtype = float_dtype(x);
+  if (!is_dtype(out.t->dtype, kDLFloat, 32))
+    fail(NVFP4KV_ERROR_INVALID_DTYPE, "amax: dtype %s received; expected a 1-element float32 tensor",
+         dtype_name(out.t->dtype).c_str());
+  if (out.numel() != 1)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "amax: shape %s received; expected exactly one element",
+         out.shape_str().c_str());
+  expect_same_device(out, x);
+  if (accumulate != 0 && accumulate != 1)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "accumulate: %d received; expected 0 (overwrite) or 1 (max with the existing value)",
+         accumulate);
+  if (reinterpret_cast<uintptr_t>(out.ptr()) % 4 != 0)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "amax: address not a multiple of 4 bytes");
+  if (x.numel() > 0 && reinterpret_cast<uintptr_t>(x.ptr()) % dtype_bytes(p.dtype) != 0)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "x: address not a multiple of its element size (%d bytes)",
+         dtype_bytes(p.dtype));
+  check_apart({&out}, {&x});
+  collapse_amax(x, p);
+  p.amax = reinterpret_cast<int32_t*>(out.ptr());
+  p.accumulate = accumulate;
+  if (where(x.device(), "x") == Where::kCpu) {
+    cpu_amax(p);
+    return;
+  }
+#if defined(NVFP4KV_WITH_CUDA)
+  const char* msg = nullptr;
+  const int err = cuda_amax(p, x.device().device_id, stream, &msg);
+  if (err)
+    fail(msg ? NVFP4KV_ERROR_NOT_SUPPORTED : NVFP4KV_ERROR_CUDA, "%s", msg ? msg : cuda_error_string(err));
+#else
+  (void)stream;
+#endif
 }
 
 // ---- Decode attention (nvfp4kv_decode_attention) ------------------------------------------------
@@ -729,6 +818,10 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_decode_attention(const DLTensor* query, const
     nvfp4kv::decode(query, kv_cache, value_cache, block_table, seq_lens, k_scale, v_scale, profile, q_len,
                     sm_scale, logits_soft_cap, window_left, out, lse, workspace, stream);
   });
+}
+
+NVFP4KV_API nvfp4kv_status nvfp4kv_amax(const DLTensor* x, DLTensor* amax, int accumulate, void* stream) {
+  return guarded("nvfp4kv_amax", [&] { nvfp4kv::amax(x, amax, accumulate, stream); });
 }
 
 NVFP4KV_API nvfp4kv_status nvfp4kv_decode_workspace_size(int64_t num_seqs, int32_t q_len,

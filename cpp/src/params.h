@@ -186,4 +186,39 @@ NVFP4KV_HD IndexVec block_table_row(const Params& p, int64_t b) {
   return IndexVec{row, p.bt_stride[1], p.bt_int64};
 }
 
+// ---- amax (nvfp4kv_amax) -------------------------------------------------------------------------
+// max(|x|) over a float tensor, exact. The C ABI hands the backends x with its dimensions
+// reordered and merged (a maximum does not depend on the order it visits elements): extents >= 2,
+// strides > 0 and decreasing, dimensions that were contiguous merged into one, broadcast
+// (stride 0) and size-1 dimensions dropped, negative strides flipped. A 1-element tensor is
+// (1,) with stride 1; ndim 0 means no element.
+struct AmaxParams {
+  const void* x;        // the element of lowest address
+  int64_t shape[8];     // the fastest dimension last
+  int64_t stride[8];    // elements
+  int32_t ndim;
+  int64_t numel;        // elements read: the product of shape
+  DType dtype;
+  int32_t* amax;        // the float32 result, as its bits (the CUDA path updates it with atomicMax)
+  int32_t accumulate;   // 1: max(existing, max|x|); 0: max|x| (0 for no element)
+};
+
+// The maximum of |x| is taken on the elements' bits: |x| of an IEEE float is its bits with the
+// sign cleared, and non-negative floats, NaNs included (above +inf), order like those bits as
+// unsigned integers. So both backends keep the largest `bits & 0x7FFFFFFF` (float32) or
+// `bits & 0x7FFF` (float16, bfloat16), the same whatever the order, and convert it once:
+// amax_bits gives the float32 result's bits, every NaN as the one quiet NaN 0x7FC00000.
+NVFP4KV_HD int32_t amax_bits(uint32_t raw_max, DType dtype) {
+  const float f = dtype == DType::kFloat32    ? bits_float(raw_max)
+                  : dtype == DType::kBFloat16 ? bits_float(raw_max << 16)
+                                              : f16_to_float(static_cast<uint16_t>(raw_max));
+  const uint32_t b = float_bits(f);
+  return static_cast<int32_t>(b > 0x7F800000u ? 0x7FC00000u : b);
+}
+
+// The result of an accumulating update: the larger as int32 bits (the float order for
+// non-negative values, NaN 0x7FC00000 above +inf; a stored negative value or negative NaN counts
+// as below every |x|). Also what the CUDA path's atomicMax computes.
+NVFP4KV_HD int32_t amax_combine(int32_t existing, int32_t update) { return existing > update ? existing : update; }
+
 }  // namespace nvfp4kv

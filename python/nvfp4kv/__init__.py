@@ -11,6 +11,8 @@ from .api import (build_info, cpu_threads, decode_attention, decode_workspace, d
                   gather_dequant, prepare_store, reshape_and_cache_flash, set_cpu_threads, store, store_workspace,
                   store_workspace_bytes)
 from .paths import cmake_dir, get_include, get_library_dir
+from .scales import (ScaleTracker, amax, decode_from_encode, decode_from_x6, decode_scale, encode_from_decode,
+                     x6_from_decode)
 from .spec import (
     MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP,
     STR_DTYPE_TO_TORCH_DTYPE,
@@ -47,6 +49,13 @@ __all__ = [
     "set_cpu_threads",
     "cpu_threads",
     "reshape_and_cache_flash",
+    "amax",
+    "ScaleTracker",
+    "decode_scale",
+    "x6_from_decode",
+    "decode_from_x6",
+    "encode_from_decode",
+    "decode_from_encode",
     "KVCacheSpec",
     "KVQuantMode",
     "MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP",

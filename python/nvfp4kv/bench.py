@@ -367,6 +367,96 @@ def format_table(result: Dict) -> str:
     return "\n".join(lines)
 
 
+
+# ---- amax (nvfp4kv.amax, ScaleTracker.update) -----------------------------------------------------
+
+AMAX_ELEMENTS = (1 << 12, 1 << 16, 1 << 20, 1 << 24, 1 << 28)
+
+
+def bench_amax_case(torch, nvfp4kv, numel: int, dtype: str = "bfloat16", layout: str = "contiguous",
+                    accumulate: bool = True, quick: bool = False) -> Dict:
+    """One amax case: ``numel`` elements of ``dtype`` read once (the byte model: numel * elem bytes).
+
+    layout "contiguous": a flat tensor; "rows": the K part of a fused QKV projection,
+    ``qkv[:, :H*D]`` of rows of 3*H*D (a strided view with contiguous rows of 1024 elements);
+    "misaligned": a flat view starting 2 elements past a 16-byte boundary (scalar ends, vector
+    body). Returns us (back to back), gpu_us (host ahead) and the bytes read.
+    """
+    tdtype = getattr(torch, dtype)
+    elem = torch.empty(0, dtype=tdtype).element_size()
+    if layout == "rows":
+        inner = 1024
+        rows = max(1, numel // inner)
+        x = torch.randn(rows, 3 * inner, dtype=tdtype, device="cuda")[:, :inner]
+    elif layout == "misaligned":
+        x = torch.randn(numel + 2, dtype=tdtype, device="cuda")[2:]
+    else:
+        x = torch.randn(numel, dtype=tdtype, device="cuda")
+    out = torch.zeros(1, dtype=torch.float32, device="cuda")
+    acc = 1 if accumulate else 0
+    stream = torch.cuda.current_stream().cuda_stream
+    call = lambda: nvfp4kv._C.amax(x, out, acc, stream)  # noqa: E731
+    call()
+    torch.cuda.synchronize()
+    want = x.abs().max().float()
+    if not torch.equal(out[0], want):
+        raise RuntimeError(f"nvfp4kv bench: amax {out.item()} != torch's {want.item()} ({dtype}, {layout})")
+    nbytes = x.numel() * elem
+    us, launch_us, gpu_us = _time_case(torch, call, nbytes, quick)
+    return {"numel": x.numel(), "dtype": dtype, "layout": layout, "accumulate": accumulate, "bytes": nbytes,
+            "us": us, "launch_us": launch_us, "gpu_us": gpu_us}
+
+
+def bench_amax(quick: bool = False, json_path: Optional[str] = None, progress: bool = True) -> Dict:
+    """The amax kernel's throughput: GB/s read, against the device-to-device copy ceiling
+    (measure_ceilings: bytes read + written per second) and against a copy of the same bytes
+    (copy_gpu_us of 2 * bytes: as many bytes read as the amax reads). Needs torch with CUDA."""
+    torch = _torch()
+    import nvfp4kv
+
+    cases: List[Dict] = []
+    sizes = (1 << 16, 1 << 24, 1 << 28) if quick else AMAX_ELEMENTS
+    for numel in sizes:
+        for dtype in ("bfloat16", "float32"):
+            cases.append(dict(numel=numel, dtype=dtype))
+    for numel in ((1 << 24,) if quick else (1 << 20, 1 << 24)):
+        cases += [dict(numel=numel, layout="rows"), dict(numel=numel, layout="misaligned"),
+                  dict(numel=numel, accumulate=False)]
+    ceil = measure_ceilings(torch, quick=quick)
+    rows = []
+    for i, case in enumerate(cases):
+        if progress:
+            print(f"\r[amax {i + 1}/{len(cases)}] {case}" + " " * 20, end="", file=sys.stderr, flush=True)
+        row = bench_amax_case(torch, nvfp4kv, quick=quick, **case)
+        torch.cuda.empty_cache()
+        row["copy_gpu_us"] = copy_gpu_us(torch, 2 * row["bytes"], quick=quick)
+        for key, t in (("", row["us"]), ("_gpu", row["gpu_us"])):
+            row["GBps" + key] = row["bytes"] / (t * 1e-6) / 1e9
+            row["frac_copy" + key] = row["GBps" + key] / ceil["copy_GBps"]
+        row["frac_size_copy"] = row["copy_gpu_us"] / row["gpu_us"]
+        rows.append(row)
+    if progress:
+        print(file=sys.stderr)
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "nvfp4kv": nvfp4kv.__version__,
+              "ceilings": ceil, "amax": rows}
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+def format_amax_table(result: Dict) -> str:
+    ceil = result["ceilings"]
+    lines = [f"amax on {result['gpu']} (copy ceiling {ceil['copy_GBps']:.0f} GB/s read + written)",
+             f"{'elements':>10} {'dtype':>8} {'layout':>10} {'acc':>3} {'us':>9} {'gpu us':>9} {'GB/s':>7} "
+             f"{'%copy':>6} {'%sized':>6}"]
+    for r in result["amax"]:
+        lines.append(f"{r['numel']:>10} {r['dtype']:>8} {r['layout']:>10} {int(r['accumulate']):>3} {r['us']:>9.2f} "
+                     f"{r['gpu_us']:>9.2f} {r['GBps_gpu']:>7.0f} {_pct(r, 'frac_copy_gpu'):>6} "
+                     f"{_pct(r, 'frac_size_copy'):>6}")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="nvfp4kv bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repeats")

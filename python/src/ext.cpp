@@ -598,6 +598,21 @@ void decode_attention(nb::handle query, nb::handle kv_cache, nb::handle value_ca
   raise_for(st);
 }
 
+// nvfp4kv_amax: x read, out (a 1-element float32 tensor) written; the stream as for the other
+// calls, from x (torch's current stream of its device when stream is None).
+void amax(nb::handle x, nb::handle out, int accumulate, nb::handle stream) {
+  Arg a, o;
+  import_array(a, x, "x", false);
+  import_array(o, out, "amax", true);
+  const uintptr_t st_handle = stream_handle(stream, x, a);
+  nvfp4kv_status st;
+  {
+    nb::gil_scoped_release release;
+    st = nvfp4kv_amax(a.get(), o.get_mut(), accumulate, reinterpret_cast<void*>(st_handle));
+  }
+  raise_for(st);
+}
+
 nb::dict cuda_info() {
   nb::dict d;
   const char* reason = nullptr;
@@ -672,6 +687,7 @@ NB_MODULE(_C, m) {
         },
         nb::arg("num_seqs"), nb::arg("q_len"), nb::arg("num_qo_heads"), nb::arg("num_kv_heads"),
         nb::arg("head_size_v"), nb::arg("max_blocks_per_seq"));
+  m.def("amax", &amax, nb::arg("x"), nb::arg("out"), nb::arg("accumulate"), nb::arg("stream").none() = nb::none());
   m.def("cuda_info", &cuda_info);
   m.def("set_cpu_threads", [](int threads) { raise_for(nvfp4kv_set_cpu_threads(threads)); }, nb::arg("threads"));
   m.def("cpu_threads", [] { return nvfp4kv_cpu_threads(); });

@@ -297,6 +297,58 @@ int main() {
           "decode workspace: head size 96");
   }
 
+  // amax: max |x| over any strides, NaN sticky, accumulate, empty inputs, rejected arguments.
+  {
+    std::vector<float> xs = {0.5f, -3.0f, 2.0f, 7.0f, -1.0f, 0.25f};  // (2, 3)
+    float a = -1.0f;
+    View xv(xs.data(), kF32, {2, 3}), av(&a, kF32, {1});
+    CHECK(nvfp4kv_amax(&xv.t, &av.t, 0, nullptr) == NVFP4KV_SUCCESS && a == 7.0f, "amax %g: %s", a, nvfp4kv_last_error());
+    // Column 1 only, through strides (3,) with shape (2,): |-3|, |-1|.
+    int64_t col_stride[1] = {3};
+    View cv(xs.data() + 1, kF32, {2});
+    cv.t.strides = col_stride;
+    CHECK(nvfp4kv_amax(&cv.t, &av.t, 0, nullptr) == NVFP4KV_SUCCESS && a == 3.0f, "column amax %g", a);
+    CHECK(nvfp4kv_amax(&xv.t, &av.t, 1, nullptr) == NVFP4KV_SUCCESS && a == 7.0f, "accumulated amax %g", a);
+    a = 9.0f;
+    CHECK(nvfp4kv_amax(&xv.t, &av.t, 1, nullptr) == NVFP4KV_SUCCESS && a == 9.0f, "accumulate keeps %g", a);
+    View ev(xs.data(), kF32, {0, 3});
+    CHECK(nvfp4kv_amax(&ev.t, &av.t, 1, nullptr) == NVFP4KV_SUCCESS && a == 9.0f, "empty, accumulate: %g", a);
+    CHECK(nvfp4kv_amax(&ev.t, &av.t, 0, nullptr) == NVFP4KV_SUCCESS && a == 0.0f, "empty: %g", a);
+    xs[4] = NAN;
+    uint32_t bits = 0;
+    CHECK(nvfp4kv_amax(&xv.t, &av.t, 0, nullptr) == NVFP4KV_SUCCESS && (memcpy(&bits, &a, 4), bits == 0x7FC00000u),
+          "NaN amax bits %08x", bits);
+    xs[4] = -1.0f;
+    CHECK(nvfp4kv_amax(&xv.t, &av.t, 1, nullptr) == NVFP4KV_SUCCESS && isnan(a), "NaN is sticky: %g", a);
+    // float16 input: 0x4A00 = 12, 0xFC00 = -inf.
+    std::vector<uint16_t> hs = {0x3C00, 0xCA00, 0x0001};
+    View hv(hs.data(), DLDataType{kDLFloat, 16, 1}, {3});
+    CHECK(nvfp4kv_amax(&hv.t, &av.t, 0, nullptr) == NVFP4KV_SUCCESS && a == 12.0f, "f16 amax %g", a);
+    hs[2] = 0xFC00;
+    CHECK(nvfp4kv_amax(&hv.t, &av.t, 0, nullptr) == NVFP4KV_SUCCESS && isinf(a) && a > 0, "f16 inf amax %g", a);
+    // Rejected: names the argument.
+    View a64(xs.data(), kF64, {1});
+    CHECK(nvfp4kv_amax(&xv.t, &a64.t, 0, nullptr) == NVFP4KV_ERROR_INVALID_DTYPE && strstr(nvfp4kv_last_error(), "amax"),
+          "%s", nvfp4kv_last_error());
+    View a2(xs.data(), kF32, {2});
+    CHECK(nvfp4kv_amax(&xv.t, &a2.t, 0, nullptr) == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "amax"),
+          "%s", nvfp4kv_last_error());
+    View xi(slots.data(), kI64, {3});
+    CHECK(nvfp4kv_amax(&xi.t, &av.t, 0, nullptr) == NVFP4KV_ERROR_INVALID_DTYPE && strstr(nvfp4kv_last_error(), "x:"),
+          "%s", nvfp4kv_last_error());
+    CHECK(nvfp4kv_amax(&xv.t, &av.t, 2, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
+              strstr(nvfp4kv_last_error(), "accumulate"), "%s", nvfp4kv_last_error());
+    View inside(xs.data() + 2, kF32, {1});
+    CHECK(nvfp4kv_amax(&xv.t, &inside.t, 0, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
+              strstr(nvfp4kv_last_error(), "shares memory"), "%s", nvfp4kv_last_error());
+    CHECK(nvfp4kv_amax(nullptr, &av.t, 0, nullptr) == NVFP4KV_ERROR_INVALID_VALUE, "NULL x");
+    if (!nvfp4kv_cuda_built()) {
+      View gx = xv, ga = av;
+      gx.t.device = ga.t.device = DLDevice{kDLCUDA, 0};
+      CHECK(nvfp4kv_amax(&gx.t, &ga.t, 0, nullptr) == NVFP4KV_ERROR_NOT_SUPPORTED, "%s", nvfp4kv_last_error());
+    }
+  }
+
   if (g_failures) {
     fprintf(stderr, "test_capi: %d failures\n", g_failures);
     return 1;

@@ -1,0 +1,288 @@
+"""Global scales: the amax of a tensor, the conversions between scale conventions, and a tracker
+that gathers per-layer K and V amax over calibration batches.
+
+Conventions (one number per tensor, four ways to write it; ``amax = max |x|``):
+
+=====================  =====================  ============================================
+name                   value                  who uses it
+=====================  =====================  ============================================
+decode scale           ``amax / 448``         nvfp4kv's ``k_scale`` / ``v_scale``, vLLM's
+                                              ``layer._k_scale``, ModelOpt / vLLM checkpoints'
+                                              ``k_scale`` / ``v_scale`` (the FP8-KV convention)
+the x6 form            ``amax / 2688``        NVFP4 weight checkpoints' ``weight_scale_2``
+                       ``= decode / 6``       (decode scale with the E2M1 max folded in)
+encode scale           ``2688 / amax``        the reciprocal of the x6 form: what a quantizer
+                       ``= 6 / decode``       multiplies by (ModelOpt's NVFP4 "global scale")
+=====================  =====================  ============================================
+
+448 is the largest E4M3 value (the per-group scale byte), 6 the largest E2M1 value (the 4-bit
+code), 2688 = 448 * 6. The conversions below work elementwise on Python floats, numpy arrays and
+torch or cupy tensors (the result has the input's type, device and dtype; tensors are never read
+on the host), and validate nothing: a zero gives inf or a ZeroDivisionError, as the arithmetic
+does. A global scale passed to :func:`nvfp4kv.store` must be finite and > 0.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from . import _C
+from .api import _framework
+
+__all__ = ["E2M1_MAX", "E4M3_MAX", "amax", "decode_scale", "x6_from_decode", "decode_from_x6", "encode_from_decode",
+           "decode_from_encode", "ScaleTracker"]
+
+E2M1_MAX = 6.0    # the largest E2M1 (FP4) magnitude
+E4M3_MAX = 448.0  # the largest E4M3 (scale byte) magnitude
+
+
+# ---- amax ---------------------------------------------------------------------------------------
+
+def _zeros(like: Any, shape: tuple) -> Any:
+    """float32 zeros of `shape` in like's framework and on its device."""
+    fw = _framework(like)
+    if fw == "torch":
+        import torch
+
+        return torch.zeros(shape, dtype=torch.float32, device=like.device)
+    if fw == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(like.device.id):
+            return cupy.zeros(shape, dtype=cupy.float32)
+    import numpy as np
+
+    return np.zeros(shape, dtype=np.float32)
+
+
+def amax(x: Any, out: Any = None, *, accumulate: bool = False, stream: Any = None) -> Any:
+    """``max |x|`` into a 1-element float32 array on x's device, without a host synchronization.
+
+    Parameters
+    ----------
+    x : array, float32, float16 or bfloat16, any shape and strides (torch, numpy, cupy).
+    out : 1-element float32 array on x's device, optional
+        Written in place and returned; allocated (shape ``(1,)``, x's framework) when None.
+    accumulate : bool
+        False: ``out = max |x|`` (0 for an empty x). True: ``out = max(out, max |x|)`` (an empty
+        x leaves it unchanged).
+    stream : optional
+        CUDA stream; default: the current stream of x's framework.
+
+    The result is exact and the same on the CPU and the GPU bit for bit. NaN is sticky: any NaN
+    element makes it NaN (a scale computed from it is then rejected by :func:`nvfp4kv.store` on the
+    CPU; check it if the data may hold NaN). On CUDA this is one kernel (two without accumulate)
+    on the stream, safe to capture in a CUDA graph.
+    """
+    if out is None:
+        if accumulate:
+            raise ValueError("out: None with accumulate=True; pass the amax to accumulate into")
+        out = _zeros(x, (1,))
+    _C.amax(x, out, 1 if accumulate else 0, stream)
+    return out
+
+
+# ---- conversions ----------------------------------------------------------------------------------
+
+def decode_scale(amax: Any, margin: float = 1.0) -> Any:
+    """The decode global scale ``amax * margin / 448`` (nvfp4kv's ``k_scale`` / ``v_scale``, and the
+    ``k_scale`` / ``v_scale`` of vLLM and ModelOpt checkpoints).
+
+    ``margin`` > 1 leaves headroom for values above the calibrated amax (a group's scale byte
+    saturates at 448, so values above ``6 * 448 * scale`` are clipped); < 1 trades clipping of the
+    largest values for resolution of the others.
+    """
+    return amax * margin / E4M3_MAX
+
+
+def x6_from_decode(s: Any) -> Any:
+    """The x6 form ``s / 6`` of a decode scale ``s`` (``amax / 2688``: a decode scale with the E2M1
+    max 6 folded in, as NVFP4 weight checkpoints' ``weight_scale_2``)."""
+    return s / E2M1_MAX
+
+
+def decode_from_x6(s: Any) -> Any:
+    """The decode scale ``6 s`` of a scale ``s`` in the x6 form (``amax / 2688`` -> ``amax / 448``)."""
+    return s * E2M1_MAX
+
+
+def encode_from_decode(s: Any) -> Any:
+    """The encode scale ``6 / s`` of a decode scale ``s`` (``448 * 6 / amax``: what a quantizer
+    multiplies values by, the reciprocal of the x6 form)."""
+    return E2M1_MAX / s
+
+
+def decode_from_encode(e: Any) -> Any:
+    """The decode scale ``6 / e`` of an encode scale ``e`` (``448 * 6 / amax`` -> ``amax / 448``)."""
+    return E2M1_MAX / e
+
+
+# ---- the tracker ----------------------------------------------------------------------------------
+
+def _capturing(like: Any) -> bool:
+    torch = sys.modules.get("torch")
+    if torch is None or _framework(like) != "torch" or not like.is_cuda:
+        return False
+    return bool(torch.cuda.is_current_stream_capturing())
+
+
+class ScaleTracker:
+    """Per-layer amax of K and V over many batches, kept on the tensors' device.
+
+    ``layers``: the number of layers (layers are then 0 .. n-1), or a sequence of layer names
+    (layers are then those names or their positions). ``device``: where to keep the amax, as a
+    torch device (``"cuda:0"``, ``torch.device("cpu")``; needs torch); None: on the device and in
+    the framework (torch, cupy, numpy) of the first :meth:`update`'s key.
+
+    :meth:`update` folds ``max |key|`` and ``max |value|`` into the layer's running maxima through
+    ``nvfp4kv_amax`` (accumulating, on the caller's stream): no host synchronization, no
+    allocation after the first use, fixed addresses, so it can be captured in a CUDA graph (allocate
+    first: pass ``device`` or run one update before the capture). :meth:`k_scales` and
+    :meth:`v_scales` give the decode scales ``amax * margin / 448``, computed on the device.
+    A NaN in the data makes that layer's amax NaN (sticky until :meth:`reset`).
+    """
+
+    def __init__(self, layers: Union[int, Sequence[str]], device: Any = None):
+        if isinstance(layers, bool) or not isinstance(layers, (int, list, tuple)):
+            raise TypeError(f"layers: {type(layers).__name__} received; expected a number of layers or a "
+                            "list of layer names")
+        if isinstance(layers, int):
+            if layers <= 0:
+                raise ValueError(f"layers: {layers} received; expected at least one layer")
+            self._names: Optional[List[str]] = None
+            self._n = layers
+        else:
+            names = [str(n) for n in layers]
+            if not names or len(set(names)) != len(names):
+                raise ValueError("layers: expected a non-empty list of distinct layer names")
+            self._names = names
+            self._n = len(names)
+        self._index = {n: i for i, n in enumerate(self._names or [])}
+        self._amax: Any = None  # (num_layers, 2) float32: K amax, V amax
+        self._k: List[Any] = []  # 1-element views, one per layer (fixed addresses)
+        self._v: List[Any] = []
+        if device is not None:
+            import torch
+
+            self._allocate(torch.empty(0, device=torch.device(device)))
+
+    def _allocate(self, like: Any) -> None:
+        if _capturing(like):
+            raise RuntimeError("ScaleTracker: first update inside a CUDA graph capture; allocate the tracker "
+                               "before capturing (pass device=..., or run one update outside the graph)")
+        self._amax = _zeros(like, (self._n, 2))
+        self._k = [self._amax[i, 0:1] for i in range(self._n)]
+        self._v = [self._amax[i, 1:2] for i in range(self._n)]
+
+    @property
+    def num_layers(self) -> int:
+        return self._n
+
+    @property
+    def layer_names(self) -> Optional[List[str]]:
+        return None if self._names is None else list(self._names)
+
+    def _layer(self, layer: Any) -> int:
+        if isinstance(layer, str):
+            if layer in self._index:
+                return self._index[layer]
+            known = "layers are numbered" if self._names is None else f"known layers: {self._names}"
+            raise KeyError(f"layer: {layer!r} is not a layer of this tracker ({known})")
+        if isinstance(layer, bool) or not hasattr(layer, "__index__"):
+            raise TypeError(f"layer: {type(layer).__name__} received; expected a layer index or name")
+        i = layer.__index__()
+        if not 0 <= i < self._n:
+            raise IndexError(f"layer: {i} is out of range; this tracker has {self._n} layers (0 to {self._n - 1})")
+        return i
+
+    def update(self, layer: Any, key: Any, value: Any = None, *, stream: Any = None) -> None:
+        """Fold ``max |key|`` and ``max |value|`` (any shapes and strides; float32, float16 or bfloat16;
+        value may be None) into layer ``layer``'s running K and V amax, on the tensors' device and the
+        current stream of their framework (or ``stream``). No host synchronization."""
+        i = self._layer(layer)
+        if self._amax is None:
+            self._allocate(key)
+        for side, x, store in (("key", key, self._k), ("value", value, self._v)):
+            if x is None:
+                continue
+            try:
+                _C.amax(x, store[i], 1, stream)
+            except (ValueError, TypeError) as e:
+                raise type(e)(f"ScaleTracker.update(layer {layer!r}) {side}: {e} (the tracker's amax is on "
+                              f"{self.device})") from None
+
+    def _need(self) -> Any:
+        if self._amax is None:
+            raise RuntimeError("ScaleTracker: no amax yet (no update, and no device given at construction)")
+        return self._amax
+
+    @property
+    def device(self) -> Any:
+        """The device of the amax (a torch.device, a cupy Device, or "cpu" for numpy); None before
+        the first use."""
+        if self._amax is None:
+            return None
+        return getattr(self._amax, "device", "cpu")
+
+    def k_amax(self) -> Any:
+        """The per-layer K amax, shape ``(num_layers,)`` float32: a view of the tracker's storage."""
+        return self._need()[:, 0]
+
+    def v_amax(self) -> Any:
+        """The per-layer V amax, shape ``(num_layers,)`` float32: a view of the tracker's storage."""
+        return self._need()[:, 1]
+
+    def k_scales(self, margin: float = 1.0) -> Any:
+        """Per-layer K decode scales ``amax * margin / 448``, shape ``(num_layers,)`` float32, a new
+        array on the tracker's device (no host synchronization). ``k_scales()[i:i+1]`` is layer i's
+        ``k_scale`` for :func:`nvfp4kv.store`. A layer never updated has amax 0 and scale 0, which
+        the store rejects."""
+        return decode_scale(self.k_amax(), margin)
+
+    def v_scales(self, margin: float = 1.0) -> Any:
+        """Per-layer V decode scales ``amax * margin / 448``; see :meth:`k_scales`."""
+        return decode_scale(self.v_amax(), margin)
+
+    def reset(self) -> None:
+        """Zero every amax in place (the addresses stay: a captured graph keeps working)."""
+        if self._amax is None:
+            return
+        if _framework(self._amax) == "torch":
+            self._amax.zero_()
+        else:
+            self._amax[...] = 0
+
+    def state_dict(self) -> Dict[str, Any]:
+        """``{"layers": names or count, "k_amax": ..., "v_amax": ...}`` (copies, on the tracker's device)."""
+        a = self._need()
+        return {"layers": self.layer_names if self._names is not None else self._n,
+                "k_amax": a[:, 0].copy() if _framework(a) != "torch" else a[:, 0].clone(),
+                "v_amax": a[:, 1].copy() if _framework(a) != "torch" else a[:, 1].clone()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Copy amax from :meth:`state_dict` into the tracker's storage (allocated like ``state["k_amax"]``
+        if the tracker has none yet). The layers must match."""
+        layers = state.get("layers")
+        mine = self.layer_names if self._names is not None else self._n
+        if layers != mine:
+            raise ValueError(f"state_dict: layers {layers!r} do not match this tracker's {mine!r}")
+        k, v = state["k_amax"], state["v_amax"]
+        for name, x in (("k_amax", k), ("v_amax", v)):
+            if tuple(getattr(x, "shape", ())) != (self._n,):
+                raise ValueError(f"state_dict: {name} of shape {getattr(x, 'shape', None)}; expected ({self._n},)")
+        if self._amax is None:
+            self._allocate(k)
+        a = self._amax
+        if _framework(a) == "torch":
+            import torch
+
+            a[:, 0].copy_(torch.as_tensor(k))
+            a[:, 1].copy_(torch.as_tensor(v))
+        else:
+            a[:, 0] = k
+            a[:, 1] = v
+
+    def __repr__(self) -> str:
+        layers = self._names if self._names is not None else self._n
+        return f"ScaleTracker(layers={layers!r}, device={self.device!r})"

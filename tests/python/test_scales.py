@@ -1,0 +1,375 @@
+"""nvfp4kv.amax, the scale conversions and ScaleTracker (nvfp4kv/scales.py, nvfp4kv_amax).
+
+The amax is checked against numpy's max |x| bit for bit over dtypes, shapes and strides; the GPU
+cases (skipped without CUDA) against the CPU path bit for bit, and inside a CUDA graph.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+nvfp4kv = pytest.importorskip("nvfp4kv")
+from nvfp4kv import scales  # noqa: E402
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="needs torch")
+needs_cuda = pytest.mark.skipif(
+    torch is None or not torch.cuda.is_available() or not nvfp4kv.build_info()["cuda_available"],
+    reason="needs a CUDA device and a CUDA build of nvfp4kv")
+
+
+def bits(x):
+    return np.asarray(x, dtype=np.float32).view(np.uint32)
+
+
+def np_amax(x):
+    """max |x| in float32 (NaN if any NaN; 0 for an empty x)."""
+    a = np.abs(np.asarray(x, dtype=np.float32))
+    if a.size == 0:
+        return np.float32(0)
+    return np.float32(np.nan) if np.isnan(a).any() else a.max()
+
+
+# ---- amax: values ----------------------------------------------------------------------------------
+
+SHAPES = [(), (1,), (7,), (1000,), (3, 5), (4, 8, 128), (2, 3, 4, 5), (2, 1, 3, 1, 2, 1, 2, 3)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_amax_numpy(shape, dtype):
+    rng = np.random.default_rng(hash(shape) % 1000)
+    x = (rng.standard_normal(shape) * 10).astype(dtype)
+    out = nvfp4kv.amax(x)
+    assert out.shape == (1,) and out.dtype == np.float32 and isinstance(out, np.ndarray)
+    assert bits(out[0]) == bits(np_amax(x))
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("view", ["contiguous", "transposed", "columns", "negative", "broadcast", "fused_qkv",
+                                  "every_other"])
+def test_amax_torch_views(dtype, view):
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(6, 40, 3, 16, generator=g).mul_(100).to(getattr(torch, dtype))
+    if view == "contiguous":
+        x = base
+    elif view == "transposed":
+        x = base.transpose(0, 2)
+    elif view == "columns":
+        x = base[:, :, 1, 3:11]
+    elif view == "negative":  # numpy: negative strides
+        x = None
+    elif view == "broadcast":
+        x = base[:, :1].expand(6, 50, 3, 16)
+    elif view == "fused_qkv":
+        x = base.reshape(6 * 40, 48)[:, 16:32].reshape(6, 40, 1, 16)
+    else:
+        x = base.reshape(-1)[::2]
+    if x is None:
+        xn = base.float().numpy()[::-1, ::-2]
+        assert bits(nvfp4kv.amax(xn)[0]) == bits(np_amax(xn))
+        return
+    out = nvfp4kv.amax(x)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32 and out.shape == (1,)
+    want = x.float().abs().max()
+    assert out[0].view(torch.int32).item() == want.view(torch.int32).item()
+
+
+def test_amax_nan_inf_and_signs():
+    x = np.array([1.0, -5.0, 2.0], np.float32)
+    assert nvfp4kv.amax(x)[0] == 5.0
+    x[1] = -np.inf
+    assert nvfp4kv.amax(x)[0] == np.inf
+    x[2] = np.nan
+    assert bits(nvfp4kv.amax(x)[0]) == 0x7FC00000
+    neg_nan = np.array([0x7FFFFFFF | 0x80000000, 0x7F800001], np.uint32).view(np.float32)  # NaN payloads
+    assert bits(nvfp4kv.amax(neg_nan)[0]) == 0x7FC00000
+    h = np.array([-0.0, 0.0], np.float16)
+    assert bits(nvfp4kv.amax(h)[0]) == 0  # +0, never -0
+    sub = np.array([np.float16(2 ** -24), -np.float16(2 ** -20)], np.float16)  # float16 subnormals, exact
+    assert nvfp4kv.amax(sub)[0] == np.float32(2 ** -20)
+
+
+def test_amax_empty_and_accumulate():
+    out = np.array([3.0], np.float32)
+    empty = np.zeros((0, 8), np.float32)
+    nvfp4kv.amax(empty, out, accumulate=True)
+    assert out[0] == 3.0  # unchanged
+    nvfp4kv.amax(empty, out)
+    assert out[0] == 0.0 and bits(out[0]) == 0
+    nvfp4kv.amax(np.array([2.0, -1.0], np.float32), out, accumulate=True)
+    assert out[0] == 2.0
+    nvfp4kv.amax(np.array([-7.0], np.float32), out, accumulate=True)
+    assert out[0] == 7.0
+    nvfp4kv.amax(np.array([1.0], np.float32), out, accumulate=True)
+    assert out[0] == 7.0  # a smaller batch does not lower it
+    nvfp4kv.amax(np.array([1.0], np.float32), out)
+    assert out[0] == 1.0  # without accumulate: overwritten
+    nvfp4kv.amax(np.array([np.nan], np.float32), out, accumulate=True)
+    nvfp4kv.amax(np.array([1e30], np.float32), out, accumulate=True)
+    assert np.isnan(out[0])  # NaN is sticky
+    out[0] = -4.0  # a negative stored amax counts as below every |x|
+    nvfp4kv.amax(np.array([0.0], np.float32), out, accumulate=True)
+    assert bits(out[0]) == 0
+    with pytest.raises(ValueError, match="accumulate"):
+        nvfp4kv.amax(np.ones(3, np.float32), accumulate=True)
+
+
+def test_amax_multithreaded_matches():
+    x = np.random.default_rng(0).standard_normal((3, 1 << 18)).astype(np.float32)
+    x[2, 12345] = 77.0
+    try:
+        for threads in (1, 2, 5):
+            nvfp4kv.set_cpu_threads(threads)
+            assert nvfp4kv.amax(x)[0] == 77.0
+            assert nvfp4kv.amax(x[:, ::3])[0] == np_amax(x[:, ::3])
+    finally:
+        nvfp4kv.set_cpu_threads(0)
+
+
+def test_amax_rejects():
+    x = np.ones(4, np.float32)
+    with pytest.raises(TypeError, match="x: dtype int32"):
+        nvfp4kv.amax(np.ones(4, np.int32))
+    with pytest.raises(TypeError, match="amax: dtype float64"):
+        nvfp4kv.amax(x, np.zeros(1, np.float64))
+    with pytest.raises(ValueError, match="amax: shape"):
+        nvfp4kv.amax(x, np.zeros(2, np.float32))
+    with pytest.raises(ValueError, match="shares memory"):
+        nvfp4kv.amax(x, x[1:2])
+    ro = np.zeros(1, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        nvfp4kv.amax(x, ro)
+    with pytest.raises(ValueError, match="accumulate"):
+        nvfp4kv._C.amax(x, np.zeros(1, np.float32), 3)
+    with pytest.raises(TypeError):
+        nvfp4kv.amax([1.0, 2.0])
+
+
+# ---- conversions -----------------------------------------------------------------------------------
+
+def test_conversions_known_values():
+    assert nvfp4kv.decode_scale(448.0) == 1.0
+    assert nvfp4kv.decode_scale(448.0, margin=2.0) == 2.0
+    assert nvfp4kv.x6_from_decode(1.0) == pytest.approx(1 / 6)
+    assert nvfp4kv.x6_from_decode(nvfp4kv.decode_scale(2688.0)) == 1.0
+    assert nvfp4kv.encode_from_decode(1.0) == 6.0
+    assert nvfp4kv.decode_from_encode(6.0) == 1.0
+    assert nvfp4kv.decode_from_x6(1 / 6) == pytest.approx(1.0)
+    # encode = 448 * 6 / amax, decode = amax / 448
+    amax = 17.5
+    assert nvfp4kv.encode_from_decode(nvfp4kv.decode_scale(amax)) == pytest.approx(448 * 6 / amax)
+    assert nvfp4kv.x6_from_decode(nvfp4kv.decode_scale(amax)) == pytest.approx(amax / 2688)
+
+
+@pytest.mark.parametrize("kind", ["float", "numpy", "torch"])
+def test_conversions_round_trip(kind):
+    vals = [1e-3, 0.5, 1.0, 3.0, 448.0, 1e4]
+    if kind == "float":
+        xs = vals
+    elif kind == "numpy":
+        xs = [np.array(vals, np.float32)]
+    else:
+        if torch is None:
+            pytest.skip("needs torch")
+        xs = [torch.tensor(vals, dtype=torch.float32)]
+    for x in xs:
+        d = nvfp4kv.decode_scale(x)
+        for there, back in ((nvfp4kv.x6_from_decode, nvfp4kv.decode_from_x6),
+                            (nvfp4kv.encode_from_decode, nvfp4kv.decode_from_encode)):
+            y = back(there(d))
+            assert type(y) is type(d)
+            np.testing.assert_allclose(np.asarray(y, dtype=np.float64), np.asarray(d, dtype=np.float64), rtol=1e-6)
+        if kind != "float":
+            assert d.dtype == x.dtype  # float32 stays float32
+
+
+# ---- ScaleTracker ----------------------------------------------------------------------------------
+
+def batches(seed, n, shape=(5, 2, 32), dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(shape) * rng.uniform(0.1, 20)).astype(dtype) for _ in range(n)]
+
+
+def test_tracker_numpy_equals_max_over_batches():
+    L = 3
+    tr = nvfp4kv.ScaleTracker(L)
+    ks = {i: batches(10 + i, 4) for i in range(L)}
+    vs = {i: batches(20 + i, 4) for i in range(L)}
+    for b in range(4):
+        for i in range(L):
+            tr.update(i, ks[i][b], vs[i][b][:, :, ::2])  # a strided view too
+    for i in range(L):
+        k_want = max(np_amax(x) for x in ks[i])
+        v_want = max(np_amax(x[:, :, ::2]) for x in vs[i])
+        assert tr.k_amax()[i] == k_want and tr.v_amax()[i] == v_want
+    assert isinstance(tr.k_scales(), np.ndarray) and tr.k_scales().dtype == np.float32
+    np.testing.assert_array_equal(tr.k_scales(), tr.k_amax() / np.float32(448))
+    np.testing.assert_array_equal(tr.v_scales(margin=1.25), tr.v_amax() * 1.25 / np.float32(448))
+    addr = tr.k_amax().__array_interface__["data"][0]
+    tr.reset()
+    assert (tr.k_amax() == 0).all() and (tr.v_amax() == 0).all()
+    assert tr.k_amax().__array_interface__["data"][0] == addr  # fixed storage
+
+
+@needs_torch
+def test_tracker_torch_names_state_dict_and_errors():
+    tr = nvfp4kv.ScaleTracker(["layers.0.attn", "layers.1.attn"], device="cpu")
+    k = torch.randn(4, 2, 16, dtype=torch.bfloat16) * 3
+    v = torch.randn(4, 2, 16, dtype=torch.bfloat16)
+    tr.update("layers.1.attn", k, v)
+    tr.update(0, v, None)
+    assert tr.k_amax()[1].item() == k.float().abs().max().item()
+    assert tr.k_amax()[0].item() == v.float().abs().max().item() and tr.v_amax()[0].item() == 0
+    assert isinstance(tr.k_scales(), torch.Tensor)
+    sd = tr.state_dict()
+    tr2 = nvfp4kv.ScaleTracker(["layers.0.attn", "layers.1.attn"])
+    tr2.load_state_dict(sd)
+    assert torch.equal(tr2.k_amax(), tr.k_amax()) and torch.equal(tr2.v_amax(), tr.v_amax())
+    with pytest.raises(ValueError, match="layers"):
+        nvfp4kv.ScaleTracker(3).load_state_dict(sd)
+    with pytest.raises(IndexError, match="out of range"):
+        tr.update(2, k, v)
+    with pytest.raises(IndexError, match="out of range"):
+        nvfp4kv.ScaleTracker(2).update(-1, k, v)
+    with pytest.raises(KeyError, match="layers.7"):
+        tr.update("layers.7", k, v)
+    with pytest.raises(TypeError, match="layer"):
+        tr.update(1.0, k, v)
+    with pytest.raises(TypeError, match="value: .*dtype int32"):
+        tr.update(0, k, torch.ones(3, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="no amax yet"):
+        nvfp4kv.ScaleTracker(2).k_scales()
+    with pytest.raises(ValueError):
+        nvfp4kv.ScaleTracker(0)
+    with pytest.raises(ValueError, match="distinct"):
+        nvfp4kv.ScaleTracker(["a", "a"])
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_store_with_tracker_scales_round_trips(dtype):
+    """Calibrate on batches, store the last one with the tracker's scales: dequantized values are
+    within NVFP4's error (a group's scale is within 1/8 of its amax/6, codes within half a step)."""
+    tdtype = getattr(torch, dtype)
+    N, T, H, D, n = 4, 16, 2, 64, 24
+    tr = nvfp4kv.ScaleTracker(1)
+    g = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        k = (torch.randn(n, H, D, generator=g) * 4).to(tdtype)
+        v = (torch.randn(n, H, D, generator=g) * 0.5).to(tdtype)
+        tr.update(0, k, v)
+    spec = nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D)
+    cache = nvfp4kv.allocate_kv_cache(spec, N).zero_()
+    ks, vs = tr.k_scales()[0:1], tr.v_scales()[0:1]
+    nvfp4kv.store(k, v, cache, torch.arange(n), ks, vs)
+    ko, vo = nvfp4kv.dequantize(cache, k_scale=ks, v_scale=vs, dtype="float32")
+    for x, out in ((k, ko), (v, vo)):
+        got = out.reshape(-1, H, D)[:n]
+        xf = x.float()
+        group_amax = xf.reshape(n, H, D // 16, 16).abs().amax(-1, keepdim=True)
+        err = (got - xf).reshape(n, H, D // 16, 16).abs()
+        assert (err <= group_amax * 0.25 + 1e-6).all(), float((err / group_amax).max())
+
+
+# ---- GPU ---------------------------------------------------------------------------------------------
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_amax_cuda_equals_cpu(dtype):
+    tdtype = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(9)
+    base = (torch.randn(3 * 1000 * 48 + 11, generator=g) * 50).to(tdtype)
+    views = {
+        "flat": lambda b: b,
+        "misaligned": lambda b: b[3:],
+        "tiny": lambda b: b[1:4],
+        "one": lambda b: b[5:6],
+        "rows": lambda b: b[: 3000 * 48].reshape(3000, 48)[:, 16:32],
+        "rows_odd": lambda b: b[: 3000 * 48].reshape(3000, 48)[:, 5:30],
+        "transposed": lambda b: b[: 3000 * 48].reshape(30, 100, 48).transpose(0, 2),
+        "every_third": lambda b: b[::3],
+        "broadcast": lambda b: b[:48].reshape(1, 48).expand(1000, 48),
+        "empty": lambda b: b[:0],
+    }
+    for name, f in views.items():
+        xc = f(base)
+        xg = f(base.cuda())
+        for poison in (True, False):
+            xc2, xg2 = xc.clone(), xg.clone()
+            if poison and xc2.numel() > 2:
+                idx = tuple(min(1, n - 1) for n in xc2.shape)
+                xc2[idx] = float("nan")
+                xg2[idx] = float("nan")
+            oc = nvfp4kv.amax(xc2 if poison else xc)
+            og = nvfp4kv.amax(xg2 if poison else xg)
+            assert og.is_cuda
+            assert og.cpu().view(torch.int32).item() == oc.view(torch.int32).item(), (name, poison)
+        # accumulate
+        oc = torch.tensor([0.5]).mul_(1e-3)
+        og = oc.cuda()
+        nvfp4kv.amax(xc, oc, accumulate=True)
+        nvfp4kv.amax(xg, og, accumulate=True)
+        assert og.cpu().view(torch.int32).item() == oc.view(torch.int32).item(), name
+
+
+@needs_cuda
+def test_amax_cuda_large_and_graph():
+    x = torch.randn(1 << 22, device="cuda", dtype=torch.bfloat16)
+    x[123457] = -1000.0
+    assert nvfp4kv.amax(x).item() == 1000.0
+    tr = nvfp4kv.ScaleTracker(2, device="cuda")
+    k = torch.zeros(64, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.zeros(64, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k_scale_out = torch.zeros(2, device="cuda")
+    tr.update(1, k, v)  # warm-up outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        tr.update(1, k, v)
+        k_scale_out.copy_(tr.k_scales())
+    seen_k, seen_v = [], []
+    for step in range(4):
+        k.normal_().mul_(step + 1)
+        v.normal_()
+        seen_k.append(k.float().abs().max().item())
+        seen_v.append(v.float().abs().max().item())
+        graph.replay()
+    torch.cuda.synchronize()
+    assert tr.k_amax()[1].item() == max(seen_k) and tr.v_amax()[1].item() == max(seen_v)
+    assert tr.k_amax()[0].item() == 0
+    assert k_scale_out[1].item() == pytest.approx(max(seen_k) / 448, rel=1e-6)
+    # Without accumulate, each replay recomputes from 0.
+    out = torch.full((1,), 1e9, device="cuda")
+    g2 = torch.cuda.CUDAGraph()
+    nvfp4kv.amax(k, out)
+    with torch.cuda.graph(g2, stream=stream):
+        nvfp4kv.amax(k, out)
+    k.fill_(0.25)
+    g2.replay()
+    torch.cuda.synchronize()
+    assert out.item() == 0.25
+    tr.reset()
+    assert tr.k_amax().abs().sum().item() == 0
+
+
+@needs_cuda
+def test_tracker_device_mismatch():
+    tr = nvfp4kv.ScaleTracker(1, device="cuda")
+    with pytest.raises(ValueError, match="ScaleTracker.update.*key.*cuda"):
+        tr.update(0, torch.ones(4), None)
+
+
+def test_tracker_mismatched_device_message_cpu_build():
+    tr = nvfp4kv.ScaleTracker(1)
+    tr.update(0, np.ones(4, np.float32))
+    assert tr.device == "cpu"
+    assert math.isclose(float(tr.k_scales()[0]), 1 / 448, rel_tol=1e-6)
