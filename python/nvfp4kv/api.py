@@ -205,24 +205,25 @@ def store_workspace(kv_cache: Any, value_cache: Any = None) -> Any:
     """
     n, t = _cache_geometry(kv_cache, value_cache)[:2]
     nbytes = store_workspace_bytes(n, t)
-    return _zeroed_bytes(kv_cache, nbytes)
+    return _zeros(kv_cache, nbytes, "uint8")
 
 
-def _zeroed_bytes(like: Any, nbytes: int) -> Any:
-    """A zeroed uint8 array of nbytes in the framework and on the device of `like` (workspaces)."""
+def _zeros(like: Any, shape: Any, dtype: str) -> Any:
+    """Zeros of `shape` and `dtype` ("uint8", "float32", ...) in the framework and on the device of
+    `like` (workspaces, the scale tracker's amax)."""
     fw = _framework(like)
     if fw == "torch":
         import torch
 
-        return torch.zeros(nbytes, dtype=torch.uint8, device=like.device)
+        return torch.zeros(shape, dtype=getattr(torch, dtype), device=like.device)
     if fw == "cupy":
         import cupy
 
         with cupy.cuda.Device(like.device.id):
-            return cupy.zeros(nbytes, dtype=cupy.uint8)
+            return cupy.zeros(shape, dtype=dtype)
     import numpy as np
 
-    return np.zeros(nbytes, dtype=np.uint8)
+    return np.zeros(shape, dtype=dtype)
 
 
 def reshape_and_cache_flash(
@@ -596,7 +597,7 @@ def decode_workspace(kv_cache: Any, query: Any, block_table: Any, q_len: int = 1
     if len(bshape) != 2:
         raise ValueError(f"block_table: shape {bshape} received; expected (num_seqs, max_blocks_per_seq)")
     nbytes = decode_workspace_bytes(bshape[0], q_len, qshape[1], h, dv, bshape[1])
-    return _zeroed_bytes(kv_cache, nbytes)
+    return _zeros(kv_cache, nbytes, "uint8")
 
 
 def _decode_out(query: Any, kv_cache: Any, value_cache: Any, out: Any) -> Any:

@@ -28,7 +28,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import _C
-from .api import _framework
+from .api import _framework, _zeros
 
 __all__ = ["E2M1_MAX", "E4M3_MAX", "amax", "decode_scale", "x6_from_decode", "decode_from_x6", "encode_from_decode",
            "decode_from_encode", "ScaleTracker"]
@@ -38,23 +38,6 @@ E4M3_MAX = 448.0  # the largest E4M3 (scale byte) magnitude
 
 
 # ---- amax ---------------------------------------------------------------------------------------
-
-def _zeros(like: Any, shape: tuple) -> Any:
-    """float32 zeros of `shape` in like's framework and on its device."""
-    fw = _framework(like)
-    if fw == "torch":
-        import torch
-
-        return torch.zeros(shape, dtype=torch.float32, device=like.device)
-    if fw == "cupy":
-        import cupy
-
-        with cupy.cuda.Device(like.device.id):
-            return cupy.zeros(shape, dtype=cupy.float32)
-    import numpy as np
-
-    return np.zeros(shape, dtype=np.float32)
-
 
 def amax(x: Any, out: Any = None, *, accumulate: bool = False, stream: Any = None) -> Any:
     """``max |x|`` into a 1-element float32 array on x's device, without a host synchronization.
@@ -78,7 +61,7 @@ def amax(x: Any, out: Any = None, *, accumulate: bool = False, stream: Any = Non
     if out is None:
         if accumulate:
             raise ValueError("out: None with accumulate=True; pass the amax to accumulate into")
-        out = _zeros(x, (1,))
+        out = _zeros(x, (1,), "float32")
     _C.amax(x, out, 1 if accumulate else 0, stream)
     return out
 
@@ -171,7 +154,7 @@ class ScaleTracker:
         if _capturing(like):
             raise RuntimeError("ScaleTracker: first update inside a CUDA graph capture; allocate the tracker "
                                "before capturing (pass device=..., or run one update outside the graph)")
-        self._amax = _zeros(like, (self._n, 2))
+        self._amax = _zeros(like, (self._n, 2), "float32")
         self._k = [self._amax[i, 0:1] for i in range(self._n)]
         self._v = [self._amax[i, 1:2] for i in range(self._n)]
 
