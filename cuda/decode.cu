@@ -14,10 +14,13 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <type_traits>
 
 #include "backend.h"
 #include "common.cuh"
+#include "format_device.cuh"
 
 namespace nvfp4kv {
 namespace {
@@ -48,6 +51,46 @@ __device__ __forceinline__ float load_q(const void* base, int64_t idx) {
 template <DType kDType>
 __device__ __forceinline__ void store_out(void* base, int64_t idx, float v) {
   static_cast<uint16_t*>(base)[idx] = kDType == DType::kFloat16 ? float_to_f16(v) : float_to_bf16(v);
+}
+
+// The block's result from its warps' (max, denominator, unnormalized output) per row, merged in
+// warp order (m_s in natural-log units, acc_s times the value scale's 1): the output where the
+// sequence has one split, else this split's partial in the workspace.
+template <DType kDType, int kD, int kRows>
+__device__ __forceinline__ void merge_warps(const DecodeLaunch& L, int64_t b, int32_t h, int32_t r0, int32_t R,
+                                            int32_t split, const float (&m_s)[kDecodeWarps][kRows],
+                                            const float (&l_s)[kDecodeWarps][kRows],
+                                            const float (&acc_s)[kDecodeWarps][kRows][kD]) {
+  const DecodeParams& p = L.p;
+  const float vscale = read_scale(p.v_scale);
+  for (int idx = threadIdx.x; idx < R * kD; idx += kDecodeThreads) {
+    const int r = idx / kD, d = idx % kD;
+    float M = -INFINITY;
+    for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, m_s[w][r]);
+    float lsum = 0.0f, o = 0.0f;
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float c = m_s[w][r] == -INFINITY ? 0.0f : __expf(m_s[w][r] - M);
+      lsum += l_s[w][r] * c;
+      o += acc_s[w][r][d] * c;
+    }
+    const int32_t rr = r0 + r, g = rr / p.q_len, i = rr % p.q_len;
+    const int64_t row = b * p.q_len + i, hq = int64_t{h} * p.group + g;
+    if (L.splits == 1) {
+      const float out = lsum > 0.0f ? o / lsum * vscale : 0.0f;
+      store_out<kDType>(p.out, row * p.out_stride[0] + hq * p.out_stride[1] + d, out);
+      if (p.lse && d == 0)
+        p.lse[row * p.lse_stride[0] + hq * p.lse_stride[1]] = lsum > 0.0f ? M + logf(lsum) : -INFINITY;
+    } else {
+      // Partial of this split: [row][hq][split] -> (M, l, Dv outputs).
+      const int64_t Hq = int64_t{p.H} * p.group;
+      float* part = p.workspace + ((row * Hq + hq) * L.splits + split) * (kD + 2);
+      if (d == 0) {
+        part[0] = M;
+        part[1] = lsum;
+      }
+      part[2 + d] = o;
+    }
+  }
 }
 
 // kRowsPerBlock: 1, 2, 4 or 8 query rows per block (the smallest power of two that holds the
@@ -220,75 +263,616 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
     for (int e = 0; e < kE; ++e) acc_s[warp][r][lane * kE + e] = acc[r][e];
   }
   __syncthreads();
-  const float vscale = read_scale(p.v_scale);
-  for (int idx = threadIdx.x; idx < R * kD; idx += kDecodeThreads) {
-    const int r = idx / kD, d = idx % kD;
-    float M = -INFINITY;
-    for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, m_s[w][r]);
-    float lsum = 0.0f, o = 0.0f;
-    for (int w = 0; w < kDecodeWarps; ++w) {
-      const float c = m_s[w][r] == -INFINITY ? 0.0f : __expf(m_s[w][r] - M);
-      lsum += l_s[w][r] * c;
-      o += acc_s[w][r][d] * c;
-    }
-    const int32_t rr = r0 + r, g = rr / p.q_len, i = rr % p.q_len;
-    const int64_t row = b * p.q_len + i, hq = int64_t{h} * p.group + g;
-    if (L.splits == 1) {
-      const float out = lsum > 0.0f ? o / lsum * vscale : 0.0f;
-      store_out<kDType>(p.out, row * p.out_stride[0] + hq * p.out_stride[1] + d, out);
-      if (p.lse && d == 0)
-        p.lse[row * p.lse_stride[0] + hq * p.lse_stride[1]] = lsum > 0.0f ? M + logf(lsum) : -INFINITY;
-    } else {
-      // Partial of this split: [row][hq][split] -> (M, l, Dv outputs).
-      const int64_t Hq = int64_t{p.H} * p.group;
-      float* part = p.workspace + ((row * Hq + hq) * L.splits + split) * (kD + 2);
-      if (d == 0) {
-        part[0] = M;
-        part[1] = lsum;
-      }
-      part[2 + d] = o;
-    }
-  }
+  merge_warps<kDType, kD, kRowsPerBlock>(L, b, h, r0, R, split, m_s, l_s, acc_s);
 }
 
-// Merges the splits of one (row, query head), in split order.
+// ---- The tensor-core reader (T % 16 == 0) ------------------------------------------------------
+// docs/design-notes.md, "Decode attention: the tensor-core reader". One warp takes 16 tokens of one
+// page at a time (kTiles tiles per step) for a block's <= 8 query rows, on mma.sync m16n8k16
+// (fp16 operands, fp32 accumulation):
+// - logits, S^T = K Q^T: A = 16 tokens x 16 head elements of K, B = the rows' query. Lane (g, t)
+//   (g = lane / 4, t = lane % 4) loads D/8 contiguous code bytes of tokens g and g + 8 (one vector
+//   load each); the head dimension is summed in any order, so each mma's 16 elements are whichever
+//   the lanes hold, and the query fragment is gathered in the same order once per block.
+// - output, O^T = V^T P^T: A = 16 head elements x 16 tokens of V, B = the probabilities. Lane
+//   (g, t) owns head elements [g D/8, (g+1) D/8) of tokens 2t, 2t+1, 2t+8, 2t+9: one vector load
+//   per token, and a byte permute pairs two tokens' codes of one element in an fp16x2.
+// Codes become fp16 as value * 2^-14 (format_device.cuh) times their scale byte, exact; the
+// global scales, 2^14 and the query's power-of-two scale are applied to the logits and the
+// output. The logits' C fragment becomes the probabilities' B fragment by an 8x8 transpose in
+// registers (movmatrix).
+constexpr int kMmaRows = 8;  // query rows of a block: the n of m16n8k16
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t transpose_8x8(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// A word of 8 E2M1 codes as 4 fp16x2 pairs, exact, each value times 2^-kUnpackExp. sm_89 and
+// later go through E4M3 (the codes' bits moved into E4M3 fields byte-wise, 4 codes per integer
+// operation, then one conversion per pair): pair i holds codes kcode_lo(i) and kcode_lo(i) + 2.
+// Earlier GPUs place each code's bits in an fp16 directly (format_device.cuh): pair i holds codes
+// i and i + 4. v_interleave sets two tokens' words side by side so that pair i of x[k] holds code
+// 4k + i of both tokens (a in the low half, b in the high half).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+constexpr int kUnpackExp = 6;
+__device__ __forceinline__ int kcode_lo(int i) { return (i & 1) + 4 * (i >> 1); }
+__device__ __forceinline__ int kcode_hi(int i) { return kcode_lo(i) + 2; }
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t two) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(static_cast<uint16_t>(two)));
+  return r;
+}
+__device__ __forceinline__ void unpack_word(uint32_t w, uint32_t (&h)[4]) {
+  // High nibble of each byte: sign at bit 7 already, magnitude from bits 6..4 to E4M3's 4..2
+  // (exponent's low two bits and the mantissa's top bit): the value times 2^-6. Low nibble:
+  // the same after a 4-bit shift.
+  const uint32_t hi = (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu);
+  const uint32_t u = w << 4;
+  const uint32_t lo = (u & 0x80808080u) | ((u >> 2) & 0x1C1C1C1Cu);
+  h[0] = e4m3x2_f16x2(lo);        // codes 0, 2
+  h[1] = e4m3x2_f16x2(hi);        // codes 1, 3
+  h[2] = e4m3x2_f16x2(lo >> 16);  // codes 4, 6
+  h[3] = e4m3x2_f16x2(hi >> 16);  // codes 5, 7
+}
+__device__ __forceinline__ void v_interleave(uint32_t a, uint32_t b, uint32_t (&x)[2]) {
+  x[0] = byte_perm(a, b, 0x5140u);  // a.b0 b.b0 a.b1 b.b1
+  x[1] = byte_perm(a, b, 0x7362u);  // a.b2 b.b2 a.b3 b.b3
+}
+#else
+constexpr int kUnpackExp = 14;
+__device__ __forceinline__ int kcode_lo(int i) { return i; }
+__device__ __forceinline__ int kcode_hi(int i) { return i + 4; }
+__device__ __forceinline__ void unpack_word(uint32_t w, uint32_t (&h)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) h[j] = e2m1_pair_h(w, j);
+}
+__device__ __forceinline__ void v_interleave(uint32_t a, uint32_t b, uint32_t (&x)[2]) {
+  x[0] = byte_perm(a, b, 0x5410u);  // a.b0 a.b1 b.b0 b.b1
+  x[1] = byte_perm(a, b, 0x7632u);  // a.b2 a.b3 b.b2 b.b3
+}
+#endif
+constexpr float kUnpackScale = static_cast<float>(1u << kUnpackExp);
+
+// Asynchronous copies global -> shared (sm_80+): `ok` false copies nothing and fills zeros.
+template <int kN>
+__device__ __forceinline__ void cp_async(uint32_t dst, const void* src, bool ok) {
+  static_assert(kN == 4 || kN == 8 || kN == 16, "cp.async sizes");
+  if constexpr (kN == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(kN), "r"(ok ? kN : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kN>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kN) : "memory");
+}
+
+// One warp's stage in shared memory: the K and V code rows and scale bytes of kTiles tiles of 16
+// tokens. Row strides are chosen so that the lanes' reads hit distinct banks: a K row of 64 bytes
+// (D 128) is read by 4 lanes and 2 rows per 8-lane phase; a V row is read 8 bytes (D 128) by 8
+// lanes of 4 rows at once, so V rows are padded by 16 bytes; D 256's K rows by 64.
+template <int kD, int kTiles>
+struct MmaStage {
+  static constexpr int kStep = 16 * kTiles;            // tokens
+  static constexpr int kS = kD / kGroupSize;           // scale bytes of a row
+  static constexpr int kKRow = kD == 256 ? 192 : kD / 2;
+  static constexpr int kVRow = kD / 2 + 16;
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kStep * kKRow;
+  static constexpr int kKs = kV + kStep * kVRow;       // K scales: [token][kS] (linear)
+  static constexpr int kVs = kKs + kStep * kS;         // V scales: [token][kS] or the interleaved blocks
+  static constexpr int kBytes = kVs + kStep * kS;
+  static_assert(kBytes % 16 == 0, "16-byte aligned stages");
+};
+constexpr int kMmaStages = 3;  // steps a warp has in flight: the one it computes and two more
+
+template <int kD, int kTiles>
+__host__ __device__ constexpr size_t mma_smem_bytes() {
+  return size_t{kDecodeWarps} * kMmaStages * MmaStage<kD, kTiles>::kBytes;
+}
+
+template <int kD, int kTiles, bool kCapped>
+__global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid_constant__ DecodeLaunch L) {
+  using St = MmaStage<kD, kTiles>;
+  constexpr int kStep = St::kStep;
+  constexpr int kKW = kD / 32;                    // code words of a lane's K slice of one token (D/4 elements)
+  constexpr int kKG = kD / 64;                    // scale groups of that slice (1, 2 or 4)
+  constexpr int kVW = kD / 64;                    // code words of a lane's V slice of one token (D/8 elements)
+  constexpr int kVG = kD >= 128 ? kD / 128 : 1;  // scale groups of that slice
+  constexpr int kM = kD / 16;                     // mma tiles along the head dimension
+  static_assert(kDecodeWarps * kMmaRows * kD * 4 <= mma_smem_bytes<kD, kTiles>(), "merge fits the stages");
+  const DecodeParams& p = L.p;
+  const int64_t b = L.b0 + blockIdx.z;
+  const int32_t h = static_cast<int32_t>(blockIdx.y) / L.chunks;
+  const int32_t chunk = static_cast<int32_t>(blockIdx.y) % L.chunks;
+  const int32_t split = static_cast<int32_t>(blockIdx.x);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int32_t rows_total = p.group * p.q_len;
+  const int32_t r0 = chunk * kMmaRows;
+  const int32_t R = min(kMmaRows, rows_total - r0);
+
+  extern __shared__ __align__(16) uint8_t smem[];  // the warps' stages; the merge afterwards
+  __shared__ float q_s[kMmaRows][kD];
+  __shared__ float qf_s[kMmaRows];  // the query rows' power-of-two scale
+  __shared__ float m_s[kDecodeWarps][kMmaRows], l_s[kDecodeWarps][kMmaRows];
+
+  wait_for_prior_grids();
+  allow_next_grids();
+  const int64_t len = load_index(p.seq_lens, b);
+
+  for (int idx = threadIdx.x; idx < kMmaRows * kD; idx += kDecodeThreads) {
+    const int r = idx / kD, d = idx % kD;
+    float v = 0.0f;
+    if (r < R) {
+      const int32_t rr = r0 + r, gq = rr / p.q_len, i = rr % p.q_len;
+      const int64_t at = (b * p.q_len + i) * p.q_stride[0] + (int64_t{h} * p.group + gq) * p.q_stride[1] + d;
+      v = p.dtype == DType::kFloat16 ? load_q<DType::kFloat16>(p.query, at) : load_q<DType::kBFloat16>(p.query, at);
+    }
+    q_s[r][d] = v;
+  }
+  __syncthreads();
+  // Each query row is scaled by a power of two that brings its largest element to [2^13, 2^14):
+  // exact, and inside fp16's range whatever the query's dtype (bf16 reaches 2^127).
+  for (int r = warp; r < kMmaRows; r += kDecodeWarps) {
+    float mx = 0.0f;
+    for (int d = lane; d < kD; d += 32) mx = fmaxf(mx, fabsf(q_s[r][d]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    int e = 0;
+    frexpf(mx, &e);
+    if (lane == 0) qf_s[r] = mx > 0.0f && mx <= 3.0e38f ? ldexpf(1.0f, 14 - e) : 1.0f;
+  }
+  __syncthreads();
+
+  // Lane t's K slice of a row: 16-byte chunks at 16t and 64 + 16t (D 256), 16t (D 128), 8-byte
+  // at 8t (D 64); word w of it starts at byte k_byte(w). Its scale bytes: groups 2t, 2t + 1
+  // (and 8 + 2t, 9 + 2t), or t (D 64): word w's group is k = w / 2 of them.
+  const auto k_byte = [&](int w) { return kD == 64 ? 8 * t + 4 * w : 16 * t + 64 * (w / 4) + 4 * (w % 4); };
+  // B fragments of the query (row g), in the order the lanes' K words are unpacked: fp16x2 i
+  // holds the elements of codes kcode_lo(i % 4) and kcode_hi(i % 4) of word i / 4.
+  uint32_t qb[kD / 8];
+  {
+    const float f = qf_s[g];
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i) {
+      const int d = 2 * k_byte(i / 4);
+      qb[i] = pack_f16x2(q_s[g][d + kcode_lo(i % 4)] * f, q_s[g][d + kcode_hi(i % 4)] * f);
+    }
+  }
+
+  // This lane's C rows: 2t and 2t + 1. Logit = acc * kq[j], in the log2 domain for exp2 (the
+  // soft cap, when there is one, takes the natural logit).
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float kq0 = read_scale(p.k_scale) * p.sm_scale * kUnpackScale;
+  float kq[2];
+  int64_t first[2], last[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int r = 2 * t + j;
+    kq[j] = kq0 / qf_s[r] * (kCapped ? 1.0f : kLog2e);
+    const int32_t i = (r0 + r) % p.q_len;
+    last[j] = r < R && len > 0 ? len - p.q_len + i : -1;
+    first[j] = p.window_left >= 0 ? max64(0, last[j] - p.window_left) : 0;
+  }
+  // Tokens every real row attends to: [first_all, last_all]; a step inside it needs no mask.
+  int64_t first_all = 0, last_all = len - 1;
+  for (int r = 0; r < R; ++r) {
+    const int64_t la = len - p.q_len + (r0 + r) % p.q_len;
+    last_all = min64(last_all, la);
+    if (p.window_left >= 0) first_all = max64(first_all, la - p.window_left);
+  }
+
+  const int64_t lo_blk = split * L.cols_per_split;
+  const int64_t lo = lo_blk * p.T;
+  const int64_t hi = min64(min64((split + 1) * L.cols_per_split, p.max_blocks) * p.T, len);
+  const IndexVec bt_row = block_table_row(p, b);
+  PageOffsets kat, vat;  // this KV head's rows, group 0
+  kat.init(L.off[0], h, 0);
+  vat.init(L.off[1], h, 0);
+  const uint32_t v_slice = g * (kD / 16);         // byte of lane g's V slice in a row
+  const int v_group = g * (kD / 8) / kGroupSize;  // its first scale group
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[kM][4];
+#pragma unroll
+  for (int i = 0; i < kM; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+
+  const uint32_t stages = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
+                          static_cast<uint32_t>(warp * kMmaStages * St::kBytes);
+  const uint8_t* stages_p = smem + warp * kMmaStages * St::kBytes;
+  // This warp's steps: s0 = lo + (warp + kDecodeWarps * n) * kStep.
+  const int64_t first_s0 = lo + warp * kStep;
+  const int64_t nsteps = hi > first_s0 ? (hi - first_s0 + kDecodeWarps * kStep - 1) / (kDecodeWarps * kStep) : 0;
+  uint32_t valid = 0;  // bit st * kTiles + u: tile u of the step in stage st has a valid page
+
+  // Starts the copies of step n into stage st: every lane copies its share of the code rows
+  // (16 bytes each) and of the scale bytes; tokens past the end of the split or in a masked
+  // page are filled with zeros, never read.
+  const auto issue = [&](int64_t n, int st) {
+    const int64_t s0 = first_s0 + n * (kDecodeWarps * kStep);
+    const uint32_t base = stages + st * St::kBytes;
+    const uint8_t* kpg[kTiles];
+    const uint8_t* vpg[kTiles];
+    uint32_t pos0[kTiles];
+    int32_t n_ok[kTiles];
+#pragma unroll
+    for (int u = 0; u < kTiles; ++u) {
+      const int64_t j0 = s0 + 16 * u;
+      int64_t page = -1;
+      pos0[u] = 0;
+      if (j0 < hi) {
+        // Offsets inside the split fit 32 bits (a split is at most the sequence, < 2^31 tokens).
+        const uint32_t rel = static_cast<uint32_t>(j0 - lo);
+        const uint32_t rb = L.block_size.div(rel);
+        pos0[u] = rel - rb * static_cast<uint32_t>(p.T);
+        page = load_index(bt_row, lo_blk + rb);
+        if (page < 0 || page >= p.N) page = -1;  // masked out, never read
+      }
+      const uint32_t bit = 1u << (st * kTiles + u);
+      valid = page >= 0 ? valid | bit : valid & ~bit;
+      n_ok[u] = page >= 0 ? static_cast<int32_t>(min64(16, hi - j0)) : 0;
+      kpg[u] = p.k.base + (page >= 0 ? page : 0) * p.k.page_stride;
+      vpg[u] = p.v.base + (page >= 0 ? page : 0) * p.v.page_stride;
+    }
+    constexpr int kChunks = kD / 32;  // 16-byte chunks of a code row
+#pragma unroll
+    for (int u = 0; u < kTiles; ++u) {
+#pragma unroll
+      for (int i = 0; i < 16 * kChunks / 32; ++i) {
+        const int c = lane + 32 * i, e = c / kChunks, ch = c % kChunks, tok = 16 * u + e;
+        const bool ok = e < n_ok[u];
+        const uint32_t pos = pos0[u] + e;
+        cp_async<16>(base + St::kK + tok * St::kKRow + 16 * ch, kpg[u] + kat.data(pos) + 16 * ch, ok);
+        cp_async<16>(base + St::kV + tok * St::kVRow + 16 * ch, vpg[u] + vat.data(pos) + 16 * ch, ok);
+      }
+      if (lane < 16) {  // one token per lane: its K scale bytes (linear), and V's if linear
+        const int e = lane;
+        const bool ok = e < n_ok[u];
+        const uint32_t pos = pos0[u] + e;
+        cp_async<St::kS>(base + St::kKs + (16 * u + e) * St::kS, kpg[u] + kat.scale(pos, 0), ok);
+        if (!vat.interleaved)
+          cp_async<St::kS>(base + St::kVs + (16 * u + e) * St::kS, vpg[u] + vat.scale(pos, 0), ok);
+      }
+      // Interleaved V scales: blocks of 4 tokens, 4 * kS contiguous bytes each (FORMAT.md §4), in
+      // 16-byte chunks. A block partly past the end is copied whole: its codes are zeros, and the
+      // reader zeroes the scale bytes of tokens past the end.
+      constexpr int kPer = St::kS / 4;  // chunks of a block; 4 blocks per tile
+      if (vat.interleaved && lane < 4 * kPer) {
+        const int blk = lane / kPer, ch = lane % kPer;
+        cp_async<16>(base + St::kVs + (4 * u + blk) * 4 * St::kS + 16 * ch,
+                     vpg[u] + vat.scale(pos0[u] + 4 * blk, 0) + 16 * ch, 4 * blk < n_ok[u]);
+      }
+    }
+  };
+
+  // Computes step n from stage st. kFull: every token of the step exists, its pages are valid and
+  // every real row attends to all of it: no per-token test (most steps of a decode).
+  const auto compute = [&](int64_t n, int st, auto full_tag) {
+    constexpr bool kFull = decltype(full_tag)::value;
+    const int64_t s0 = first_s0 + n * (kDecodeWarps * kStep);
+    const uint8_t* sp = stages_p + st * St::kBytes;
+    int32_t n_ok[kTiles];
+#pragma unroll
+    for (int u = 0; u < kTiles; ++u)
+      n_ok[u] = kFull ? 16 : (valid >> (st * kTiles + u)) & 1u ? static_cast<int32_t>(min64(16, hi - (s0 + 16 * u))) : 0;
+
+    // Logits: S^T[token][row], lane (g, t) holds tokens g, g + 8 and rows 2t, 2t + 1.
+    float sc[kTiles][4];
+#pragma unroll
+    for (int u = 0; u < kTiles; ++u) {
+      sc[u][0] = sc[u][1] = sc[u][2] = sc[u][3] = 0.0f;
+      uint32_t kw[2][kKW], s2[2][kKG];
+#pragma unroll
+      for (int a = 0; a < 2; ++a) {
+        const int tok = 16 * u + g + 8 * a;
+        const uint8_t* row = sp + St::kK + tok * St::kKRow;
+        if constexpr (kD == 64) {
+          const uint2 v = *reinterpret_cast<const uint2*>(row + 8 * t);
+          kw[a][0] = v.x, kw[a][1] = v.y;
+        } else {
+#pragma unroll
+          for (int c = 0; c < kKW / 4; ++c) {
+            const uint4 v = *reinterpret_cast<const uint4*>(row + 16 * t + 64 * c);
+            kw[a][4 * c] = v.x, kw[a][4 * c + 1] = v.y, kw[a][4 * c + 2] = v.z, kw[a][4 * c + 3] = v.w;
+          }
+        }
+        const uint8_t* ks = sp + St::kKs + tok * St::kS;
+        uint32_t bytes;
+        if constexpr (kD == 64) bytes = ks[t];
+        else if constexpr (kD == 128) bytes = *reinterpret_cast<const uint16_t*>(ks + 2 * t);
+        else
+          bytes = *reinterpret_cast<const uint16_t*>(ks + 2 * t) |
+                  static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(ks + 8 + 2 * t)) << 16;
+#pragma unroll
+        for (int k = 0; k < kKG; ++k) {
+          const uint32_t byte = (bytes >> (8 * k)) & 0xFFu;
+          s2[a][k] = scale_pair_f16x2(byte, byte);
+        }
+      }
+#pragma unroll
+      for (int w = 0; w < kKW; ++w) {  // word w: chunks 2w and 2w + 1 (fp16x2 4w .. 4w + 3)
+        uint32_t h0[4], h1[4];
+        unpack_word(kw[0][w], h0);
+        unpack_word(kw[1][w], h1);
+        const int k = w / 2;  // its scale group
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          mma_16816(sc[u], mul_f16x2(h0[2 * c], s2[0][k]), mul_f16x2(h1[2 * c], s2[1][k]),
+                    mul_f16x2(h0[2 * c + 1], s2[0][k]), mul_f16x2(h1[2 * c + 1], s2[1][k]), qb[4 * w + 2 * c],
+                    qb[4 * w + 2 * c + 1]);
+      }
+    }
+
+    // Online softmax per row (log2 domain); rows 2t + j of this lane, tokens over g and tiles.
+    float pr[kTiles][4];
+    bool moved = false;
+    float corr[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      // Token s0 + e is in row j's range when lo_e <= e < hi_e (32-bit, relative to s0).
+      int32_t lo_e = 0, hi_e = kStep;
+      if (!kFull) {
+        lo_e = static_cast<int32_t>(min64(max64(first[j] - s0, -1), kStep));
+        hi_e = static_cast<int32_t>(max64(min64(min64(last[j] + 1, hi) - s0, kStep), 0));
+      }
+      float mx = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < kTiles; ++u)
+#pragma unroll
+        for (int a = 0; a < 2; ++a) {
+          float x = sc[u][2 * a + j] * kq[j];
+          if constexpr (kCapped) x = p.soft_cap * tanhf(x / p.soft_cap) * kLog2e;
+          if (!kFull) {
+            const int32_t e = 16 * u + g + 8 * a;
+            x = n_ok[u] > 0 && e >= lo_e && e < hi_e ? x : -INFINITY;
+          }
+          sc[u][2 * a + j] = x;
+          mx = fmaxf(mx, x);
+        }
+#pragma unroll
+      for (int o_ = 4; o_ < 32; o_ <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o_));
+      const float m_new = fmaxf(m[j], mx);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      corr[j] = exp2f(m[j] - m_use);
+      moved |= m_new != m[j];
+      float sum = 0.0f;
+#pragma unroll
+      for (int u = 0; u < kTiles; ++u)
+#pragma unroll
+        for (int a = 0; a < 2; ++a) {
+          const float e = exp2f(sc[u][2 * a + j] - m_use);
+          pr[u][2 * a + j] = e;
+          sum += e;
+        }
+      l[j] = l[j] * corr[j] + sum;
+      m[j] = m_new;
+    }
+    // Once the running maxima settle (after the first steps, typically) the outputs need no
+    // rescaling: skip its D/4 multiplies per lane when no row of the warp moved.
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int i = 0; i < kM; ++i) {
+        o[i][0] *= corr[0];
+        o[i][1] *= corr[1];
+        o[i][2] *= corr[0];
+        o[i][3] *= corr[1];
+      }
+    }
+
+    // Output: O^T[element][row] += V^T P^T per tile.
+#pragma unroll
+    for (int u = 0; u < kTiles; ++u) {
+      const uint32_t pb0 = transpose_8x8(pack_f16x2(pr[u][0], pr[u][1]));  // tokens 2t, 2t+1; row g
+      const uint32_t pb1 = transpose_8x8(pack_f16x2(pr[u][2], pr[u][3]));  // tokens 2t+8, 2t+9
+      uint32_t vw[4][kVW], s2[2][kVG];
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int e0 = 2 * t + 8 * q;  // tokens e0, e0 + 1 of the tile
+#pragma unroll
+        for (int z = 0; z < 2; ++z) {
+          const uint8_t* row = sp + St::kV + (16 * u + e0 + z) * St::kVRow + v_slice;
+          if constexpr (kVW == 1) {
+            vw[2 * q + z][0] = *reinterpret_cast<const uint32_t*>(row);
+          } else if constexpr (kVW == 2) {
+            const uint2 v = *reinterpret_cast<const uint2*>(row);
+            vw[2 * q + z][0] = v.x, vw[2 * q + z][1] = v.y;
+          } else {
+            const uint4 v = *reinterpret_cast<const uint4*>(row);
+            vw[2 * q + z][0] = v.x, vw[2 * q + z][1] = v.y, vw[2 * q + z][2] = v.z, vw[2 * q + z][3] = v.w;
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < kVG; ++k) {
+          const int G = v_group + k, tok = 16 * u + e0;
+          uint32_t two = vat.interleaved
+                             ? *reinterpret_cast<const uint16_t*>(sp + St::kVs + (tok / 4) * 4 * St::kS + 4 * G + tok % 4)
+                             : sp[St::kVs + tok * St::kS + G] | static_cast<uint32_t>(sp[St::kVs + (tok + 1) * St::kS + G]) << 8;
+          if (!kFull) {  // scale bytes of tokens past the end are not data: their V is 0
+            if (e0 >= n_ok[u]) two &= 0xFF00u;
+            if (e0 + 1 >= n_ok[u]) two &= 0x00FFu;
+          }
+          s2[q][k] = scale_pair_f16x2(two & 0xFFu, two >> 8);
+        }
+      }
+#pragma unroll
+      for (int w = 0; w < kVW; ++w) {
+        // Pair q: tokens (2t, 2t+1) + 8q, side by side; hv[q][n] holds element 8w + n of both.
+        uint32_t hv[2][8];
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          uint32_t x[2], hh[4];
+          v_interleave(vw[2 * q][w], vw[2 * q + 1][w], x);
+          const uint32_t sv = s2[q][kVG > 1 ? w / 2 : 0];  // 8w is in the slice's group w / 2
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            unpack_word(x[k], hh);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) hv[q][4 * k + i] = mul_f16x2(hh[i], sv);
+          }
+        }
+        // mma tile 4w + mi: elements 8w + 2mi (A rows g) and 8w + 2mi + 1 (A rows g + 8).
+#pragma unroll
+        for (int mi = 0; mi < 4; ++mi)
+          mma_16816(o[4 * w + mi], hv[0][2 * mi], hv[0][2 * mi + 1], hv[1][2 * mi], hv[1][2 * mi + 1], pb0, pb1);
+      }
+    }
+  };
+
+  // The pipeline: step i's copies start kMmaStages - 1 steps before step i is computed (one
+  // call site each, so that the lambdas inline).
+  for (int64_t i = 0; i < nsteps + kMmaStages - 1; ++i) {
+    if (i < nsteps) issue(i, static_cast<int>(i % kMmaStages));
+    cp_async_commit();  // possibly empty: the wait below counts groups
+    const int64_t n = i - (kMmaStages - 1);
+    if (n < 0) continue;
+    const int st = static_cast<int>(n % kMmaStages);
+    cp_async_wait<kMmaStages - 1>();  // step n's copies (this lane's) have landed
+    __syncwarp();                     // and every lane's
+    const int64_t s0 = first_s0 + n * (kDecodeWarps * kStep);
+    const bool full = ((valid >> (st * kTiles)) & ((1u << kTiles) - 1)) == (1u << kTiles) - 1 &&
+                      s0 + kStep <= hi && s0 >= first_all && s0 + kStep <= last_all + 1;
+    if (full)
+      compute(n, st, std::true_type{});
+    else
+      compute(n, st, std::false_type{});
+    __syncwarp();  // every lane is done with stage st before a later issue overwrites it
+  }
+  cp_async_wait<0>();
+
+  // Each lane's denominators are partial (its tokens): sum over the 8 lanes of a row pair.
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int o_ = 4; o_ < 32; o_ <<= 1) l[j] += __shfl_xor_sync(0xffffffffu, l[j], o_);
+  if (g == 0) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      m_s[warp][2 * t + j] = m[j] == -INFINITY ? -INFINITY : m[j] / kLog2e;  // natural log units
+      l_s[warp][2 * t + j] = l[j];
+    }
+  }
+  // C fragment of tile mi: elements (2mi, 2mi + 1) of lane g's slice... see the V loop: tile
+  // 4w + mi holds element 8w + 2mi in c0, c1 and 8w + 2mi + 1 in c2, c3 (rows 2t, 2t + 1).
+  __syncthreads();  // every warp is done with its stages: the merge reuses them
+  auto& acc_s = *reinterpret_cast<float(*)[kDecodeWarps][kMmaRows][kD]>(smem);
+#pragma unroll
+  for (int i = 0; i < kM; ++i) {
+    const int e = (i / 4) * 8 + 2 * (i % 4);
+    const int d = g * (kD / 8) + e;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      acc_s[warp][2 * t + j][d] = o[i][j] * kUnpackScale;
+      acc_s[warp][2 * t + j][d + 1] = o[i][2 + j] * kUnpackScale;
+    }
+  }
+  __syncthreads();
+  if (p.dtype == DType::kFloat16)
+    merge_warps<DType::kFloat16, kD, kMmaRows>(L, b, h, r0, R, split, m_s, l_s, acc_s);
+  else
+    merge_warps<DType::kBFloat16, kD, kMmaRows>(L, b, h, r0, R, split, m_s, l_s, acc_s);
+}
+
+// Merges the splits of one (row, query head), in split order. Thread s < splits loads split
+// s's (max, denominator), so they arrive at once, and the output sum runs over unrolled
+// independent loads: a loop that waits for one load per split costs a cache latency per split
+// (about 30 us at 64 splits, measured on the H200).
 template <DType kDType, int kD>
 __global__ void __launch_bounds__(kD) decode_combine_kernel(const __grid_constant__ DecodeLaunch L) {
+  static_assert(kDecodeMaxSplits <= kD, "one thread per split");
   const DecodeParams& p = L.p;
+  __shared__ float m_s[kDecodeMaxSplits], l_s[kDecodeMaxSplits], c_s[kDecodeMaxSplits];
   wait_for_prior_grids();
   allow_next_grids();
   const int64_t Hq = int64_t{p.H} * p.group;
   const int64_t unit = blockIdx.x;  // row * Hq + hq
   const int64_t row = unit / Hq, hq = unit % Hq;
   const float* part = p.workspace + unit * L.splits * (kD + 2);
-  float M = -INFINITY;
-  for (int s = 0; s < L.splits; ++s) M = fmaxf(M, part[s * (kD + 2)]);
-  float lsum = 0.0f, o = 0.0f;
   const int d = threadIdx.x;
-  for (int s = 0; s < L.splits; ++s) {
-    const float* ps = part + s * (kD + 2);
-    const float c = ps[0] == -INFINITY ? 0.0f : __expf(ps[0] - M);
-    lsum += ps[1] * c;
-    o += ps[2 + d] * c;
+  const int splits = L.splits;
+  if (d < kDecodeMaxSplits) {
+    m_s[d] = d < splits ? part[d * (kD + 2)] : -INFINITY;
+    l_s[d] = d < splits ? part[d * (kD + 2) + 1] : 0.0f;
+  }
+  __syncthreads();
+  float M = -INFINITY;
+#pragma unroll 16
+  for (int s = 0; s < kDecodeMaxSplits; ++s) M = fmaxf(M, m_s[s]);
+  if (d < kDecodeMaxSplits) c_s[d] = m_s[d] == -INFINITY ? 0.0f : __expf(m_s[d] - M);
+  __syncthreads();
+  float lsum = 0.0f, o = 0.0f;
+#pragma unroll 8
+  for (int s = 0; s < splits; ++s) {
+    lsum += l_s[s] * c_s[s];
+    o += part[s * (kD + 2) + 2 + d] * c_s[s];
   }
   const float out = lsum > 0.0f ? o / lsum * read_scale(p.v_scale) : 0.0f;
   store_out<kDType>(p.out, row * p.out_stride[0] + hq * p.out_stride[1] + d, out);
   if (p.lse && d == 0) p.lse[row * p.lse_stride[0] + hq * p.lse_stride[1]] = lsum > 0.0f ? M + logf(lsum) : -INFINITY;
 }
 
+// Lets `kernel` use `bytes` of dynamic shared memory (above 48 KiB needs asking), once per device.
+template <auto kernel>
+cudaError_t allow_smem(int device, size_t bytes) {
+  static std::atomic<bool> done[64];
+  const bool keep = device >= 0 && device < 64;
+  if (keep && done[device].load(std::memory_order_relaxed)) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (err == cudaSuccess && keep) done[device].store(true, std::memory_order_relaxed);
+  return err;
+}
+
+template <int kD, bool kCapped>
+cudaError_t launch_mma(const DecodeLaunch& L, dim3 grid, int device, cudaStream_t stream) {
+  // Two tiles per step halve the per-step overhead; D 256 has the registers for one.
+  constexpr int kTiles = kD >= 256 ? 1 : 2;
+  constexpr auto kernel = decode_mma_kernel<kD, kTiles, kCapped>;
+  constexpr size_t smem = mma_smem_bytes<kD, kTiles>();
+  const cudaError_t err = allow_smem<kernel>(device, smem);
+  if (err != cudaSuccess) return err;
+  return launch_pdl(kernel, grid, dim3(kDecodeThreads), device, stream, L, smem);
+}
+
 template <DType kDType, int kD>
-cudaError_t launch_decode(DecodeLaunch& L, int device, cudaStream_t stream) {
+cudaError_t launch_decode(DecodeLaunch& L, DecodeKernel kind, int device, cudaStream_t stream) {
   const DecodeParams& p = L.p;
+  const int rows = p.group * p.q_len;
+  const auto lanes = rows <= 1   ? decode_kernel<kDType, kD, 1>
+                     : rows <= 2 ? decode_kernel<kDType, kD, 2>
+                     : rows <= 4 ? decode_kernel<kDType, kD, 4>
+                                 : decode_kernel<kDType, kD, kMaxRows>;
   for (int64_t b0 = 0; b0 < p.B; b0 += 65535) {
     L.b0 = b0;
     const dim3 grid(static_cast<unsigned>(L.splits), static_cast<unsigned>(p.H * L.chunks),
                     static_cast<unsigned>(std::min<int64_t>(65535, p.B - b0)));
-    const int rows = p.group * p.q_len;
-    const auto kernel = rows <= 1 ? decode_kernel<kDType, kD, 1>
-                        : rows <= 2 ? decode_kernel<kDType, kD, 2>
-                        : rows <= 4 ? decode_kernel<kDType, kD, 4>
-                                    : decode_kernel<kDType, kD, kMaxRows>;
-    cudaError_t err = launch_pdl(kernel, grid, dim3(kDecodeThreads), device, stream, L);
+    cudaError_t err;
+    if (kind == DecodeKernel::kMma)
+      err = p.soft_cap > 0.0f ? launch_mma<kD, true>(L, grid, device, stream)
+                              : launch_mma<kD, false>(L, grid, device, stream);
+    else
+      err = launch_pdl(lanes, grid, dim3(kDecodeThreads), device, stream, L);
     if (err != cudaSuccess) return err;
   }
   if (L.splits > 1) {
@@ -302,11 +886,11 @@ cudaError_t launch_decode(DecodeLaunch& L, int device, cudaStream_t stream) {
 }
 
 template <DType kDType>
-cudaError_t decode_dtype(DecodeLaunch& L, int device, cudaStream_t stream) {
+cudaError_t decode_dtype(DecodeLaunch& L, DecodeKernel kind, int device, cudaStream_t stream) {
   switch (L.p.k.D) {
-    case 64: return launch_decode<kDType, 64>(L, device, stream);
-    case 128: return launch_decode<kDType, 128>(L, device, stream);
-    default: return launch_decode<kDType, 256>(L, device, stream);
+    case 64: return launch_decode<kDType, 64>(L, kind, device, stream);
+    case 128: return launch_decode<kDType, 128>(L, kind, device, stream);
+    default: return launch_decode<kDType, 256>(L, kind, device, stream);
   }
 }
 
@@ -338,11 +922,18 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
   L.off[0] = SideOffsets::make(p.k, p.layout, p.H, p.T);
   L.off[1] = SideOffsets::make(p.v, p.layout, p.H, p.T);
   L.block_size = FastDiv(static_cast<uint32_t>(p.T));
+  const DecodeKernel kind = select_decode_kernel(
+      {p.T, p.k.D, aligned(16, p.k.base, {p.k.page_stride}) && aligned(16, p.v.base, {p.v.page_stride}),
+       p.k.interleaved != 0});
   const int rows = p.group * p.q_len;
-  const int per_block = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : kMaxRows;  // as launch_decode
+  const int per_block = kind == DecodeKernel::kMma ? kMmaRows
+                        : rows <= 1                ? 1
+                        : rows <= 2                ? 2
+                        : rows <= 4                ? 4
+                                                   : kMaxRows;  // as launch_decode
   L.chunks = (rows + per_block - 1) / per_block;
-  const cudaError_t err = p.dtype == DType::kFloat16 ? decode_dtype<DType::kFloat16>(L, device, stream)
-                                                     : decode_dtype<DType::kBFloat16>(L, device, stream);
+  const cudaError_t err = p.dtype == DType::kFloat16 ? decode_dtype<DType::kFloat16>(L, kind, device, stream)
+                                                     : decode_dtype<DType::kBFloat16>(L, kind, device, stream);
   if (err != cudaSuccess) *message = check_kernel_image(err);
   return err;
 }

@@ -55,17 +55,41 @@ __device__ __forceinline__ uint32_t scale_f16x2(uint32_t sfb) {
 #endif
 }
 
+// The fp16x2 pair (sfq_lo, sfq_hi) of two scale bytes, NaN bytes as NaN (the decode attention
+// multiplies codes of two tokens by their own scales at once).
+__device__ __forceinline__ uint32_t scale_pair_f16x2(uint32_t lo, uint32_t hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t s2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(s2) : "h"(static_cast<uint16_t>(lo | (hi << 8))));
+  return s2;
+#else
+  uint32_t s2;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(s2) : "f"(e4m3_decode(hi)), "f"(e4m3_decode(lo)));
+  return s2;
+#endif
+}
+
+// Codes j and j + 4 of a code word (j < 4) as an fp16x2 of their values times 2^-14 (see
+// dequantize_group_h): magnitudes to bits 9..11 and 25..27, signs to bits 15 and 31.
+__device__ __forceinline__ uint32_t e2m1_pair_h(uint32_t w, int j) {
+  const uint32_t mag = (j < 3 ? w << (9 - 4 * j) : w >> 3) & 0x0E000E00u;
+  return mag | ((w << (12 - 4 * j)) & 0x80008000u);
+}
+
+// a * b of two fp16x2, rounded once per half, subnormals kept (exact for the products above).
+__device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
+  uint32_t p;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(a), "r"(b));
+  return p;
+}
+
 // The 8 outputs of one code word, y_i = (e2m1_i * sfq) * g, from s2 = scale_f16x2(sfb) and
 // g14 = g * 2^14 (see dequantize_group_h). Elements j and j + 4 share one fp16x2 (both sit at
 // the same shift).
 __device__ __forceinline__ void dequantize_word_h(uint32_t w, uint32_t s2, float g14, float (&y)[8]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    // Nibbles j and j + 4: magnitudes to bits 9..11 and 25..27, signs to bits 15 and 31.
-    const uint32_t mag = (j < 3 ? w << (9 - 4 * j) : w >> 3) & 0x0E000E00u;
-    const uint32_t h = mag | ((w << (12 - 4 * j)) & 0x80008000u);
-    uint32_t p;
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(h), "r"(s2));  // exact: no rounding, no flush
+    const uint32_t p = mul_f16x2(e2m1_pair_h(w, j), s2);  // exact: no rounding, no flush
     float lo, hi;
     asm("{ .reg .b16 l, u; mov.b32 {l, u}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, u; }"
         : "=f"(lo), "=f"(hi) : "r"(p));

@@ -93,4 +93,21 @@ GatherKernel select_gather_kernel(const GatherShape& s, const PagesPlan& pages, 
 int64_t gather_rows_blocks_per_seq(const GatherShape& s, int64_t tokens_per_block, int64_t resident);
 int64_t gather_pages_blocks_per_seq(const GatherShape& s, const PagesPlan& pages, int64_t resident);
 
+// ---- Decode attention --------------------------------------------------------------------------
+// "Decode attention: the tensor-core reader": it copies 16-token tiles of one page with 16-byte
+// asynchronous copies; other block sizes or alignments take the lane-per-token reader.
+enum class DecodeKernel {
+  kMma,   // decode_mma_kernel: mma.sync tiles of 16 tokens
+  kLanes  // decode_kernel: one lane per token, fp32 products
+};
+
+struct DecodeShape {
+  int32_t T, D;
+  bool aligned16;      // both sides' base and page stride 16-byte aligned
+  bool k_interleaved;  // K scales token-4 interleaved (no scale profile does this; the reader
+                       // copies a token's K scale bytes as one piece)
+};
+
+DecodeKernel select_decode_kernel(const DecodeShape& s);
+
 }  // namespace nvfp4kv

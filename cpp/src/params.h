@@ -156,18 +156,21 @@ struct DecodeParams {
 // Split-KV of the CUDA decode (flash-decoding): the number of splits of each sequence's tokens,
 // a function of the geometry alone (so a workspace sized once serves every call of that
 // geometry, and a CUDA graph replays the same grid): enough (sequence, KV head, split) blocks to
-// cover kDecodeTargetBlocks, at most kDecodeMaxSplits, and never more than the block table's
-// columns. Each split leaves, per query row and query head, its max logit, its softmax
-// denominator and its Dv unnormalized outputs in the workspace, merged in split order
-// (deterministic).
+// cover kDecodeTargetBlocks, at most kDecodeMaxSplits, and at least kDecodeMinSplitBlocks
+// block-table columns per split (a split of a page or two spends its time on the block's setup
+// and the merge, not on reading). Each split leaves, per query row and query head, its max logit,
+// its softmax denominator and its Dv unnormalized outputs in the workspace, merged in split
+// order (deterministic).
 constexpr int64_t kDecodeTargetBlocks = 512;
 constexpr int64_t kDecodeMaxSplits = 64;
+constexpr int64_t kDecodeMinSplitBlocks = 8;
 
 NVFP4KV_HD int64_t decode_splits(int64_t B, int64_t H, int64_t max_blocks) {
   const int64_t units = B * H > 0 ? B * H : 1;
   int64_t s = (kDecodeTargetBlocks + units - 1) / units;
   s = s < kDecodeMaxSplits ? s : kDecodeMaxSplits;
-  s = s < max_blocks ? s : max_blocks;
+  const int64_t most = max_blocks / kDecodeMinSplitBlocks;
+  s = s < most ? s : most;
   return s > 1 ? s : 1;
 }
 

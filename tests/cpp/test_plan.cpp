@@ -151,9 +151,22 @@ static void test_gather() {
         static_cast<long long>(gather_pages_blocks_per_seq(s, p, resident)));
 }
 
+void test_decode() {
+  // The tensor-core reader takes 16-token tiles of one page with vector loads.
+  CHECK(select_decode_kernel({16, 128, true, false}) == DecodeKernel::kMma, "T 16");
+  CHECK(select_decode_kernel({64, 64, true, false}) == DecodeKernel::kMma, "T 64, D 64");
+  CHECK(select_decode_kernel({32, 256, true, false}) == DecodeKernel::kMma, "T 32, D 256");
+  CHECK(select_decode_kernel({8, 128, true, false}) == DecodeKernel::kLanes, "T 8");
+  CHECK(select_decode_kernel({24, 128, true, false}) == DecodeKernel::kLanes, "T 24");
+  CHECK(select_decode_kernel({16, 128, false, false}) == DecodeKernel::kLanes, "unaligned sides");
+  CHECK(select_decode_kernel({16, 96, true, false}) == DecodeKernel::kLanes, "D 96");
+  CHECK(select_decode_kernel({16, 128, true, true}) == DecodeKernel::kLanes, "K scales interleaved");
+}
+
 int main() {
   test_store();
   test_gather();
+  test_decode();
   if (g_failures) {
     fprintf(stderr, "test_plan: %d failures\n", g_failures);
     return 1;
