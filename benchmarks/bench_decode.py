@@ -2,113 +2,280 @@
 """Benchmark of nvfp4kv.decode_attention on the GPU, against its ceilings and the bf16 baseline.
 
 Measured in the same run: the device copy bandwidth (bytes read + written), an empty kernel's
-launch, and PyTorch SDPA decode over bf16 K/V of the same geometry (what a user would run
-instead). Each case: Hq 32, Hkv 8, D 128, T 16 by default, pages in random order through the
-block table, device-resident global scales, outputs preallocated; "gpu µs" is device time with
-the host ahead (nvfp4kv.bench). "% copy" counts the NVFP4 bytes read (K and V rows with their
-scales) at the copy bandwidth; "x SDPA" is SDPA's time over ours.
+launch, and PyTorch SDPA over K/V of the same geometry in the query's dtype (what a user would
+run instead). Pages are in random order through the block table, global scales are
+device-resident, outputs and the workspace are preallocated; "gpu µs" is device time with the
+host ahead (nvfp4kv.bench). "% copy" counts the NVFP4 bytes read (K and V rows with their scales:
+B * L * Hkv * 2 * (D/2 + D/16); the query's geometry and q_len do not change it) at the copy
+bandwidth; "× SDPA" is SDPA's time over ours.
+
+Two tables (issue #23, point 4):
+- main cases: Hq 32, Hkv 8, D 128, T 16, bf16, q_len 1, HND at each B×L of CASES; the small ones
+  also inside a CUDA graph (µs per call, ours and SDPA's);
+- variants (VARIANTS): one thing changed from 16×4096 each (q_len, GQA group, head size, fp16,
+  NHD), and 1×1024 timed inside a CUDA graph.
+
+The SDPA baseline: K/V [B, Hkv, L, D] contiguous per sequence (its best case), enable_gqa. For
+q_len 1 no mask. For q_len > 1 the q_len queries of a sequence are its last q_len positions,
+causal among themselves: a lower-right causal mask (torch.nn.attention.bias.causal_lower_right),
+as decode_attention does; the same SDPA without a mask is reported beside it, and stands in
+(said so on the row) if the masked call fails.
 
 Usage: python benchmarks/bench_decode.py [--quick] [--json PATH] [--cases B×L,...]
+                                         [--variants [NAME,...]] [--variants-only]
 """
 import argparse
+import dataclasses
 import json
-import math
 import sys
 
-import torch
-import torch.nn.functional as F
-
-import nvfp4kv
-from nvfp4kv import bench
-
 CASES = ["16x4096", "64x4096", "16x32768", "64x16384", "128x2048", "1x131072", "4x32768", "1x1024"]
+GRAPH_MAX_TOKENS = 4096  # main cases of at most B*L tokens are also timed inside a CUDA graph
+GRAPH_CALLS = 20  # captures per graph
 
 
-def make_case(B, L, Hq=32, H=8, D=128, T=16, q_len=1, dtype=torch.bfloat16, seed=0):
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One benchmark case; the defaults are the issue's geometry at 16×4096."""
+    B: int = 16
+    L: int = 4096
+    Hq: int = 32
+    H: int = 8
+    D: int = 128
+    T: int = 16
+    q_len: int = 1
+    dtype: str = "bfloat16"
+    layout: str = "HND"
+    graph: bool = False  # gpu µs (ours and SDPA's) per call inside a CUDA graph, not queued launches
+
+    @property
+    def scale_layout(self):
+        # "vllm" interleaves the V scales by 4 tokens within a head, which needs HND rows.
+        return "vllm" if self.layout == "HND" else "linear"
+
+
+# name (for --variants) -> (label, what changes from Spec()).
+VARIANTS = {
+    "q2": ("q_len 2", dict(q_len=2)),
+    "q4": ("q_len 4", dict(q_len=4)),
+    "q8": ("q_len 8", dict(q_len=8)),
+    "group1": ("GQA group 1 (Hq 8)", dict(Hq=8)),
+    "group8": ("GQA group 8 (Hq 64)", dict(Hq=64)),
+    "d64": ("D 64", dict(D=64)),
+    "d256": ("D 256", dict(D=256)),
+    "fp16": ("fp16", dict(dtype="float16")),
+    "nhd": ("NHD (linear scales)", dict(layout="NHD")),
+    "graph": ("1x1024 in a CUDA graph", dict(B=1, L=1024, graph=True)),
+}
+
+
+def parse_case(name):
+    """"16x4096" (or "16×4096") -> Spec(B=16, L=4096)."""
+    parts = name.lower().replace("×", "x").split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"case {name!r}: expected BxL with positive integers, e.g. 16x4096")
+    return Spec(B=int(parts[0]), L=int(parts[1]))
+
+
+def variant_specs(names):
+    """[(label, Spec)] for the given VARIANTS names, in the table's order."""
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    return [(VARIANTS[n][0], Spec(**VARIANTS[n][1])) for n in VARIANTS if n in names]
+
+
+def nvfp4_bytes(s):
+    """NVFP4 bytes one call reads: every K and V row of every sequence, codes (D/2) and scales
+    (D/16). The query's heads and q_len add no cache bytes (the query and output are < 1 %)."""
+    return s.B * s.L * s.H * 2 * (s.D // 2 + s.D // 16)
+
+
+def make_case(s, seed=0):
+    """Builds the tensors of one spec and returns the calls to time: "ours" (decode_attention),
+    "sdpa" (the baseline, "sdpa_mask" saying which mask it applies) and "sdpa_nomask" (the same
+    SDPA without a mask), with "out" (ours) and "sdpa_bytes" (the K/V bytes SDPA reads)."""
+    import torch
+    import torch.nn.functional as F
+    import nvfp4kv
+
+    dtype = getattr(torch, s.dtype)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    blocks = (L + T - 1) // T
-    N = B * blocks
-    Fd = nvfp4kv.nvfp4_kv_cache_full_dim(D)
-    raw = torch.empty(N, 2, H * T * Fd, dtype=torch.uint8, device="cuda").random_(0, 256, generator=g)
-    # A page side is [codes of every row | scale bytes of every row]; random scale bytes would
-    # hold NaN groups (0x7F): keep them at or below 0x3F (1.875).
-    raw[:, :, H * T * (D // 2):] &= 0x3F
-    kv = raw.view(N, 2, H, T, Fd).permute(0, 1, 3, 2, 4)  # (N, 2, T, H, F), HND
-    bt = torch.randperm(N, device="cuda", generator=g).reshape(B, blocks).to(torch.int32)
-    seq_lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
-    q = torch.randn(B * q_len, Hq, D, device="cuda", dtype=dtype, generator=g)
+    blocks = (s.L + s.T - 1) // s.T
+    N = s.B * blocks
+    Fd = nvfp4kv.nvfp4_kv_cache_full_dim(s.D)
+    raw = torch.empty(N, 2, s.H * s.T * Fd, dtype=torch.uint8, device="cuda").random_(0, 256, generator=g)
+    # A page side is [codes of every row | scale bytes of every row] in both layouts; random
+    # scale bytes would hold NaN groups (0x7F): keep them at or below 0x3F (1.875).
+    raw[:, :, s.H * s.T * (s.D // 2):] &= 0x3F
+    if s.layout == "HND":
+        kv = raw.view(N, 2, s.H, s.T, Fd).permute(0, 1, 3, 2, 4)  # (N, 2, T, H, F) over [N][2][H][T][F]
+    else:
+        kv = raw.view(N, 2, s.T, s.H, Fd)  # NHD: the buffer's own order
+    bt = torch.randperm(N, device="cuda", generator=g).reshape(s.B, blocks).to(torch.int32)
+    seq_lens = torch.full((s.B,), s.L, dtype=torch.int32, device="cuda")
+    q = torch.randn(s.B * s.q_len, s.Hq, s.D, device="cuda", dtype=dtype, generator=g)
     out = torch.empty_like(q)
     ks = torch.tensor([0.02], device="cuda")
     vs = torch.tensor([0.03], device="cuda")
-    ws = nvfp4kv.decode_workspace(kv, q, bt, q_len=q_len)
-    return dict(kv=kv, bt=bt, seq_lens=seq_lens, q=q, out=out, ks=ks, vs=vs, ws=ws, q_len=q_len)
+    ws = nvfp4kv.decode_workspace(kv, q, bt, q_len=s.q_len)
+
+    def ours():
+        nvfp4kv.decode_attention(q, kv, bt, seq_lens, ks, vs, out=out, workspace=ws, q_len=s.q_len,
+                                 scale_layout=s.scale_layout)
+
+    # SDPA over K/V contiguous per sequence (its best case); query row b * q_len + i is query i
+    # of sequence b, so the view puts the q_len queries of a sequence on its own axis.
+    k = torch.randn(s.B, s.H, s.L, s.D, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn_like(k)
+    qs = q.view(s.B, s.q_len, s.Hq, s.D).transpose(1, 2)
+
+    def sdpa_nomask():
+        F.scaled_dot_product_attention(qs, k, v, enable_gqa=True)
+
+    sdpa, mask = sdpa_nomask, "none (q_len 1)"
+    if s.q_len > 1:
+        try:
+            from torch.nn.attention.bias import causal_lower_right
+
+            # is_causal=True would align the triangle top-left (query i sees keys 0..i); decode's
+            # queries are the sequence's last q_len positions, so the triangle sits bottom-right.
+            bias = causal_lower_right(s.q_len, s.L)
+
+            def sdpa_causal():
+                F.scaled_dot_product_attention(qs, k, v, attn_mask=bias, enable_gqa=True)
+
+            sdpa_causal()
+            torch.cuda.synchronize()
+            sdpa, mask = sdpa_causal, "causal lower-right"
+        except Exception as e:  # a torch without it (for GQA): the unmasked call, said so on the row
+            mask = f"none (causal lower-right failed: {type(e).__name__}: {e})"
+    return dict(ours=ours, out=out, sdpa=sdpa, sdpa_nomask=sdpa_nomask, sdpa_mask=mask,
+                sdpa_bytes=2 * k.numel() * k.element_size())
 
 
-def nvfp4_bytes(B, L, H=8, D=128):
-    return B * L * H * 2 * (D // 2 + D // 16)
+def measure(s, ceil, label, quick=False, graph_columns=False):
+    """One row: the spec, ours and SDPA's µs, and the ratios against the copy ceiling and SDPA.
+    graph_columns: also time both inside a CUDA graph (the main table's small cases)."""
+    import torch
+
+    from nvfp4kv import bench
+
+    c = make_case(s)
+    reps = 5 if quick else 15
+    nbytes = nvfp4_bytes(s)
+    row = dict(dataclasses.asdict(s), label=label, scale_layout=s.scale_layout, bytes=nbytes, sdpa_mask=c["sdpa_mask"],
+               timing="graph" if s.graph else "queued")
+    if s.graph:
+        row["gpu_us"] = bench._graph_per_call(torch, c["ours"], GRAPH_CALLS, reps)
+        row["sdpa_us"] = bench._graph_per_call(torch, c["sdpa"], GRAPH_CALLS, reps)
+    else:
+        row["gpu_us"] = bench._queued_per_call(torch, c["ours"], bench._calls(nbytes), reps)
+        sdpa_calls = bench._calls(c["sdpa_bytes"])
+        row["sdpa_us"] = bench._queued_per_call(torch, c["sdpa"], sdpa_calls, reps)
+        if c["sdpa"] is not c["sdpa_nomask"]:
+            row["sdpa_nomask_us"] = bench._queued_per_call(torch, c["sdpa_nomask"], sdpa_calls, reps)
+        if graph_columns:
+            row["graph_us"] = bench._graph_per_call(torch, c["ours"], GRAPH_CALLS, reps)
+            row["sdpa_graph_us"] = bench._graph_per_call(torch, c["sdpa"], GRAPH_CALLS, reps)
+    row["copy_us"] = nbytes / (ceil["copy_GBps"] * 1e9) * 1e6
+    row["frac_copy"] = row["copy_us"] / row["gpu_us"]
+    row["x_sdpa"] = row["sdpa_us"] / row["gpu_us"]
+    return row
 
 
-def run(cases, quick=False):
-    ceil = bench.measure_ceilings(torch, quick=quick)
+def run_rows(items, ceil, quick, fmt, graph_columns=lambda s: False):
+    """measure() each (label, spec), printing each row as it comes; a case that fails is
+    reported as a row with its error, and the others still run."""
+    import torch
+
     rows = []
-    for name in cases:
-        B, L = (int(x) for x in name.lower().split("x"))
-        c = make_case(B, L)
-
-        def ours():
-            nvfp4kv.decode_attention(c["q"], c["kv"], c["bt"], c["seq_lens"], c["ks"], c["vs"], out=c["out"],
-                                     workspace=c["ws"], q_len=c["q_len"])
-
-        nbytes = nvfp4_bytes(B, L)
-        calls = bench._calls(nbytes)
-        reps = 5 if quick else 15
-        gpu_us = bench._queued_per_call(torch, ours, calls, reps)
-        # bf16 SDPA decode over K/V of the same geometry (contiguous per sequence: its best case).
-        k = torch.randn(B, 8, L, 128, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        qs = c["q"].view(B, 1, 32, 128).transpose(1, 2)
-
-        def sdpa():
-            F.scaled_dot_product_attention(qs, k, v, enable_gqa=True)
-
-        sdpa_us = bench._queued_per_call(torch, sdpa, bench._calls(k.numel() * 4), reps)
-        row = {"B": B, "L": L, "gpu_us": gpu_us, "sdpa_us": sdpa_us, "bytes": nbytes,
-               "frac_copy": nbytes / (gpu_us * 1e-6) / (ceil["copy_GBps"] * 1e9),
-               "x_sdpa": sdpa_us / gpu_us,
-               "copy_us": nbytes / (ceil["copy_GBps"] * 1e9) * 1e6}
-        if B * L <= 4096:
-            row["graph_us"] = bench._graph_per_call(torch, ours, 20, reps)
-            row["sdpa_graph_us"] = bench._graph_per_call(torch, sdpa, 20, reps)
+    for label, s in items:
+        try:
+            row = measure(s, ceil, label, quick=quick, graph_columns=graph_columns(s))
+        except Exception as e:
+            row = dict(dataclasses.asdict(s), label=label, error=f"{type(e).__name__}: {e}")
+        torch.cuda.empty_cache()  # the next case's cache and K/V may be GBs
         rows.append(row)
-        print(format_row(row), flush=True)
-        del k, v, c
-        torch.cuda.empty_cache()
-    return {"gpu": torch.cuda.get_device_name(), "ceilings": ceil, "decode": rows}
+        print(fmt(row), flush=True)
+    return rows
 
 
 def format_row(r):
+    if "error" in r:
+        return f"{r['B']:>4} x {r['L']:<7} FAILED: {r['error']}"
     g = f"  graph {r['graph_us']:.2f} us (SDPA {r['sdpa_graph_us']:.2f})" if "graph_us" in r else ""
     return (f"{r['B']:>4} x {r['L']:<7} nvfp4 {r['gpu_us']:9.2f} us  {100 * r['frac_copy']:5.1f}% of copy "
             f"(copy of its bytes {r['copy_us']:.1f} us)  bf16 SDPA {r['sdpa_us']:9.2f} us  x{r['x_sdpa']:.2f}{g}")
 
 
-def main(argv=None):
+VARIANT_HEADER = (f"{'variant (16x4096 unless said)':<30} {'gpu us':>9} {'% copy':>7} {'SDPA us':>9} {'x SDPA':>7}"
+                  "  SDPA mask")
+
+
+def format_variant(r):
+    if "error" in r:
+        return f"{r['label']:<30} FAILED: {r['error']}"
+    note = r["sdpa_mask"]
+    if "sdpa_nomask_us" in r:
+        note += f" (no mask {r['sdpa_nomask_us']:.2f} us)"
+    if r["timing"] == "graph":
+        note += "; both per call in a graph"
+    return (f"{r['label']:<30} {r['gpu_us']:9.2f} {100 * r['frac_copy']:6.1f}% {r['sdpa_us']:9.2f} "
+            f"{r['x_sdpa']:6.2f}x  {note}")
+
+
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json")
-    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--quick", action="store_true", help="fewer samples; no variants unless --variants is given")
+    ap.add_argument("--json", metavar="PATH", help="also write every row and the ceilings as JSON")
+    ap.add_argument("--cases", default=",".join(CASES), metavar="BxL,...",
+                    help=f"main cases (default {','.join(CASES)})")
+    ap.add_argument("--variants", nargs="?", const="all", metavar="NAME,...",
+                    help=f"run the variants table: all (no value), none, or these of {','.join(VARIANTS)}; "
+                         "default all, none with --quick")
+    ap.add_argument("--variants-only", action="store_true", help="skip the main cases")
     a = ap.parse_args(argv)
+    try:
+        a.main_specs = [] if a.variants_only else [parse_case(n) for n in a.cases.split(",") if n.strip()]
+        wanted = a.variants or ("none" if a.quick and not a.variants_only else "all")
+        if wanted == "all":
+            names = list(VARIANTS)
+        elif wanted == "none":
+            names = []
+        else:
+            names = [n.strip() for n in wanted.split(",") if n.strip()]
+        a.variant_items = variant_specs(names)
+    except ValueError as e:
+        ap.error(str(e))
+    return a
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    import torch
+
     if not torch.cuda.is_available():
         print("bench_decode: needs a CUDA GPU", file=sys.stderr)
         return 1
-    res = run(a.cases.split(","), quick=a.quick)
-    c = res["ceilings"]
-    print(f"ceilings: copy {c['copy_GBps']:.0f} GB/s, empty kernel {c['empty_launch_us']:.2f} us back to back, "
-          f"{c['empty_graph_node_us']:.2f} us per graph node")
+    import nvfp4kv
+    from nvfp4kv import bench
+
+    ceil = bench.measure_ceilings(torch, quick=a.quick)
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "nvfp4kv": nvfp4kv.__version__,
+           "ceilings": ceil, "decode": [], "variants": []}
+    if a.main_specs:
+        res["decode"] = run_rows([(f"{s.B}x{s.L}", s) for s in a.main_specs], ceil, a.quick, format_row,
+                                 graph_columns=lambda s: s.B * s.L <= GRAPH_MAX_TOKENS)
+    if a.variant_items:
+        print(VARIANT_HEADER, flush=True)
+        res["variants"] = run_rows(a.variant_items, ceil, a.quick, format_variant)
+    print(f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, empty kernel {ceil['empty_launch_us']:.2f} us back to back, "
+          f"{ceil['empty_graph_node_us']:.2f} us per graph node")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
-    return 0
+    return 1 if any("error" in r for r in res["decode"] + res["variants"]) else 0
 
 
 if __name__ == "__main__":

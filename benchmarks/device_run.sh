@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: build, GPU + CPU tests, optional sanitizer, SASS and the benchmark.
-# Usage (on the lent GPU machine): bash benchmarks/device_run.sh [tests|gputests|sanitize|host|bench|sass|noimage]...
+# Usage (on the lent GPU machine): bash benchmarks/device_run.sh [tests|gputests|sanitize|host|bench|decode|amax|sass|noimage]...
 # Writes logs and results under $OUT (or ./device-out).
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
@@ -75,6 +75,12 @@ except Exception as e:
     bench)
       log bench
       python3 benchmarks/bench_store.py ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | tail -40 ;;
+    decode)
+      log decode
+      python3 benchmarks/bench_decode.py ${DECODE_ARGS:-} --json "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" | tail -40 ;;
+    amax)
+      log amax
+      python3 benchmarks/bench_amax.py ${AMAX_ARGS:-} --json "$OUT/amax.json" 2>&1 | tee "$OUT/amax.txt" | tail -20 ;;
   esac
 done
 log done
