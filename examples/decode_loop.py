@@ -56,14 +56,17 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         "[prompt-len / 2, prompt-len] (default: %(default)s)")
     p.add_argument("--heads", type=int, default=8, help="query heads (default: %(default)s)")
     p.add_argument("--kv-heads", type=int, default=2,
-                   help="KV heads; heads must be 1 to 16 times as many (GQA) (default: %(default)s)")
+                   help="KV heads; heads must be 1 to 16 times as many (GQA) "
+                        "(default: %(default)s)")
     p.add_argument("--head-size", type=int, default=128, choices=HEAD_SIZES,
-                   help="(default: %(default)s)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per page (default: %(default)s)")
+                   help="head size; decode_attention reads 64, 128 and 256 (default: %(default)s)")
+    p.add_argument("--block-size", type=int, default=16,
+                   help="tokens per page (default: %(default)s)")
     p.add_argument("--recipe", choices=("nvfp4", "nvfp4_4over6"), default="nvfp4",
                    help="kv_cache_dtype of the store (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3,
-                   help="timed passes over the steps per loop; the fastest counts (default: %(default)s)")
+                   help="timed passes over the steps per loop; the fastest counts "
+                        "(default: %(default)s)")
     p.add_argument("--no-graph", action="store_true",
                    help="on CUDA, run the steps eagerly instead of replaying CUDA graphs")
     p.add_argument("--seed", type=int, default=0)
@@ -76,7 +79,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     cuda_build = nvfp4kv.build_info()["cuda_available"]
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() and cuda_build else "cpu"
-    elif torch.device(args.device).type == "cuda" and not (torch.cuda.is_available() and cuda_build):
+    elif torch.device(args.device).type == "cuda" and not (
+            torch.cuda.is_available() and cuda_build):
         p.error(f"--device {args.device}: no usable GPU here (torch sees one: "
                 f"{torch.cuda.is_available()}; this nvfp4kv build can use CUDA: {cuda_build})")
     return args
@@ -90,7 +94,8 @@ def make_data(batch: int, tokens: int, steps: int, heads: int, kv_heads: int, d:
     magnitude that varies log-normally (heavy tails), and a few outlier channels per head in K
     (4-10x, as the RoPE'd channels of trained models). The queries are scaled so that the logits
     q.k/sqrt(d) vary across keys with a standard deviation of about `logit_std` (a softmax neither
-    flat nor one-hot). Returns bf16 key, value ``[B, tokens, H, D]`` and query ``[steps, B, Hq, D]``.
+    flat nor one-hot). Returns bf16 key, value ``[B, tokens, H, D]`` and query
+    ``[steps, B, Hq, D]``.
     """
     def randn(*shape):
         return torch.randn(*shape, generator=gen, device=device)
@@ -103,8 +108,9 @@ def make_data(batch: int, tokens: int, steps: int, heads: int, kv_heads: int, d:
     k_gain.scatter_(1, outliers, k_gain.gather(1, outliers) * (4 + 6 * rand(*outliers.shape)))
     k = (randn(kv_heads, d) + randn(batch, tokens, kv_heads, d)
          * torch.exp(0.5 * randn(batch, tokens, kv_heads, 1))) * k_gain
+    v_gain = torch.exp(0.3 * randn(kv_heads, d)) * 0.5
     v = (0.8 * randn(kv_heads, d) + randn(batch, tokens, kv_heads, d)
-         * torch.exp(0.3 * randn(batch, tokens, kv_heads, 1))) * torch.exp(0.3 * randn(kv_heads, d)) * 0.5
+         * torch.exp(0.3 * randn(batch, tokens, kv_heads, 1))) * v_gain
     q = randn(steps, batch, heads, d) * torch.exp(0.3 * randn(heads, d))
 
     n = min(tokens, 256)
@@ -205,8 +211,9 @@ def main(argv: Optional[Sequence[str]] = None, *, keep_tensors: bool = False) ->
     spec = nvfp4kv.KVCacheSpec(T, H, D)
     kv_cache = nvfp4kv.allocate_kv_cache(spec, N, layout="HND", device=dev, backend="torch")
     key_cache, value_cache = kv_cache[:, 0], kv_cache[:, 1]
-    nvfp4kv.reshape_and_cache_flash(prompt_keys, prompt_values, key_cache, value_cache, prompt_slots,
-                                    args.recipe, k_scale, v_scale, scale_layout=scale_layout)
+    nvfp4kv.reshape_and_cache_flash(prompt_keys, prompt_values, key_cache, value_cache,
+                                    prompt_slots, args.recipe, k_scale, v_scale,
+                                    scale_layout=scale_layout)
 
     # The bf16 cache: SDPA's own layout [B, H, max_len, D], so attention needs no gather.
     k_bf16 = torch.zeros(B, H, max_len, D, dtype=torch.bfloat16, device=dev)
@@ -237,8 +244,8 @@ def main(argv: Optional[Sequence[str]] = None, *, keep_tensors: bool = False) ->
         seq_lens.copy_(step_lens[s])
 
     def nvfp4_step() -> None:
-        nvfp4kv.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, args.recipe,
-                                        k_scale, v_scale, scale_layout=scale_layout)
+        nvfp4kv.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
+                                        args.recipe, k_scale, v_scale, scale_layout=scale_layout)
         nvfp4kv.decode_attention(query, kv_cache, block_table, seq_lens, k_scale, v_scale,
                                  scale_layout=scale_layout, out=out_nvfp4, workspace=workspace)
 
@@ -269,8 +276,9 @@ def main(argv: Optional[Sequence[str]] = None, *, keep_tensors: bool = False) ->
         outs_nvfp4[s].copy_(out_nvfp4)
         outs_bf16[s].copy_(out_bf16)
 
-    # Timed passes, each loop on its own. They append the same tokens at the same slots again,
-    # which rewrites the same bytes; positions past a step's length are masked, never read.
+    # Timed passes, each loop on its own, timing whole steps as a decode loop runs them (the input
+    # copies, then the replay or the eager calls). They append the same tokens at the same slots
+    # again, which rewrites the same bytes; positions past a step's length are masked, never read.
     def seconds(run_step) -> float:
         best = math.inf
         for _ in range(args.repeats):
@@ -290,7 +298,8 @@ def main(argv: Optional[Sequence[str]] = None, *, keep_tensors: bool = False) ->
     result = {
         "config": {"device": str(dev), "cuda_graph": graphs, "batch": B, "steps": steps,
                    "prompt_lens": prompt_lens.tolist(), "heads": Hq, "kv_heads": H, "head_size": D,
-                   "block_size": T, "num_blocks": N, "recipe": args.recipe, "scale_layout": scale_layout,
+                   "block_size": T, "num_blocks": N, "recipe": args.recipe,
+                   "scale_layout": scale_layout,
                    "k_scale": float(k_scale), "v_scale": float(v_scale)},
         "tokens_per_s": {"bf16": B * steps / t_bf16, "nvfp4": B * steps / t_nvfp4},
         "rel_l2": relative_l2(outs_nvfp4, outs_bf16),
@@ -310,10 +319,11 @@ def main(argv: Optional[Sequence[str]] = None, *, keep_tensors: bool = False) ->
     print(f"global scales (amax/448 of the prompts, ScaleTracker): k_scale={c['k_scale']:.6g} "
           f"v_scale={c['v_scale']:.6g}")
     print(f"{'loop':<26}{'tokens/s':>12}{'ms/step':>10}")
-    for name, label, t in (("bf16", "bf16 cache + SDPA", t_bf16), ("nvfp4", "nvfp4 cache", t_nvfp4)):
+    for name, label, t in (("bf16", "bf16 cache + SDPA", t_bf16),
+                           ("nvfp4", "nvfp4 cache", t_nvfp4)):
         print(f"{label:<26}{tps[name]:>12.1f}{1e3 * t / steps:>10.3f}")
-    print(f"attention output, nvfp4 loop vs bf16 loop: rel L2 {result['rel_l2']:.5f} over all steps "
-          f"(largest step {max(per_step):.5f})")
+    print(f"attention output, nvfp4 loop vs bf16 loop: rel L2 {result['rel_l2']:.5f} over all "
+          f"steps (largest step {max(per_step):.5f})")
     return result
 
 

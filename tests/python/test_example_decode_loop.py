@@ -28,8 +28,9 @@ BF16_REF_TOL = 1e-2
 # 0.1; above 0.2 the loop is broken, below 1e-3 the comparison no longer sees the quantization.
 ERROR_BOUNDS = (1e-3, 0.2)
 
-CPU_ARGS = ["--device", "cpu", "--batch", "3", "--steps", "6", "--prompt-len", "90", "--heads", "8",
-            "--kv-heads", "2", "--head-size", "128", "--block-size", "16", "--repeats", "1", "--seed", "3"]
+CPU_ARGS = ["--device", "cpu", "--batch", "3", "--steps", "6", "--prompt-len", "90",
+            "--heads", "8", "--kv-heads", "2", "--head-size", "128", "--block-size", "16",
+            "--repeats", "1", "--seed", "3"]
 
 
 def cuda_ready():
@@ -69,15 +70,19 @@ def check_against_references(t):
         lens = t["step_lens"][s].cpu()
         # The final cache serves every step: a step reads only positions below its lengths, and
         # later steps only wrote past them.
-        k_hat, v_hat, cu = nvfp4kv.gather_dequant(kv, bt, lens, k_scale, v_scale, dtype=torch.float32,
+        k_hat, v_hat, cu = nvfp4kv.gather_dequant(kv, bt, lens, k_scale, v_scale,
+                                                  dtype=torch.float32,
                                                   scale_layout=t["scale_layout"])
-        want_nvfp4, want_bf16 = [], []
+        want = {"nvfp4": [], "bf16": []}
         for b, n in enumerate(lens.tolist()):
             q = t["queries"][s, b].cpu()
-            want_nvfp4.append(reference_attention(q, k_hat[cu[b]:cu[b + 1]], v_hat[cu[b]:cu[b + 1]]))
-            want_bf16.append(reference_attention(q, t["keys"][b, :n].cpu(), t["values"][b, :n].cpu()))
-        worst["nvfp4"] = max(worst["nvfp4"], relative_l2(t["outs_nvfp4"][s].cpu(), torch.stack(want_nvfp4)))
-        worst["bf16"] = max(worst["bf16"], relative_l2(t["outs_bf16"][s].cpu(), torch.stack(want_bf16)))
+            rows = slice(cu[b], cu[b + 1])
+            want["nvfp4"].append(reference_attention(q, k_hat[rows], v_hat[rows]))
+            want["bf16"].append(reference_attention(q, t["keys"][b, :n].cpu(),
+                                                    t["values"][b, :n].cpu()))
+        for loop in worst:
+            err = relative_l2(t[f"outs_{loop}"][s].cpu(), torch.stack(want[loop]))
+            worst[loop] = max(worst[loop], err)
     assert worst["nvfp4"] <= NVFP4_REF_TOL, worst
     assert worst["bf16"] <= BF16_REF_TOL, worst
     return worst
@@ -135,9 +140,10 @@ def test_cpu_scales_are_calibrated(cpu_run):
 def test_cpu_other_geometry(example, capsys):
     # fp4 recipe with the 4over6 choice, D 64, 16 query heads on one KV head, a block size that
     # forces linear V scales, one-token prompts.
-    result = example.main(["--device", "cpu", "--batch", "2", "--steps", "3", "--prompt-len", "1",
-                           "--heads", "16", "--kv-heads", "1", "--head-size", "64", "--block-size", "5",
-                           "--recipe", "nvfp4_4over6", "--repeats", "1"], keep_tensors=True)
+    argv = ["--device", "cpu", "--batch", "2", "--steps", "3", "--prompt-len", "1",
+            "--heads", "16", "--kv-heads", "1", "--head-size", "64", "--block-size", "5",
+            "--recipe", "nvfp4_4over6", "--repeats", "1"]
+    result = example.main(argv, keep_tensors=True)
     check_printed(result, capsys.readouterr().out)
     assert result["config"]["scale_layout"] == "linear"
     assert result["config"]["prompt_lens"] == [1, 1]
@@ -146,16 +152,18 @@ def test_cpu_other_geometry(example, capsys):
 
 def test_command_line():
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    done = subprocess.run([sys.executable, EXAMPLE, "--device", "cpu", "--batch", "2", "--steps", "2",
-                           "--prompt-len", "20", "--repeats", "1"],
-                          capture_output=True, text=True, timeout=300, env=env)
+    argv = ["--device", "cpu", "--batch", "2", "--steps", "2", "--prompt-len", "20",
+            "--repeats", "1"]
+    done = subprocess.run([sys.executable, EXAMPLE] + argv, capture_output=True, text=True,
+                          timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     err = printed_error(done.stdout)
     assert ERROR_BOUNDS[0] < err < ERROR_BOUNDS[1], done.stdout
 
 
-@pytest.mark.parametrize("argv", [["--heads", "3", "--kv-heads", "2"], ["--heads", "34", "--kv-heads", "2"],
-                                  ["--head-size", "96"], ["--steps", "0"], ["--batch", "0"]])
+@pytest.mark.parametrize("argv", [["--heads", "3", "--kv-heads", "2"],
+                                  ["--heads", "34", "--kv-heads", "2"], ["--head-size", "96"],
+                                  ["--steps", "0"], ["--batch", "0"]])
 def test_bad_arguments(example, argv):
     with pytest.raises(SystemExit) as e:
         example.main(["--device", "cpu"] + argv)
@@ -164,8 +172,8 @@ def test_bad_arguments(example, argv):
 
 @pytest.mark.skipif(not cuda_ready(), reason="needs a GPU and a CUDA build of nvfp4kv")
 def test_cuda_graph_loop(example, capsys):
-    argv = ["--device", "cuda", "--batch", "5", "--steps", "8", "--prompt-len", "300", "--heads", "16",
-            "--kv-heads", "4", "--repeats", "2"]
+    argv = ["--device", "cuda", "--batch", "5", "--steps", "8", "--prompt-len", "300",
+            "--heads", "16", "--kv-heads", "4", "--repeats", "2"]
     result = example.main(argv, keep_tensors=True)
     out = capsys.readouterr().out
     check_printed(result, out)
