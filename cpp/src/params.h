@@ -156,14 +156,14 @@ struct DecodeParams {
 // Split-KV of the CUDA decode (flash-decoding): the number of splits of each sequence's tokens,
 // a function of the geometry alone (so a workspace sized once serves every call of that
 // geometry, and a CUDA graph replays the same grid): enough (sequence, KV head, split) blocks to
-// cover kDecodeTargetBlocks (several waves of resident blocks on a large GPU, so that the last
-// partial wave costs little: "Decode attention: the tensor-core reader"), at most kDecodeMaxSplits, and at least kDecodeMinSplitBlocks
+// cover kDecodeTargetBlocks ("Decode attention: the tensor-core reader" has the measured
+// trade-off: more splits shorten the last partial wave but cost each split's setup and merge), at most kDecodeMaxSplits, and at least kDecodeMinSplitBlocks
 // block-table columns per split (a split of a page or two spends its time on the block's setup
 // and the merge, not on reading). Each split leaves, per query row and query head, its max logit,
 // its softmax denominator and its Dv unnormalized outputs in the workspace, merged in split
 // order (deterministic).
-constexpr int64_t kDecodeTargetBlocks = 2048;
-constexpr int64_t kDecodeMaxSplits = 256;
+constexpr int64_t kDecodeTargetBlocks = 512;
+constexpr int64_t kDecodeMaxSplits = 64;
 constexpr int64_t kDecodeMinSplitBlocks = 8;
 
 NVFP4KV_HD int64_t decode_splits(int64_t B, int64_t H, int64_t max_blocks) {

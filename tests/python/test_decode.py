@@ -271,7 +271,7 @@ def test_defaults_allocate_out_like_the_query():
 # ------------------------------------------------------------------------------------ workspace
 def splits(B, H, max_blocks):  # params.h's decode_splits
     units = max(B * H, 1)
-    return max(1, min(-(-2048 // units), 256, max_blocks // 8))
+    return max(1, min(-(-512 // units), 64, max_blocks // 8))
 
 
 @pytest.mark.parametrize("B,q_len,Hq,H,Dv,mb", [(1, 1, 8, 2, 128, 3), (1, 1, 8, 2, 128, 40), (4, 2, 32, 8, 64, 100), (256, 1, 8, 8, 128, 64),
