@@ -387,7 +387,10 @@ struct MmaStage {
   static constexpr int kBytes = kVs + kStep * kS;
   static_assert(kBytes % 16 == 0, "16-byte aligned stages");
 };
-constexpr int kMmaStages = 3;  // steps a warp has in flight: the one it computes and two more
+// Stages per warp: the step it computes and the one in flight. With 2, a block of 4 warps at D
+// 128 needs 41 KB and 4 blocks fit an SM (registers allow 4): 16 warps, each with a step in
+// flight, against 12 warps with 3 stages ("Decode attention: the tensor-core reader").
+constexpr int kMmaStages = 2;
 
 template <int kD, int kTiles>
 __host__ __device__ constexpr size_t mma_smem_bytes() {
@@ -403,7 +406,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
   constexpr int kVW = kD / 64;                    // code words of a lane's V slice of one token (D/8 elements)
   constexpr int kVG = kD >= 128 ? kD / 128 : 1;  // scale groups of that slice
   constexpr int kM = kD / 16;                     // mma tiles along the head dimension
-  static_assert(kDecodeWarps * kMmaRows * kD * 4 <= mma_smem_bytes<kD, kTiles>(), "merge fits the stages");
+  static_assert(kDecodeWarps * kMmaRows * kD * 4 <= mma_smem_bytes<kD, kTiles>(), "the merge fits the stages");
+  static_assert(kMmaRows * kD * 4 <= mma_smem_bytes<kD, kTiles>(), "the query rows fit the stages");
   const DecodeParams& p = L.p;
   const int64_t b = L.b0 + blockIdx.z;
   const int32_t h = static_cast<int32_t>(blockIdx.y) / L.chunks;
@@ -414,8 +418,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
   const int32_t r0 = chunk * kMmaRows;
   const int32_t R = min(kMmaRows, rows_total - r0);
 
-  extern __shared__ __align__(16) uint8_t smem[];  // the warps' stages; the merge afterwards
-  __shared__ float q_s[kMmaRows][kD];
+  // The query rows first, then the warps' stages, then the merge: one region of dynamic shared
+  // memory (static arrays would add to it and cost a resident block).
+  extern __shared__ __align__(16) uint8_t smem[];
+  auto& q_s = *reinterpret_cast<float(*)[kMmaRows][kD]>(smem);
   __shared__ float qf_s[kMmaRows];  // the query rows' power-of-two scale
   __shared__ float m_s[kDecodeWarps][kMmaRows], l_s[kDecodeWarps][kMmaRows];
 
@@ -462,6 +468,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
       qb[i] = pack_f16x2(q_s[g][d + kcode_lo(i % 4)] * f, q_s[g][d + kcode_hi(i % 4)] * f);
     }
   }
+  __syncthreads();  // every warp has its query fragment: the stages may overwrite q_s
 
   // This lane's C rows: 2t and 2t + 1. Logit = acc * kq[j], in the log2 domain for exp2 (the
   // soft cap, when there is one, takes the natural logit).
