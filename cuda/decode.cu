@@ -314,6 +314,16 @@ __device__ __forceinline__ uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t s
 // Earlier GPUs place each code's bits in an fp16 directly (format_device.cuh): pair i holds codes
 // i and i + 4. v_interleave sets two tokens' words side by side so that pair i of x[k] holds code
 // 4k + i of both tokens (a in the low half, b in the high half).
+__device__ __forceinline__ uint32_t mul_hi(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.hi.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t mul_lo(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.lo.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 constexpr int kUnpackExp = 6;
 __device__ __forceinline__ int kcode_lo(int i) { return (i & 1) + 4 * (i >> 1); }
@@ -327,9 +337,10 @@ __device__ __forceinline__ void unpack_word(uint32_t w, uint32_t (&h)[4]) {
   // High nibble of each byte: sign at bit 7 already, magnitude from bits 6..4 to E4M3's 4..2
   // (exponent's low two bits and the mantissa's top bit): the value times 2^-6. Low nibble:
   // the same after a 4-bit shift.
-  const uint32_t hi = (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu);
-  const uint32_t u = w << 4;
-  const uint32_t lo = (u & 0x80808080u) | ((u >> 2) & 0x1C1C1C1Cu);
+  // The shifts go to the multiply pipe (w >> 2 as the high word of w * 2^30, left shifts as
+  // multiplies): the integer logic pipe, which the masks need, is the reader's busiest.
+  const uint32_t hi = (w & 0x80808080u) | (mul_hi(w, 1u << 30) & 0x1C1C1C1Cu);
+  const uint32_t lo = (mul_lo(w, 16u) & 0x80808080u) | (mul_lo(w, 4u) & 0x1C1C1C1Cu);
   h[0] = e4m3x2_f16x2(lo);        // codes 0, 2
   h[1] = e4m3x2_f16x2(hi);        // codes 1, 3
   h[2] = e4m3x2_f16x2(lo >> 16);  // codes 4, 6
