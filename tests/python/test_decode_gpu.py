@@ -124,3 +124,86 @@ def test_cuda_graph_with_changing_lengths():
         torch.cuda.synchronize()
         want = nv.decode_attention(q.cpu(), kv.cpu(), bt.cpu(), lens.cpu(), 0.03, 0.05)
         assert close(out.float().cpu(), want.float()) <= REL_L2
+
+
+# ---------------------------------------------------------------- against float64 attention
+# The GPU reader held directly to the issue's reference (float64 attention over dequantize() of
+# the cache), with the CPU tests' tolerances, for every geometry the CPU path is tested on.
+from conftest import view_combos  # noqa: E402
+from test_decode import LSE_TOL, REL_L2_TOL, reference, setup  # noqa: E402
+
+GPU_MEASURED = {"rel_l2": 0.0, "lse": 0.0}
+
+
+def on_cuda(t):
+    """The same view of the same bytes on the GPU (strides and offset kept)."""
+    if t is None:
+        return None
+    raw = t.untyped_storage()
+    base = torch.empty(0, dtype=t.dtype, device="cuda").set_(raw.cuda() if raw.device.type == "cpu" else raw)
+    return base.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def check_gpu(cache, q, bt, sl, q_len=1, k_scale=0.02, v_scale=0.03, scale_layout="vllm", cap=0.0, window=-1,
+              sm_scale=None):
+    kv, vc = on_cuda(cache.kv_cache), on_cuda(cache.value_cache)
+    qc, btc, slc = q.cuda(), bt.cuda(), sl.cuda()
+    lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device="cuda")
+    ws = nv.decode_workspace(kv, qc, btc, q_len=q_len, value_cache=vc)
+    out = nv.decode_attention(qc, kv, btc, slc, k_scale, v_scale, value_cache=vc, scale_layout=scale_layout,
+                              sm_scale=sm_scale, logits_soft_cap=cap, window_left=window, q_len=q_len, lse=lse,
+                              workspace=ws)
+    kd, vd = nv.dequantize(cache.kv_cache, k_scale, v_scale, value_cache=cache.value_cache,
+                           scale_layout=scale_layout, dtype="float32")
+    sm = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else sm_scale
+    want, want_lse = reference(q.float().numpy(), kd.numpy(), vd.numpy(), bt.numpy(), sl.numpy(), q_len, sm, cap,
+                               window, cache.N, cache.T)
+    o = out.float().cpu().numpy().astype(np.float64)
+    l64 = lse.cpu().numpy().astype(np.float64)
+    empty = np.isneginf(want_lse)
+    assert np.array_equal(np.isneginf(l64), empty) and not o[empty].any()
+    den = np.linalg.norm(want)
+    err = np.linalg.norm(o - want) / den if den > 0 else np.linalg.norm(o)
+    lse_err = np.abs(l64[~empty] - want_lse[~empty]).max() if (~empty).any() else 0.0
+    GPU_MEASURED["rel_l2"], GPU_MEASURED["lse"] = max(GPU_MEASURED["rel_l2"], err), max(GPU_MEASURED["lse"], lse_err)
+    print(f"\ndecode GPU vs float64: rel L2 {err:.2e}, lse {lse_err:.1e}")
+    assert err <= REL_L2_TOL and lse_err <= LSE_TOL, (err, lse_err)
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("group", [1, 4, 8, 16])
+@pytest.mark.parametrize("q_len", [1, 2, 4, 8])
+def test_fp64_head_sizes_groups_q_len(D, group, q_len):
+    k = (D // 64) * 16 + group * 4 + q_len
+    dtype = ("bfloat16", "float16")[k % 2]
+    T = (16, 32)[(k // 3) % 2]
+    cache, q, bt, sl = setup(N=24, T=T, H=2 if group < 16 else 1, D=D, B=2, q_len=q_len, group=group, dtype=dtype,
+                             seed=k)
+    check_gpu(cache, q, bt, sl, q_len=q_len)
+
+
+@pytest.mark.parametrize("view,layout,scale_layout", view_combos())
+def test_fp64_cache_forms(view, layout, scale_layout):
+    cache, q, bt, sl = setup(N=40, view=view, layout=layout, scale_layout=scale_layout, q_len=2, group=4,
+                             seed=len(view) + len(layout))
+    check_gpu(cache, q, bt, sl, q_len=2, scale_layout=scale_layout)
+
+
+@pytest.mark.parametrize("cap,window", [(0.0, 0), (0.0, 17), (30.0, -1), (5.0, 40)])
+def test_fp64_soft_cap_and_window(cap, window):
+    cache, q, bt, sl = setup(N=40, B=2, q_len=4, group=4, seed=int(cap * 10) + window)
+    check_gpu(cache, q, bt, sl, q_len=4, cap=cap, window=window)
+
+
+@pytest.mark.parametrize("D,T", [(128, 16), (256, 32), (64, 16)])
+def test_fp64_long_sequences(D, T):
+    """Thousands of tokens: split-KV and the pipeline's full steps."""
+    cache, q, bt, sl = setup(N=600, T=T, H=1, D=D, B=2, q_len=1, group=8, seed=D, seq_lens=[4000 + D, 4333])
+    check_gpu(cache, q, bt, sl)
+
+
+def test_fp64_short_empty_and_masked():
+    lens = [0, 1, 3, 16, 17, 37, -5]
+    cache, q, bt, sl = setup(B=len(lens), N=40, q_len=2, group=4, seq_lens=lens, seed=11)
+    bt[0, 0], bt[2, 0], bt[5, 1] = -1, cache.N, -(2**31)
+    check_gpu(cache, q, bt, sl, q_len=2)

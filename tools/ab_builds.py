@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""A/B of installed builds on one GPU: the store and gather benchmark cases of nvfp4kv.bench,
+each build in its own subprocess, builds alternated round after round (so clock and thermal
+drift fall on all of them alike); prints each case's median over the rounds per build.
+
+Usage: python tools/ab_builds.py NAME=PKG_DIR [NAME=PKG_DIR ...] [--rounds 3]
+(PKG_DIR: a `pip install --target` directory; "installed" for the environment's own nvfp4kv).
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+CHILD = r"""
+import json, sys
+pkg = sys.argv[1]
+if pkg != "installed":
+    sys.path.insert(0, pkg)
+import torch, nvfp4kv
+from nvfp4kv import bench
+out = {}
+for n in (1, 64, 1024):
+    out[f"store {n}"] = bench.bench_store_case(torch, nvfp4kv, n)["gpu_us"]
+out["store 65536"] = bench.bench_store_case(torch, nvfp4kv, 65536)["gpu_us"]
+for n in (4096, 16384, 65536, 262144, 1048576):
+    out[f"gather {n}"] = bench.bench_gather_case(torch, nvfp4kv, n)["gpu_us"]
+out["_file"] = nvfp4kv.__file__
+print(json.dumps(out))
+"""
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("builds", nargs="+")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    builds = [b.split("=", 1) for b in a.builds]
+    runs = {name: [] for name, _ in builds}
+    for r in range(a.rounds):
+        for name, pkg in builds:
+            res = subprocess.run([sys.executable, "-c", CHILD, pkg], capture_output=True, text=True, cwd="/tmp")
+            if res.returncode != 0:
+                print(res.stderr[-2000:], file=sys.stderr)
+                sys.exit(1)
+            row = json.loads(res.stdout.strip().splitlines()[-1])
+            print(f"round {r} {name}: {row.pop('_file')}", file=sys.stderr)
+            runs[name].append(row)
+    cases = list(runs[builds[0][0]][0])
+    print("case".ljust(16) + "".join(name.rjust(12) for name, _ in builds) + "   (gpu us, median of rounds)")
+    for c in cases:
+        print(c.ljust(16) + "".join(f"{statistics.median(r[c] for r in runs[name]):12.2f}" for name, _ in builds))
+
+
+if __name__ == "__main__":
+    main()
