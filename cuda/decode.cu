@@ -1,15 +1,15 @@
-// CUDA decode attention over the NVFP4 cache (issue #23): a first, correct reader.
+// CUDA decode attention over the NVFP4 cache (issue #23): two readers and the split merge.
 //
-// Grid: x = split of the block table's columns (decode_splits), y = KV head x chunk of query rows,
-// z = sequence. A block of kDecodeWarps warps walks the split's tokens 32 at a time per warp:
-// for the logits each lane takes one token (its K row's codes and scales, decoded as e2m1 x e4m3
-// in fp32, dotted with the chunk's query rows held in shared memory); for the output each lane
-// takes Dv/32 consecutive elements of every token of the step. Softmax is online per warp
-// (running max and denominator per query row); the warps merge in shared memory, in warp order,
-// and a split either writes the output or its partial (max, denominator, unnormalized output) to
-// the workspace, which decode_combine_kernel merges in split order: the same inputs give the same
-// bits on every run. The global scales are applied to the logits (k_scale * sm_scale) and to the
-// output (v_scale), so K and V are read as e2m1 x e4m3, exact in fp32.
+// Grid of both readers: x = split of the block table's columns (decode_splits), y = KV head x
+// chunk of query rows, z = sequence. A block of kDecodeWarps warps walks its split's tokens; the
+// softmax is online per warp (running max and denominator per query row); the warps merge in
+// shared memory, in warp order, and a split either writes the output or its partial (max,
+// denominator, unnormalized output) to the workspace, which decode_combine_kernel merges in split
+// order: the same inputs give the same bits on every run. The global scales are applied to the
+// logits (k_scale * sm_scale) and to the output (v_scale), so K and V are read as e2m1 x e4m3.
+// - decode_mma_kernel, the tensor-core reader, for block sizes that are multiples of 16 (below).
+// - decode_kernel, the lane-per-token reader in fp32, for the other block sizes: for the logits
+//   each lane takes one token, for the output each lane takes Dv/32 elements of every token.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -271,16 +271,17 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
 // page at a time (kTiles tiles per step) for a block's <= 8 query rows, on mma.sync m16n8k16
 // (fp16 operands, fp32 accumulation):
 // - logits, S^T = K Q^T: A = 16 tokens x 16 head elements of K, B = the rows' query. Lane (g, t)
-//   (g = lane / 4, t = lane % 4) loads D/8 contiguous code bytes of tokens g and g + 8 (one vector
-//   load each); the head dimension is summed in any order, so each mma's 16 elements are whichever
-//   the lanes hold, and the query fragment is gathered in the same order once per block.
+//   (g = lane / 4, t = lane % 4) reads D/4 code bytes of tokens g and g + 8 from the warp's stage
+//   in shared memory; the head dimension is summed in any order, so each mma's 16 elements are
+//   whichever the lanes hold, and the query fragment is gathered in the same order once per block.
 // - output, O^T = V^T P^T: A = 16 head elements x 16 tokens of V, B = the probabilities. Lane
-//   (g, t) owns head elements [g D/8, (g+1) D/8) of tokens 2t, 2t+1, 2t+8, 2t+9: one vector load
-//   per token, and a byte permute pairs two tokens' codes of one element in an fp16x2.
-// Codes become fp16 as value * 2^-14 (format_device.cuh) times their scale byte, exact; the
-// global scales, 2^14 and the query's power-of-two scale are applied to the logits and the
-// output. The logits' C fragment becomes the probabilities' B fragment by an 8x8 transpose in
-// registers (movmatrix).
+//   (g, t) owns head elements [g D/8, (g+1) D/8) of tokens 2t, 2t+1, 2t+8, 2t+9, and a byte
+//   permute pairs two tokens' codes of one element in an fp16x2.
+// Codes become fp16 as value * 2^-kUnpackExp times their scale byte, exact; the global scales,
+// 2^kUnpackExp and the query's power-of-two scale are applied to the logits and the output. The
+// logits' C fragment becomes the probabilities' B fragment by an 8x8 transpose in registers
+// (movmatrix). Each warp copies its next step into its stage with cp.async while it computes
+// the current one.
 constexpr int kMmaRows = 8;  // query rows of a block: the n of m16n8k16
 
 __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -792,10 +793,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
       l_s[warp][2 * t + j] = l[j];
     }
   }
-  // C fragment of tile mi: elements (2mi, 2mi + 1) of lane g's slice... see the V loop: tile
-  // 4w + mi holds element 8w + 2mi in c0, c1 and 8w + 2mi + 1 in c2, c3 (rows 2t, 2t + 1).
   __syncthreads();  // every warp is done with its stages: the merge reuses them
   auto& acc_s = *reinterpret_cast<float(*)[kDecodeWarps][kMmaRows][kD]>(smem);
+  // The V loop's C fragments: tile 4w + mi holds element 8w + 2mi of lane g's slice in c0, c1 and
+  // 8w + 2mi + 1 in c2, c3 (rows 2t, 2t + 1).
 #pragma unroll
   for (int i = 0; i < kM; ++i) {
     const int e = (i / 4) * 8 + 2 * (i % 4);
