@@ -282,7 +282,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
 // logits' C fragment becomes the probabilities' B fragment by an 8x8 transpose in registers
 // (movmatrix). Each warp copies its next step into its stage with cp.async while it computes
 // the current one.
-constexpr int kMmaRows = 8;  // query rows of a block: the n of m16n8k16
+// Query rows of a block: 8 (the n of m16n8k16) per n-tile, kN n-tiles. Two tiles decode each K
+// and V element once for 16 rows (q_len 2-8, GQA 16) at the cost of registers.
+constexpr int kMmaRowsPerTile = 8;
 
 __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                           uint32_t b0, uint32_t b1) {
@@ -315,6 +317,7 @@ __device__ __forceinline__ uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t s
 // Earlier GPUs place each code's bits in an fp16 directly (format_device.cuh): pair i holds codes
 // i and i + 4. v_interleave sets two tokens' words side by side so that pair i of x[k] holds code
 // 4k + i of both tokens (a in the low half, b in the high half).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 __device__ __forceinline__ uint32_t mul_hi(uint32_t a, uint32_t b) {
   uint32_t r;
   asm("mul.hi.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
@@ -325,7 +328,6 @@ __device__ __forceinline__ uint32_t mul_lo(uint32_t a, uint32_t b) {
   asm("mul.lo.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
   return r;
 }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 constexpr int kUnpackExp = 6;
 __device__ __forceinline__ int kcode_lo(int i) { return (i & 1) + 4 * (i >> 1); }
 __device__ __forceinline__ int kcode_hi(int i) { return kcode_lo(i) + 2; }
@@ -404,22 +406,24 @@ struct MmaStage {
 // flight, against 12 warps with 3 stages ("Decode attention: the tensor-core reader").
 constexpr int kMmaStages = 2;
 
-template <int kD, int kTiles>
+// The block's dynamic shared memory: the query rows, then the warps' stages, then the merge.
+template <int kD, int kTiles, int kN>
 __host__ __device__ constexpr size_t mma_smem_bytes() {
-  return size_t{kDecodeWarps} * kMmaStages * MmaStage<kD, kTiles>::kBytes;
+  const size_t stages = size_t{kDecodeWarps} * kMmaStages * MmaStage<kD, kTiles>::kBytes;
+  const size_t merge = size_t{kDecodeWarps} * kMmaRowsPerTile * kN * kD * 4;
+  return stages > merge ? stages : merge;  // the query rows (kN * 8 * kD * 4) are below both
 }
 
-template <int kD, int kTiles, bool kCapped>
+template <int kD, int kTiles, int kN, bool kCapped>
 __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid_constant__ DecodeLaunch L) {
   using St = MmaStage<kD, kTiles>;
+  constexpr int kRows = kMmaRowsPerTile * kN;
   constexpr int kStep = St::kStep;
   constexpr int kKW = kD / 32;                    // code words of a lane's K slice of one token (D/4 elements)
   constexpr int kKG = kD / 64;                    // scale groups of that slice (1, 2 or 4)
   constexpr int kVW = kD / 64;                    // code words of a lane's V slice of one token (D/8 elements)
   constexpr int kVG = kD >= 128 ? kD / 128 : 1;  // scale groups of that slice
   constexpr int kM = kD / 16;                     // mma tiles along the head dimension
-  static_assert(kDecodeWarps * kMmaRows * kD * 4 <= mma_smem_bytes<kD, kTiles>(), "the merge fits the stages");
-  static_assert(kMmaRows * kD * 4 <= mma_smem_bytes<kD, kTiles>(), "the query rows fit the stages");
   const DecodeParams& p = L.p;
   const int64_t b = L.b0 + blockIdx.z;
   const int32_t h = static_cast<int32_t>(blockIdx.y) / L.chunks;
@@ -427,21 +431,21 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
   const int32_t split = static_cast<int32_t>(blockIdx.x);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int32_t rows_total = p.group * p.q_len;
-  const int32_t r0 = chunk * kMmaRows;
-  const int32_t R = min(kMmaRows, rows_total - r0);
+  const int32_t r0 = chunk * kRows;
+  const int32_t R = min(kRows, rows_total - r0);
 
   // The query rows first, then the warps' stages, then the merge: one region of dynamic shared
   // memory (static arrays would add to it and cost a resident block).
   extern __shared__ __align__(16) uint8_t smem[];
-  auto& q_s = *reinterpret_cast<float(*)[kMmaRows][kD]>(smem);
-  __shared__ float qf_s[kMmaRows];  // the query rows' power-of-two scale
-  __shared__ float m_s[kDecodeWarps][kMmaRows], l_s[kDecodeWarps][kMmaRows];
+  auto& q_s = *reinterpret_cast<float(*)[kRows][kD]>(smem);
+  __shared__ float qf_s[kRows];  // the query rows' power-of-two scale
+  __shared__ float m_s[kDecodeWarps][kRows], l_s[kDecodeWarps][kRows];
 
   wait_for_prior_grids();
   allow_next_grids();
   const int64_t len = load_index(p.seq_lens, b);
 
-  for (int idx = threadIdx.x; idx < kMmaRows * kD; idx += kDecodeThreads) {
+  for (int idx = threadIdx.x; idx < kRows * kD; idx += kDecodeThreads) {
     const int r = idx / kD, d = idx % kD;
     float v = 0.0f;
     if (r < R) {
@@ -454,7 +458,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
   __syncthreads();
   // Each query row is scaled by a power of two that brings its largest element to [2^13, 2^14):
   // exact, and inside fp16's range whatever the query's dtype (bf16 reaches 2^127).
-  for (int r = warp; r < kMmaRows; r += kDecodeWarps) {
+  for (int r = warp; r < kRows; r += kDecodeWarps) {
     float mx = 0.0f;
     for (int d = lane; d < kD; d += 32) mx = fmaxf(mx, fabsf(q_s[r][d]));
 #pragma unroll
@@ -469,33 +473,37 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
   // at 8t (D 64); word w of it starts at byte k_byte(w). Its scale bytes: groups 2t, 2t + 1
   // (and 8 + 2t, 9 + 2t), or t (D 64): word w's group is k = w / 2 of them.
   const auto k_byte = [&](int w) { return kD == 64 ? 8 * t + 4 * w : 16 * t + 64 * (w / 4) + 4 * (w % 4); };
-  // B fragments of the query (row g), in the order the lanes' K words are unpacked: fp16x2 i
-  // holds the elements of codes kcode_lo(i % 4) and kcode_hi(i % 4) of word i / 4.
-  uint32_t qb[kD / 8];
-  {
-    const float f = qf_s[g];
+  // B fragments of the query (row g of each n-tile), in the order the lanes' K words are
+  // unpacked: fp16x2 i holds the elements of codes kcode_lo(i % 4) and kcode_hi(i % 4) of word i / 4.
+  uint32_t qb[kN][kD / 8];
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+    const int r = 8 * n + g;
+    const float f = qf_s[r];
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i) {
       const int d = 2 * k_byte(i / 4);
-      qb[i] = pack_f16x2(q_s[g][d + kcode_lo(i % 4)] * f, q_s[g][d + kcode_hi(i % 4)] * f);
+      qb[n][i] = pack_f16x2(q_s[r][d + kcode_lo(i % 4)] * f, q_s[r][d + kcode_hi(i % 4)] * f);
     }
   }
   __syncthreads();  // every warp has its query fragment: the stages may overwrite q_s
 
-  // This lane's C rows: 2t and 2t + 1. Logit = acc * kq[j], in the log2 domain for exp2 (the
-  // soft cap, when there is one, takes the natural logit).
+  // This lane's C rows: 8n + 2t and 8n + 2t + 1. Logit = acc * kq[n][j], in the log2 domain for
+  // exp2 (the soft cap, when there is one, takes the natural logit).
   constexpr float kLog2e = 1.4426950408889634f;
   const float kq0 = read_scale(p.k_scale) * p.sm_scale * kUnpackScale;
-  float kq[2];
-  int64_t first[2], last[2];
+  float kq[kN][2];
+  int64_t first[kN][2], last[kN][2];
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int r = 2 * t + j;
-    kq[j] = kq0 / qf_s[r] * (kCapped ? 1.0f : kLog2e);
-    const int32_t i = (r0 + r) % p.q_len;
-    last[j] = r < R && len > 0 ? len - p.q_len + i : -1;
-    first[j] = p.window_left >= 0 ? max64(0, last[j] - p.window_left) : 0;
-  }
+  for (int n = 0; n < kN; ++n)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int r = 8 * n + 2 * t + j;
+      kq[n][j] = kq0 / qf_s[r] * (kCapped ? 1.0f : kLog2e);
+      const int32_t i = (r0 + r) % p.q_len;
+      last[n][j] = r < R && len > 0 ? len - p.q_len + i : -1;
+      first[n][j] = p.window_left >= 0 ? max64(0, last[n][j] - p.window_left) : 0;
+    }
   // Tokens every real row attends to: [first_all, last_all]; a step inside it needs no mask.
   int64_t first_all = 0, last_all = len - 1;
   for (int r = 0; r < R; ++r) {
@@ -514,10 +522,14 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
   const uint32_t v_slice = g * (kD / 16);         // byte of lane g's V slice in a row
   const int v_group = g * (kD / 8) / kGroupSize;  // its first scale group
 
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  float o[kM][4];
+  float m[kN][2], l[kN][2], o[kN][kM][4];
 #pragma unroll
-  for (int i = 0; i < kM; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  for (int n = 0; n < kN; ++n) {
+    m[n][0] = m[n][1] = -INFINITY;
+    l[n][0] = l[n][1] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kM; ++i) o[n][i][0] = o[n][i][1] = o[n][i][2] = o[n][i][3] = 0.0f;
+  }
 
   const uint32_t stages = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
                           static_cast<uint32_t>(warp * kMmaStages * St::kBytes);
@@ -599,10 +611,11 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
       n_ok[u] = kFull ? 16 : (valid >> (st * kTiles + u)) & 1u ? static_cast<int32_t>(min64(16, hi - (s0 + 16 * u))) : 0;
 
     // Logits: S^T[token][row], lane (g, t) holds tokens g, g + 8 and rows 2t, 2t + 1.
-    float sc[kTiles][4];
+    float sc[kTiles][kN][4];
 #pragma unroll
     for (int u = 0; u < kTiles; ++u) {
-      sc[u][0] = sc[u][1] = sc[u][2] = sc[u][3] = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kN; ++n) sc[u][n][0] = sc[u][n][1] = sc[u][n][2] = sc[u][n][3] = 0.0f;
       uint32_t kw[2][kKW], s2[2][kKG];
 #pragma unroll
       for (int a = 0; a < 2; ++a) {
@@ -638,74 +651,85 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
         unpack_word(kw[1][w], h1);
         const int k = w / 2;  // its scale group
 #pragma unroll
-        for (int c = 0; c < 2; ++c)
-          mma_16816(sc[u], mul_f16x2(h0[2 * c], s2[0][k]), mul_f16x2(h1[2 * c], s2[1][k]),
-                    mul_f16x2(h0[2 * c + 1], s2[0][k]), mul_f16x2(h1[2 * c + 1], s2[1][k]), qb[4 * w + 2 * c],
-                    qb[4 * w + 2 * c + 1]);
+        for (int c = 0; c < 2; ++c) {
+          const uint32_t a0 = mul_f16x2(h0[2 * c], s2[0][k]), a1 = mul_f16x2(h1[2 * c], s2[1][k]);
+          const uint32_t a2 = mul_f16x2(h0[2 * c + 1], s2[0][k]), a3 = mul_f16x2(h1[2 * c + 1], s2[1][k]);
+#pragma unroll
+          for (int n = 0; n < kN; ++n)  // one unpacked K fragment for every n-tile of query rows
+            mma_16816(sc[u][n], a0, a1, a2, a3, qb[n][4 * w + 2 * c], qb[n][4 * w + 2 * c + 1]);
+        }
       }
     }
 
-    // Online softmax per row (log2 domain); rows 2t + j of this lane, tokens over g and tiles.
-    float pr[kTiles][4];
+    // Online softmax per row (log2 domain); rows 8n + 2t + j of this lane, tokens over g and tiles.
+    float pr[kTiles][kN][4];
     bool moved = false;
-    float corr[2];
+    float corr[kN][2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      // Token s0 + e is in row j's range when lo_e <= e < hi_e (32-bit, relative to s0).
-      int32_t lo_e = 0, hi_e = kStep;
-      if (!kFull) {
-        lo_e = static_cast<int32_t>(min64(max64(first[j] - s0, -1), kStep));
-        hi_e = static_cast<int32_t>(max64(min64(min64(last[j] + 1, hi) - s0, kStep), 0));
-      }
-      float mx = -INFINITY;
+    for (int n = 0; n < kN; ++n)
 #pragma unroll
-      for (int u = 0; u < kTiles; ++u)
+      for (int j = 0; j < 2; ++j) {
+        // Token s0 + e is in the row's range when lo_e <= e < hi_e (32-bit, relative to s0).
+        int32_t lo_e = 0, hi_e = kStep;
+        if (!kFull) {
+          lo_e = static_cast<int32_t>(min64(max64(first[n][j] - s0, -1), kStep));
+          hi_e = static_cast<int32_t>(max64(min64(min64(last[n][j] + 1, hi) - s0, kStep), 0));
+        }
+        float mx = -INFINITY;
 #pragma unroll
-        for (int a = 0; a < 2; ++a) {
-          float x = sc[u][2 * a + j] * kq[j];
-          if constexpr (kCapped) x = p.soft_cap * tanhf(x / p.soft_cap) * kLog2e;
-          if (!kFull) {
-            const int32_t e = 16 * u + g + 8 * a;
-            x = n_ok[u] > 0 && e >= lo_e && e < hi_e ? x : -INFINITY;
+        for (int u = 0; u < kTiles; ++u)
+#pragma unroll
+          for (int a = 0; a < 2; ++a) {
+            float x = sc[u][n][2 * a + j] * kq[n][j];
+            if constexpr (kCapped) x = p.soft_cap * tanhf(x / p.soft_cap) * kLog2e;
+            if (!kFull) {
+              const int32_t e = 16 * u + g + 8 * a;
+              x = n_ok[u] > 0 && e >= lo_e && e < hi_e ? x : -INFINITY;
+            }
+            sc[u][n][2 * a + j] = x;
+            mx = fmaxf(mx, x);
           }
-          sc[u][2 * a + j] = x;
-          mx = fmaxf(mx, x);
-        }
 #pragma unroll
-      for (int o_ = 4; o_ < 32; o_ <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o_));
-      const float m_new = fmaxf(m[j], mx);
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-      corr[j] = exp2f(m[j] - m_use);
-      moved |= m_new != m[j];
-      float sum = 0.0f;
+        for (int o_ = 4; o_ < 32; o_ <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o_));
+        const float m_new = fmaxf(m[n][j], mx);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+        corr[n][j] = exp2f(m[n][j] - m_use);
+        moved |= m_new != m[n][j];
+        float sum = 0.0f;
 #pragma unroll
-      for (int u = 0; u < kTiles; ++u)
+        for (int u = 0; u < kTiles; ++u)
 #pragma unroll
-        for (int a = 0; a < 2; ++a) {
-          const float e = exp2f(sc[u][2 * a + j] - m_use);
-          pr[u][2 * a + j] = e;
-          sum += e;
-        }
-      l[j] = l[j] * corr[j] + sum;
-      m[j] = m_new;
-    }
+          for (int a = 0; a < 2; ++a) {
+            const float e = exp2f(sc[u][n][2 * a + j] - m_use);
+            pr[u][n][2 * a + j] = e;
+            sum += e;
+          }
+        l[n][j] = l[n][j] * corr[n][j] + sum;
+        m[n][j] = m_new;
+      }
     // Once the running maxima settle (after the first steps, typically) the outputs need no
-    // rescaling: skip its D/4 multiplies per lane when no row of the warp moved.
+    // rescaling: skip its D/4 multiplies per lane and n-tile when no row of the warp moved.
     if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
-      for (int i = 0; i < kM; ++i) {
-        o[i][0] *= corr[0];
-        o[i][1] *= corr[1];
-        o[i][2] *= corr[0];
-        o[i][3] *= corr[1];
-      }
+      for (int n = 0; n < kN; ++n)
+#pragma unroll
+        for (int i = 0; i < kM; ++i) {
+          o[n][i][0] *= corr[n][0];
+          o[n][i][1] *= corr[n][1];
+          o[n][i][2] *= corr[n][0];
+          o[n][i][3] *= corr[n][1];
+        }
     }
 
     // Output: O^T[element][row] += V^T P^T per tile.
 #pragma unroll
     for (int u = 0; u < kTiles; ++u) {
-      const uint32_t pb0 = transpose_8x8(pack_f16x2(pr[u][0], pr[u][1]));  // tokens 2t, 2t+1; row g
-      const uint32_t pb1 = transpose_8x8(pack_f16x2(pr[u][2], pr[u][3]));  // tokens 2t+8, 2t+9
+      uint32_t pb0[kN], pb1[kN];
+#pragma unroll
+      for (int n = 0; n < kN; ++n) {
+        pb0[n] = transpose_8x8(pack_f16x2(pr[u][n][0], pr[u][n][1]));  // tokens 2t, 2t+1; row 8n + g
+        pb1[n] = transpose_8x8(pack_f16x2(pr[u][n][2], pr[u][n][3]));  // tokens 2t+8, 2t+9
+      }
       uint32_t vw[4][kVW], s2[2][kVG];
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
@@ -755,7 +779,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
         // mma tile 4w + mi: elements 8w + 2mi (A rows g) and 8w + 2mi + 1 (A rows g + 8).
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi)
-          mma_16816(o[4 * w + mi], hv[0][2 * mi], hv[0][2 * mi + 1], hv[1][2 * mi], hv[1][2 * mi + 1], pb0, pb1);
+#pragma unroll
+          for (int n = 0; n < kN; ++n)
+            mma_16816(o[n][4 * w + mi], hv[0][2 * mi], hv[0][2 * mi + 1], hv[1][2 * mi], hv[1][2 * mi + 1], pb0[n],
+                      pb1[n]);
       }
     }
   };
@@ -783,35 +810,37 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
 
   // Each lane's denominators are partial (its tokens): sum over the 8 lanes of a row pair.
 #pragma unroll
-  for (int j = 0; j < 2; ++j)
-#pragma unroll
-    for (int o_ = 4; o_ < 32; o_ <<= 1) l[j] += __shfl_xor_sync(0xffffffffu, l[j], o_);
-  if (g == 0) {
+  for (int n = 0; n < kN; ++n)
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      m_s[warp][2 * t + j] = m[j] == -INFINITY ? -INFINITY : m[j] / kLog2e;  // natural log units
-      l_s[warp][2 * t + j] = l[j];
+#pragma unroll
+      for (int o_ = 4; o_ < 32; o_ <<= 1) l[n][j] += __shfl_xor_sync(0xffffffffu, l[n][j], o_);
+      if (g == 0) {
+        m_s[warp][8 * n + 2 * t + j] = m[n][j] == -INFINITY ? -INFINITY : m[n][j] / kLog2e;  // natural log
+        l_s[warp][8 * n + 2 * t + j] = l[n][j];
+      }
     }
-  }
   __syncthreads();  // every warp is done with its stages: the merge reuses them
-  auto& acc_s = *reinterpret_cast<float(*)[kDecodeWarps][kMmaRows][kD]>(smem);
+  auto& acc_s = *reinterpret_cast<float(*)[kDecodeWarps][kRows][kD]>(smem);
   // The V loop's C fragments: tile 4w + mi holds element 8w + 2mi of lane g's slice in c0, c1 and
-  // 8w + 2mi + 1 in c2, c3 (rows 2t, 2t + 1).
+  // 8w + 2mi + 1 in c2, c3 (rows 8n + 2t, 8n + 2t + 1).
 #pragma unroll
-  for (int i = 0; i < kM; ++i) {
-    const int e = (i / 4) * 8 + 2 * (i % 4);
-    const int d = g * (kD / 8) + e;
+  for (int n = 0; n < kN; ++n)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      acc_s[warp][2 * t + j][d] = o[i][j] * kUnpackScale;
-      acc_s[warp][2 * t + j][d + 1] = o[i][2 + j] * kUnpackScale;
+    for (int i = 0; i < kM; ++i) {
+      const int e = (i / 4) * 8 + 2 * (i % 4);
+      const int d = g * (kD / 8) + e;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        acc_s[warp][8 * n + 2 * t + j][d] = o[n][i][j] * kUnpackScale;
+        acc_s[warp][8 * n + 2 * t + j][d + 1] = o[n][i][2 + j] * kUnpackScale;
+      }
     }
-  }
   __syncthreads();
   if (p.dtype == DType::kFloat16)
-    merge_warps<DType::kFloat16, kD, kMmaRows>(L, b, h, r0, R, split, m_s, l_s, acc_s);
+    merge_warps<DType::kFloat16, kD, kRows>(L, b, h, r0, R, split, m_s, l_s, acc_s);
   else
-    merge_warps<DType::kBFloat16, kD, kMmaRows>(L, b, h, r0, R, split, m_s, l_s, acc_s);
+    merge_warps<DType::kBFloat16, kD, kRows>(L, b, h, r0, R, split, m_s, l_s, acc_s);
 }
 
 // Merges the splits of one (row, query head), in split order. Thread d loads splits d, d + D, ...
@@ -851,6 +880,10 @@ __global__ void __launch_bounds__(kD) decode_combine_kernel(const __grid_constan
   if (p.lse && d == 0) p.lse[row * p.lse_stride[0] + hq * p.lse_stride[1]] = lsum > 0.0f ? M + logf(lsum) : -INFINITY;
 }
 
+// n-tiles of query rows per block of the tensor-core reader: two where a block has more than 8
+// rows (q_len 2-8 times the GQA group) and D <= 128 has the registers for them.
+inline int mma_row_tiles(int D, int rows) { return rows > kMmaRowsPerTile && D <= 128 ? 2 : 1; }
+
 // Lets `kernel` use `bytes` of dynamic shared memory (above 48 KiB needs asking), once per device.
 template <auto kernel>
 cudaError_t allow_smem(int device, size_t bytes) {
@@ -862,12 +895,12 @@ cudaError_t allow_smem(int device, size_t bytes) {
   return err;
 }
 
-template <int kD, bool kCapped>
+template <int kD, int kN, bool kCapped>
 cudaError_t launch_mma(const DecodeLaunch& L, dim3 grid, int device, cudaStream_t stream) {
   // Two tiles per step halve the per-step overhead; D 256 has the registers for one.
   constexpr int kTiles = kD >= 256 ? 1 : 2;
-  constexpr auto kernel = decode_mma_kernel<kD, kTiles, kCapped>;
-  constexpr size_t smem = mma_smem_bytes<kD, kTiles>();
+  constexpr auto kernel = decode_mma_kernel<kD, kTiles, kN, kCapped>;
+  constexpr size_t smem = mma_smem_bytes<kD, kTiles, kN>();
   const cudaError_t err = allow_smem<kernel>(device, smem);
   if (err != cudaSuccess) return err;
   return launch_pdl(kernel, grid, dim3(kDecodeThreads), device, stream, L, smem);
@@ -886,9 +919,14 @@ cudaError_t launch_decode(DecodeLaunch& L, DecodeKernel kind, int device, cudaSt
     const dim3 grid(static_cast<unsigned>(L.splits), static_cast<unsigned>(p.H * L.chunks),
                     static_cast<unsigned>(std::min<int64_t>(65535, p.B - b0)));
     cudaError_t err;
-    if (kind == DecodeKernel::kMma)
-      err = p.soft_cap > 0.0f ? launch_mma<kD, true>(L, grid, device, stream)
-                              : launch_mma<kD, false>(L, grid, device, stream);
+    if (kind == DecodeKernel::kMma) {
+      const bool capped = p.soft_cap > 0.0f;
+      if (mma_row_tiles(kD, rows) == 2)
+        err = capped ? launch_mma<kD, kD <= 128 ? 2 : 1, true>(L, grid, device, stream)
+                     : launch_mma<kD, kD <= 128 ? 2 : 1, false>(L, grid, device, stream);
+      else
+        err = capped ? launch_mma<kD, 1, true>(L, grid, device, stream) : launch_mma<kD, 1, false>(L, grid, device, stream);
+    }
     else
       err = launch_pdl(lanes, grid, dim3(kDecodeThreads), device, stream, L);
     if (err != cudaSuccess) return err;
@@ -944,7 +982,7 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
       {p.T, p.k.D, aligned(16, p.k.base, {p.k.page_stride}) && aligned(16, p.v.base, {p.v.page_stride}),
        p.k.interleaved != 0});
   const int rows = p.group * p.q_len;
-  const int per_block = kind == DecodeKernel::kMma ? kMmaRows
+  const int per_block = kind == DecodeKernel::kMma ? kMmaRowsPerTile * mma_row_tiles(p.k.D, rows)
                         : rows <= 1                ? 1
                         : rows <= 2                ? 2
                         : rows <= 4                ? 4
