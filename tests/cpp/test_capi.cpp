@@ -286,9 +286,12 @@ int main() {
             "decode: CUDA tensors in a CPU build: %s", nvfp4kv_last_error());
     }
     size_t bytes = 1;
-    CHECK(nvfp4kv_decode_workspace_size(B, static_cast<int32_t>(ql), Hq, dH, dD, 2, &bytes) == NVFP4KV_SUCCESS &&
+    CHECK(nvfp4kv_decode_workspace_size(B, static_cast<int32_t>(ql), Hq, dH, dD, 16, &bytes) == NVFP4KV_SUCCESS &&
               bytes == static_cast<size_t>(4 * B * ql * Hq * 2 * (dD + 2)),
-          "decode workspace: %zu bytes", bytes);  // splits = min(ceil(512 / 4), 64, 2) = 2
+          "decode workspace: %zu bytes", bytes);  // splits = min(ceil(512 / 4), 64, 16 / 8) = 2
+    CHECK(nvfp4kv_decode_workspace_size(B, static_cast<int32_t>(ql), Hq, dH, dD, 15, &bytes) == NVFP4KV_SUCCESS &&
+              bytes == 0,
+          "decode workspace with 15 columns: %zu bytes", bytes);  // fewer than 8 per split: one split
     CHECK(nvfp4kv_decode_workspace_size(512, 1, 8, 1, 128, 100, &bytes) == NVFP4KV_SUCCESS && bytes == 0,
           "decode workspace of one split: %zu bytes", bytes);
     CHECK(nvfp4kv_decode_workspace_size(1, 1, 8, 2, 128, 3, nullptr) == NVFP4KV_ERROR_INVALID_VALUE,
