@@ -373,3 +373,32 @@ def test_tracker_mismatched_device_message_cpu_build():
     tr.update(0, np.ones(4, np.float32))
     assert tr.device == "cpu"
     assert math.isclose(float(tr.k_scales()[0]), 1 / 448, rel_tol=1e-6)
+
+
+def _cupy_on_gpu():
+    try:
+        import cupy
+        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 and nvfp4kv.build_info()["cuda_available"] else None
+    except Exception:  # no cupy, or no driver
+        return None
+
+
+@pytest.mark.skipif(_cupy_on_gpu() is None, reason="needs CuPy and a CUDA device")
+def test_amax_and_tracker_cupy():
+    """CuPy arrays: amax on the device equals NumPy's, and the tracker keeps CuPy state."""
+    cp = _cupy_on_gpu()
+    rng = np.random.default_rng(4)
+    host = rng.standard_normal((300, 8, 128)).astype(np.float32)
+    host[7, 3, 5] = -77.5
+    x = cp.asarray(host)
+    got = nvfp4kv.amax(x[:, ::2])  # a strided view
+    assert isinstance(got, cp.ndarray) and float(got[0]) == float(np.abs(host[:, ::2]).max())
+    tr = nvfp4kv.ScaleTracker(2)
+    v = cp.asarray(host * 0.5)
+    tr.update(0, x, v)
+    tr.update(0, x * 0.1, v * 3.0)
+    k_amax, v_amax = tr.k_amax(), tr.v_amax()
+    assert isinstance(k_amax, cp.ndarray)
+    assert float(k_amax[0]) == 77.5 and float(v_amax[0]) == float(np.abs(host * 1.5).max())
+    assert float(k_amax[1]) == 0.0
+    assert float(tr.k_scales()[0]) == pytest.approx(77.5 / 448, rel=1e-6)
