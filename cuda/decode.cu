@@ -76,10 +76,12 @@ __device__ __forceinline__ void merge_warps(const DecodeLaunch& L, int64_t b, in
     const int32_t rr = r0 + r, g = rr / p.q_len, i = rr % p.q_len;
     const int64_t row = b * p.q_len + i, hq = int64_t{h} * p.group + g;
     if (L.splits == 1) {
-      const float out = lsum > 0.0f ? o / lsum * vscale : 0.0f;
+      // A row that saw no token has lsum 0 (output 0, lse -inf); one that saw a NaN logit has
+      // lsum NaN, and NaN is what it must give (FORMAT.md §1: a NaN never becomes a number).
+      const float out = !(lsum <= 0.0f) ? o / lsum * vscale : 0.0f;
       store_out<kDType>(p.out, row * p.out_stride[0] + hq * p.out_stride[1] + d, out);
       if (p.lse && d == 0)
-        p.lse[row * p.lse_stride[0] + hq * p.lse_stride[1]] = lsum > 0.0f ? M + logf(lsum) : -INFINITY;
+        p.lse[row * p.lse_stride[0] + hq * p.lse_stride[1]] = !(lsum <= 0.0f) ? M + logf(lsum) : -INFINITY;
     } else {
       // Partial of this split: [row][hq][split] -> (M, l, Dv outputs).
       const int64_t Hq = int64_t{p.H} * p.group;
@@ -465,7 +467,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     int e = 0;
     frexpf(mx, &e);
-    if (lane == 0) qf_s[r] = mx > 0.0f && mx <= 3.0e38f ? ldexpf(1.0f, 14 - e) : 1.0f;
+    // The exponent is clamped so that the factor stays finite for rows of subnormal size (their
+    // logits are then below 2^-100 of the rest, as they should be).
+    if (lane == 0) qf_s[r] = mx > 0.0f && isfinite(mx) ? ldexpf(1.0f, min(14 - e, 126)) : 1.0f;
   }
   __syncthreads();
 
@@ -555,10 +559,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
       int64_t page = -1;
       pos0[u] = 0;
       if (j0 < hi) {
-        // Offsets inside the split fit 32 bits (a split is at most the sequence, < 2^31 tokens).
-        const uint32_t rel = static_cast<uint32_t>(j0 - lo);
-        const uint32_t rb = L.block_size.div(rel);
-        pos0[u] = rel - rb * static_cast<uint32_t>(p.T);
+        const int64_t rel = j0 - lo;  // the fast division below 2^31 tokens into the split
+        const int64_t rb = L.block_size.div_any(rel);
+        pos0[u] = static_cast<uint32_t>(rel - rb * p.T);
         page = load_index(bt_row, lo_blk + rb);
         if (page < 0 || page >= p.N) page = -1;  // masked out, never read
       }
@@ -875,9 +878,10 @@ __global__ void __launch_bounds__(kD) decode_combine_kernel(const __grid_constan
     lsum += l_s[s] * c_s[s];
     o += part[s * (kD + 2) + 2 + d] * c_s[s];
   }
-  const float out = lsum > 0.0f ? o / lsum * read_scale(p.v_scale) : 0.0f;
+  const float out = !(lsum <= 0.0f) ? o / lsum * read_scale(p.v_scale) : 0.0f;  // NaN stays NaN
   store_out<kDType>(p.out, row * p.out_stride[0] + hq * p.out_stride[1] + d, out);
-  if (p.lse && d == 0) p.lse[row * p.lse_stride[0] + hq * p.lse_stride[1]] = lsum > 0.0f ? M + logf(lsum) : -INFINITY;
+  if (p.lse && d == 0)
+    p.lse[row * p.lse_stride[0] + hq * p.lse_stride[1]] = !(lsum <= 0.0f) ? M + logf(lsum) : -INFINITY;
 }
 
 // n-tiles of query rows per block of the tensor-core reader: two where a block has more than 8

@@ -207,3 +207,29 @@ def test_fp64_short_empty_and_masked():
     cache, q, bt, sl = setup(B=len(lens), N=40, q_len=2, group=4, seq_lens=lens, seed=11)
     bt[0, 0], bt[2, 0], bt[5, 1] = -1, cache.N, -(2**31)
     check_gpu(cache, q, bt, sl, q_len=2)
+
+
+def test_fp64_tiny_queries():
+    """Queries of size 1e-36 (bf16 subnormal range is near): the reader's power-of-two query scale
+    stays finite and the softmax is the near-uniform one of the reference."""
+    cache, q, bt, sl = setup(N=40, B=2, q_len=1, group=4, seed=21)
+    check_gpu(cache, (q.float() * 1e-36).to(torch.bfloat16), bt, sl)
+
+
+def test_cuda_nan_k_group_reaches_only_the_rows_that_see_it():
+    """The GPU twin of test_decode.py's NaN test: a K group with a NaN scale byte makes NaN the
+    rows whose window contains it (output and lse), and only those."""
+    from conftest import make_cache
+    from test_decode import as_index, fill
+
+    rng = np.random.default_rng(3)
+    N, T, H, D = 4, 16, 1, 64
+    cache = make_cache(N, T, H, D, backend="torch", seed=3)
+    fill(cache, rng, 1.0, 1.0, "vllm", nan_slot=5)  # page 0, position 5
+    q = torch.randn(4, 2, D, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16).cuda()
+    lse = torch.empty(4, 2, device="cuda")
+    out = nv.decode_attention(q, on_cuda(cache.kv_cache), as_index([[0, 1]], "int32").cuda(),
+                              as_index([24], "int32").cuda(), 1.0, 1.0, q_len=4, window_left=16, lse=lse)
+    # rows at positions 20..23 see [4..20] .. [7..23]: position 5 only for rows 0, 1.
+    assert torch.isnan(out[:2].float()).all() and torch.isnan(lse[:2]).all()
+    assert torch.isfinite(out[2:].float()).all() and torch.isfinite(lse[2:]).all()
