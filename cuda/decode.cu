@@ -42,6 +42,15 @@ struct DecodeLaunch {
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// The token range [first, last] that query row rr (= g * q_len + i) of a sequence of length len
+// attends: causal at the end of the sequence (last = len - q_len + i), window_left tokens back
+// at most; last is -1 (nothing) for an empty sequence.
+__device__ __forceinline__ void row_range(const DecodeParams& p, int64_t len, int32_t rr, int64_t& first,
+                                          int64_t& last) {
+  last = len > 0 ? len - p.q_len + rr % p.q_len : -1;
+  first = p.window_left >= 0 ? max64(0, last - p.window_left) : 0;
+}
+
 template <DType kDType>
 __device__ __forceinline__ float load_q(const void* base, int64_t idx) {
   const uint16_t h = static_cast<const uint16_t*>(base)[idx];
@@ -136,9 +145,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   int64_t first[kRowsPerBlock], last[kRowsPerBlock];
 #pragma unroll
   for (int r = 0; r < kRowsPerBlock; ++r) {
-    const int32_t i = (r0 + r) % p.q_len;
-    last[r] = r < R && len > 0 ? len - p.q_len + i : -1;
-    first[r] = p.window_left >= 0 ? max64(0, last[r] - p.window_left) : 0;
+    row_range(p, r < R ? len : 0, r0 + r, first[r], last[r]);
   }
   const int64_t lo = split * L.cols_per_split * p.T;
   const int64_t hi = min64(min64((split + 1) * L.cols_per_split, p.max_blocks) * p.T, len);
@@ -504,16 +511,15 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
     for (int j = 0; j < 2; ++j) {
       const int r = 8 * n + 2 * t + j;
       kq[n][j] = kq0 / qf_s[r] * (kCapped ? 1.0f : kLog2e);
-      const int32_t i = (r0 + r) % p.q_len;
-      last[n][j] = r < R && len > 0 ? len - p.q_len + i : -1;
-      first[n][j] = p.window_left >= 0 ? max64(0, last[n][j] - p.window_left) : 0;
+      row_range(p, r < R ? len : 0, r0 + r, first[n][j], last[n][j]);
     }
   // Tokens every real row attends to: [first_all, last_all]; a step inside it needs no mask.
   int64_t first_all = 0, last_all = len - 1;
   for (int r = 0; r < R; ++r) {
-    const int64_t la = len - p.q_len + (r0 + r) % p.q_len;
+    int64_t f, la;
+    row_range(p, len, r0 + r, f, la);
+    first_all = max64(first_all, f);
     last_all = min64(last_all, la);
-    if (p.window_left >= 0) first_all = max64(first_all, la - p.window_left);
   }
 
   const int64_t lo_blk = split * L.cols_per_split;
@@ -888,24 +894,13 @@ __global__ void __launch_bounds__(kD) decode_combine_kernel(const __grid_constan
 // rows (q_len 2-8 times the GQA group) and D <= 128 has the registers for them.
 inline int mma_row_tiles(int D, int rows) { return rows > kMmaRowsPerTile && D <= 128 ? 2 : 1; }
 
-// Lets `kernel` use `bytes` of dynamic shared memory (above 48 KiB needs asking), once per device.
-template <auto kernel>
-cudaError_t allow_smem(int device, size_t bytes) {
-  static std::atomic<bool> done[64];
-  const bool keep = device >= 0 && device < 64;
-  if (keep && done[device].load(std::memory_order_relaxed)) return cudaSuccess;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (err == cudaSuccess && keep) done[device].store(true, std::memory_order_relaxed);
-  return err;
-}
-
 template <int kD, int kN, bool kCapped>
 cudaError_t launch_mma(const DecodeLaunch& L, dim3 grid, int device, cudaStream_t stream) {
   // Two tiles per step halve the per-step overhead; D 256 has the registers for one.
   constexpr int kTiles = kD >= 256 ? 1 : 2;
   constexpr auto kernel = decode_mma_kernel<kD, kTiles, kN, kCapped>;
   constexpr size_t smem = mma_smem_bytes<kD, kTiles, kN>();
-  const cudaError_t err = allow_smem<kernel>(device, smem);
+  const cudaError_t err = allow_shared_memory<kernel, smem>(device);
   if (err != cudaSuccess) return err;
   return launch_pdl(kernel, grid, dim3(kDecodeThreads), device, stream, L, smem);
 }

@@ -392,20 +392,6 @@ cudaError_t launch_gather(const GatherLaunch& L, bool vec, dim3 grid, int device
              : launch_pdl(gather_kernel<kDType, false>, grid, dim3(kThreads), device, stream, L);
 }
 
-// Lets `kernel` take kBytes of dynamic shared memory (what its largest block needs) on `device`,
-// once per device: one value for every call, so concurrent callers with different block sizes
-// cannot undo each other's setting between it and their launch. The runtime applies it to the
-// current device (callers hold a DeviceGuard).
-template <auto kernel, size_t kBytes>
-cudaError_t allow_shared_memory(int device) {
-  static std::atomic<bool> done[64];
-  const bool keep = device >= 0 && device < 64;
-  if (keep && done[device].load(std::memory_order_relaxed)) return cudaSuccess;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
-  if (err == cudaSuccess && keep) done[device].store(true, std::memory_order_relaxed);
-  return err;
-}
-
 // Launches `kernel` with gx blocks per sequence (gridDim.y: sequences, at most 65535 per launch;
 // L.b0: the launch's first sequence).
 template <class Launch>

@@ -156,10 +156,10 @@ struct DecodeParams {
 // Split-KV of the CUDA decode (flash-decoding): the number of splits of each sequence's tokens,
 // a function of the geometry alone (so a workspace sized once serves every call of that
 // geometry, and a CUDA graph replays the same grid): enough (sequence, KV head, split) blocks to
-// cover kDecodeTargetBlocks ("Decode attention: the tensor-core reader" has the measured
-// trade-off: more splits shorten the last partial wave but cost each split's setup and merge), at most kDecodeMaxSplits, and at least kDecodeMinSplitBlocks
+// cover kDecodeTargetBlocks, at most kDecodeMaxSplits, and at least kDecodeMinSplitBlocks
 // block-table columns per split (a split of a page or two spends its time on the block's setup
-// and the merge, not on reading). Each split leaves, per query row and query head, its max logit,
+// and the merge, not on reading). More splits shorten the last partial wave of blocks but cost
+// each split's setup and merge: "Decode attention: the tensor-core reader" has the measurement. Each split leaves, per query row and query head, its max logit,
 // its softmax denominator and its Dv unnormalized outputs in the workspace, merged in split
 // order (deterministic).
 constexpr int64_t kDecodeTargetBlocks = 512;
