@@ -198,11 +198,13 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
       }
     }
     // Scale, soft cap, mask; online softmax per row over the warp's 32 tokens.
+    uint32_t seen[kRowsPerBlock];  // bit t: the row attends token t0 + t
 #pragma unroll
     for (int r = 0; r < kRowsPerBlock; ++r) {
       float x = s[r] * kq;
       if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
       const bool ok = page >= 0 && j >= first[r] && j <= last[r];
+      seen[r] = __ballot_sync(0xffffffffu, ok);
       x = ok ? x : -INFINITY;
       float mx = x;
 #pragma unroll
@@ -252,6 +254,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
         for (int e = 0; e < kE; ++e) v[e] = e2m1_decode(cw[u] >> (4 * e)) * sfq;
 #pragma unroll
         for (int r = 0; r < kRowsPerBlock; ++r) {
+          // Only tokens the row attends: a NaN group of a masked one must not reach it (0 x NaN).
+          if (!((seen[r] >> t) & 1u)) continue;  // warp-uniform
           const float pr = p_s[warp][r][t];
 #pragma unroll
           for (int e = 0; e < kE; ++e) acc[r][e] = fmaf(pr, v[e], acc[r][e]);
@@ -340,11 +344,18 @@ __device__ __forceinline__ uint32_t mul_lo(uint32_t a, uint32_t b) {
 constexpr int kUnpackExp = 6;
 __device__ __forceinline__ int kcode_lo(int i) { return (i & 1) + 4 * (i >> 1); }
 __device__ __forceinline__ int kcode_hi(int i) { return kcode_lo(i) + 2; }
-__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t two) {
+// Two E4M3 bytes of a word's half (kHalf 0: bytes 0, 1; 1: bytes 2, 3) as fp16x2: the
+// conversion reads the half in place (no shift).
+template <int kHalf>
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t x) {
   uint32_t r;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(static_cast<uint16_t>(two)));
+  if constexpr (kHalf == 0)
+    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %1; cvt.rn.f16x2.e4m3x2 %0, l; }" : "=r"(r) : "r"(x));
+  else
+    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %1; cvt.rn.f16x2.e4m3x2 %0, u; }" : "=r"(r) : "r"(x));
   return r;
 }
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) { return e4m3x2_f16x2<0>(two); }
 __device__ __forceinline__ void unpack_word(uint32_t w, uint32_t (&h)[4]) {
   // High nibble of each byte: sign at bit 7 already, magnitude from bits 6..4 to E4M3's 4..2
   // (exponent's low two bits and the mantissa's top bit): the value times 2^-6. Low nibble:
@@ -353,16 +364,17 @@ __device__ __forceinline__ void unpack_word(uint32_t w, uint32_t (&h)[4]) {
   // multiplies): the integer logic pipe, which the masks need, is the reader's busiest.
   const uint32_t hi = (w & 0x80808080u) | (mul_hi(w, 1u << 30) & 0x1C1C1C1Cu);
   const uint32_t lo = (mul_lo(w, 16u) & 0x80808080u) | (mul_lo(w, 4u) & 0x1C1C1C1Cu);
-  h[0] = e4m3x2_f16x2(lo);        // codes 0, 2
-  h[1] = e4m3x2_f16x2(hi);        // codes 1, 3
-  h[2] = e4m3x2_f16x2(lo >> 16);  // codes 4, 6
-  h[3] = e4m3x2_f16x2(hi >> 16);  // codes 5, 7
+  h[0] = e4m3x2_f16x2<0>(lo);  // codes 0, 2
+  h[1] = e4m3x2_f16x2<0>(hi);  // codes 1, 3
+  h[2] = e4m3x2_f16x2<1>(lo);  // codes 4, 6
+  h[3] = e4m3x2_f16x2<1>(hi);  // codes 5, 7
 }
 __device__ __forceinline__ void v_interleave(uint32_t a, uint32_t b, uint32_t (&x)[2]) {
   x[0] = byte_perm(a, b, 0x5140u);  // a.b0 b.b0 a.b1 b.b1
   x[1] = byte_perm(a, b, 0x7362u);  // a.b2 b.b2 a.b3 b.b3
 }
 #else
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) { return scale_pair_f16x2(two & 0xFFu, (two >> 8) & 0xFFu); }
 constexpr int kUnpackExp = 14;
 __device__ __forceinline__ int kcode_lo(int i) { return i; }
 __device__ __forceinline__ int kcode_hi(int i) { return i + 4; }
@@ -424,7 +436,7 @@ __host__ __device__ constexpr size_t mma_smem_bytes() {
 }
 
 template <int kD, int kTiles, int kN, bool kCapped>
-__global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid_constant__ DecodeLaunch L) {
+__global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64 && kN == 2) : 1) decode_mma_kernel(const __grid_constant__ DecodeLaunch L) {
   using St = MmaStage<kD, kTiles>;
   constexpr int kRows = kMmaRowsPerTile * kN;
   constexpr int kStep = St::kStep;
@@ -533,8 +545,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
   const int v_group = g * (kD / 8) / kGroupSize;  // its first scale group
 
   float m[kN][2], l[kN][2], o[kN][kM][4];
+  uint32_t vnan[kN][2];  // bit k: the row attended a token whose V group k of this lane's slice is NaN
 #pragma unroll
   for (int n = 0; n < kN; ++n) {
+    vnan[n][0] = vnan[n][1] = 0u;
     m[n][0] = m[n][1] = -INFINITY;
     l[n][0] = l[n][1] = 0.0f;
 #pragma unroll
@@ -549,63 +563,92 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
   const int64_t nsteps = hi > first_s0 ? (hi - first_s0 + kDecodeWarps * kStep - 1) / (kDecodeWarps * kStep) : 0;
   uint32_t valid = 0;  // bit st * kTiles + u: tile u of the step in stage st has a valid page
 
-  // Starts the copies of step n into stage st: every lane copies its share of the code rows
-  // (16 bytes each) and of the scale bytes; tokens past the end of the split or in a masked
-  // page are filled with zeros, never read.
-  const auto issue = [&](int64_t n, int st) {
-    const int64_t s0 = first_s0 + n * (kDecodeWarps * kStep);
-    const uint32_t base = stages + st * St::kBytes;
-    const uint8_t* kpg[kTiles];
-    const uint8_t* vpg[kTiles];
-    uint32_t pos0[kTiles];
-    int32_t n_ok[kTiles];
+  // Block-table entries of the tiles of the step issued next, loaded one step ahead so that no
+  // issue waits on them: the loaded words stay untouched until the next issue (even an int32's
+  // sign extension would wait for the load), which checks them (a bad entry is never read through).
+  uint32_t next_lo[kTiles], next_hi[kTiles], next_pos[kTiles];
+  const auto prefetch = [&](int64_t n) {
 #pragma unroll
     for (int u = 0; u < kTiles; ++u) {
-      const int64_t j0 = s0 + 16 * u;
-      int64_t page = -1;
-      pos0[u] = 0;
-      if (j0 < hi) {
+      const int64_t j0 = first_s0 + n * (kDecodeWarps * kStep) + 16 * u;
+      next_lo[u] = next_hi[u] = 0xFFFFFFFFu;  // -1: no page
+      next_pos[u] = 0;
+      if (n < nsteps && j0 < hi) {
         const int64_t rel = j0 - lo;  // the fast division below 2^31 tokens into the split
         const int64_t rb = L.block_size.div_any(rel);
-        pos0[u] = static_cast<uint32_t>(rel - rb * p.T);
-        page = load_index(bt_row, lo_blk + rb);
-        if (page < 0 || page >= p.N) page = -1;  // masked out, never read
+        next_pos[u] = static_cast<uint32_t>(rel - rb * p.T);
+        const int64_t at = (lo_blk + rb) * bt_row.stride;
+        if (bt_row.is_int64) {
+          const uint2 w = __ldg(static_cast<const uint2*>(bt_row.ptr) + at);
+          next_lo[u] = w.x, next_hi[u] = w.y;
+        } else {
+          next_lo[u] = __ldg(static_cast<const uint32_t*>(bt_row.ptr) + at);
+          next_hi[u] = 0u;  // sign-extended when used
+        }
       }
-      const uint32_t bit = 1u << (st * kTiles + u);
-      valid = page >= 0 ? valid | bit : valid & ~bit;
-      n_ok[u] = page >= 0 ? static_cast<int32_t>(min64(16, hi - j0)) : 0;
-      kpg[u] = p.k.base + (page >= 0 ? page : 0) * p.k.page_stride;
-      vpg[u] = p.v.base + (page >= 0 ? page : 0) * p.v.page_stride;
     }
-    constexpr int kChunks = kD / 32;  // 16-byte chunks of a code row
+  };
+
+  // The lane's share of a tile's code rows: 16-byte chunk `ch` of rows e_l + i * kRowStep
+  // (i < kPerLane), at page-relative offsets that move by a constant per row (K and V have the
+  // same geometry: one data_pos).
+  constexpr int kChunks = kD / 32;         // 16-byte chunks of a code row
+  constexpr int kRowStep = 32 / kChunks;   // rows between a lane's chunks
+  constexpr int kPerLane = 16 / kRowStep;  // chunks of a lane per tile and side
+  const int ch = lane % kChunks, e_l = lane / kChunks;
+  const uint32_t k_src = kat.data0 + e_l * kat.data_pos + 16 * ch, v_src = vat.data0 + e_l * vat.data_pos + 16 * ch;
+  const uint32_t data_pos = kat.data_pos, row_step = kRowStep * data_pos;
+  const uint32_t k_dst = stages + St::kK + e_l * St::kKRow + 16 * ch;
+  const uint32_t v_dst = stages + St::kV + e_l * St::kVRow + 16 * ch;
+  // Scale bytes: one copy instruction for both sides, K on lanes 0-15 and V on 16-31, kS bytes
+  // each. A tile's (pos0 % 16 == 0) K scales, linear, are kS bytes per token at a stride of
+  // scale_pos; its interleaved V scales are one run of 16 kS bytes (FORMAT.md §4: blocks of 4
+  // tokens side by side), which lane e copies from byte e kS like a linear row of stride kS. A
+  // block partly past the end is copied whole (the reader zeroes the bytes of tokens past the
+  // end); a linear row only where its token exists.
+  const int e_s = lane & 15;
+  const bool k_lane = lane < 16;
+  const uint32_t s_step = k_lane || !vat.interleaved ? (k_lane ? kat : vat).scale_pos : St::kS;  // bytes per token
+  const uint32_t s_src = (k_lane ? kat : vat).scale0 + e_s * s_step;
+  const int s_tok = k_lane || !vat.interleaved ? e_s : e_s & ~3;  // the token whose existence decides the copy
+  const uint32_t s_dst = stages + (k_lane ? St::kKs : St::kVs) + e_s * St::kS;
+  const uint8_t* s_base = k_lane ? p.k.base : p.v.base;
+  const uint32_t s_page = static_cast<uint32_t>(k_lane ? p.k.page_stride : p.v.page_stride);
+  const uint32_t k_page = static_cast<uint32_t>(p.k.page_stride), v_page = static_cast<uint32_t>(p.v.page_stride);
+
+  // Starts the copies of step n into stage st; tokens past the end of the split or in a masked
+  // page are filled with zeros, never read. Then loads the block-table entries of step n + 1.
+  // Pages and page strides are below 2^32 (select_decode_kernel): 32-bit products.
+  const auto issue = [&](int64_t n, int st) {
+    const int64_t s0 = first_s0 + n * (kDecodeWarps * kStep);
+    const int32_t rem = static_cast<int32_t>(min64(hi - s0, kStep));  // tokens of the step that exist
+    const uint32_t at = st * St::kBytes;
+    uint32_t vbits = 0;
 #pragma unroll
     for (int u = 0; u < kTiles; ++u) {
+      const int64_t raw = bt_row.is_int64 ? static_cast<int64_t>((uint64_t{next_hi[u]} << 32) | next_lo[u])
+                                          : static_cast<int64_t>(static_cast<int32_t>(next_lo[u]));
+      const bool ok_page = raw >= 0 && raw < p.N;
+      vbits |= ok_page ? 1u << u : 0u;
+      const int32_t n_ok = ok_page ? min(max(rem - 16 * u, 0), 16) : 0;
+      const uint32_t page = ok_page ? static_cast<uint32_t>(raw) : 0u;
+      const uint8_t* kpg = p.k.base + uint64_t{page} * k_page;
+      const uint8_t* vpg = p.v.base + uint64_t{page} * v_page;
+      const uint32_t pos0 = next_pos[u];
+      const uint32_t rows = pos0 * data_pos;
 #pragma unroll
-      for (int i = 0; i < 16 * kChunks / 32; ++i) {
-        const int c = lane + 32 * i, e = c / kChunks, ch = c % kChunks, tok = 16 * u + e;
-        const bool ok = e < n_ok[u];
-        const uint32_t pos = pos0[u] + e;
-        cp_async<16>(base + St::kK + tok * St::kKRow + 16 * ch, kpg[u] + kat.data(pos) + 16 * ch, ok);
-        cp_async<16>(base + St::kV + tok * St::kVRow + 16 * ch, vpg[u] + vat.data(pos) + 16 * ch, ok);
+      for (int i = 0; i < kPerLane; ++i) {
+        const bool ok = e_l + kRowStep * i < n_ok;
+        const uint32_t off = rows + i * row_step;
+        cp_async<16>(k_dst + at + (16 * u + kRowStep * i) * St::kKRow, kpg + k_src + off, ok);
+        cp_async<16>(v_dst + at + (16 * u + kRowStep * i) * St::kVRow, vpg + v_src + off, ok);
       }
-      if (lane < 16) {  // one token per lane: its K scale bytes (linear), and V's if linear
-        const int e = lane;
-        const bool ok = e < n_ok[u];
-        const uint32_t pos = pos0[u] + e;
-        cp_async<St::kS>(base + St::kKs + (16 * u + e) * St::kS, kpg[u] + kat.scale(pos, 0), ok);
-        if (!vat.interleaved)
-          cp_async<St::kS>(base + St::kVs + (16 * u + e) * St::kS, vpg[u] + vat.scale(pos, 0), ok);
-      }
-      // Interleaved V scales: blocks of 4 tokens, 4 * kS contiguous bytes each (FORMAT.md §4), in
-      // 16-byte chunks. A block partly past the end is copied whole: its codes are zeros, and the
-      // reader zeroes the scale bytes of tokens past the end.
-      constexpr int kPer = St::kS / 4;  // chunks of a block; 4 blocks per tile
-      if (vat.interleaved && lane < 4 * kPer) {
-        const int blk = lane / kPer, ch = lane % kPer;
-        cp_async<16>(base + St::kVs + (4 * u + blk) * 4 * St::kS + 16 * ch,
-                     vpg[u] + vat.scale(pos0[u] + 4 * blk, 0) + 16 * ch, 4 * blk < n_ok[u]);
-      }
+      cp_async<St::kS>(s_dst + at + 16 * u * St::kS, s_base + uint64_t{page} * s_page + s_src + pos0 * s_step,
+                       s_tok < n_ok);
     }
+    const uint32_t mask = ((1u << kTiles) - 1u) << (st * kTiles);
+    valid = (valid & ~mask) | (vbits << (st * kTiles));
+    prefetch(n + 1);
   };
 
   // Computes step n from stage st. kFull: every token of the step exists, its pages are valid and
@@ -648,10 +691,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
           bytes = *reinterpret_cast<const uint16_t*>(ks + 2 * t) |
                   static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(ks + 8 + 2 * t)) << 16;
 #pragma unroll
-        for (int k = 0; k < kKG; ++k) {
-          const uint32_t byte = (bytes >> (8 * k)) & 0xFFu;
-          s2[a][k] = scale_pair_f16x2(byte, byte);
-        }
+        for (int k = 0; k < kKG; ++k) s2[a][k] = e4m3x2_to_f16x2(byte_perm(bytes, 0u, 0x11u * k));  // byte k twice
       }
 #pragma unroll
       for (int w = 0; w < kKW; ++w) {  // word w: chunks 2w and 2w + 1 (fp16x2 4w .. 4w + 3)
@@ -670,6 +710,16 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
       }
     }
 
+    // Token s0 + e is in the range of row 8n + 2t + j when lo_e <= e < hi_e (relative to s0).
+    int32_t lo_e[kN][2], hi_e[kN][2];
+#pragma unroll
+    for (int n = 0; n < kN; ++n)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        lo_e[n][j] = kFull ? 0 : static_cast<int32_t>(min64(max64(first[n][j] - s0, -1), kStep));
+        hi_e[n][j] = kFull ? kStep : static_cast<int32_t>(max64(min64(min64(last[n][j] + 1, hi) - s0, kStep), 0));
+      }
+
     // Online softmax per row (log2 domain); rows 8n + 2t + j of this lane, tokens over g and tiles.
     float pr[kTiles][kN][4];
     bool moved = false;
@@ -678,12 +728,6 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
     for (int n = 0; n < kN; ++n)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        // Token s0 + e is in the row's range when lo_e <= e < hi_e (32-bit, relative to s0).
-        int32_t lo_e = 0, hi_e = kStep;
-        if (!kFull) {
-          lo_e = static_cast<int32_t>(min64(max64(first[n][j] - s0, -1), kStep));
-          hi_e = static_cast<int32_t>(max64(min64(min64(last[n][j] + 1, hi) - s0, kStep), 0));
-        }
         float mx = -INFINITY;
 #pragma unroll
         for (int u = 0; u < kTiles; ++u)
@@ -693,7 +737,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
             if constexpr (kCapped) x = p.soft_cap * tanhf(x / p.soft_cap) * kLog2e;
             if (!kFull) {
               const int32_t e = 16 * u + g + 8 * a;
-              x = n_ok[u] > 0 && e >= lo_e && e < hi_e ? x : -INFINITY;
+              x = n_ok[u] > 0 && e >= lo_e[n][j] && e < hi_e[n][j] ? x : -INFINITY;
             }
             sc[u][n][2 * a + j] = x;
             mx = fmaxf(mx, x);
@@ -740,6 +784,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
         pb1[n] = transpose_8x8(pack_f16x2(pr[u][n][2], pr[u][n][3]));  // tokens 2t+8, 2t+9
       }
       uint32_t vw[4][kVW], s2[2][kVG];
+      uint32_t nan_tok[kVG];  // bit e: token e of the tile has a NaN V group k (this lane's tokens)
+#pragma unroll
+      for (int k = 0; k < kVG; ++k) nan_tok[k] = 0u;
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
         const int e0 = 2 * t + 8 * q;  // tokens e0, e0 + 1 of the tile
@@ -762,11 +809,18 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
           uint32_t two = vat.interleaved
                              ? *reinterpret_cast<const uint16_t*>(sp + St::kVs + (tok / 4) * 4 * St::kS + 4 * G + tok % 4)
                              : sp[St::kVs + tok * St::kS + G] | static_cast<uint32_t>(sp[St::kVs + (tok + 1) * St::kS + G]) << 8;
-          if (!kFull) {  // scale bytes of tokens past the end are not data: their V is 0
+          if (!kFull) {
+            // Scale bytes of tokens past the end are not data: their V is 0.
             if (e0 >= n_ok[u]) two &= 0xFF00u;
             if (e0 + 1 >= n_ok[u]) two &= 0x00FFu;
+            // A NaN group (scale byte 0x7F or 0xFF) must reach only the rows that attend its
+            // token, but the product would carry 0 x NaN = NaN to the rows that mask it: its V
+            // becomes 0 here, and the rows that attend it are marked below (vnan).
+            const bool n0 = (two & 0x7Fu) == kScaleNaN, n1 = ((two >> 8) & 0x7Fu) == kScaleNaN;
+            nan_tok[k] |= (n0 ? 1u << e0 : 0u) | (n1 ? 2u << e0 : 0u);
+            two &= (n0 ? 0xFF00u : 0xFFFFu) & (n1 ? 0x00FFu : 0xFFFFu);
           }
-          s2[q][k] = scale_pair_f16x2(two & 0xFFu, two >> 8);
+          s2[q][k] = e4m3x2_to_f16x2(two);
         }
       }
 #pragma unroll
@@ -793,11 +847,31 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
             mma_16816(o[n][4 * w + mi], hv[0][2 * mi], hv[0][2 * mi + 1], hv[1][2 * mi], hv[1][2 * mi + 1], pb0[n],
                       pb1[n]);
       }
+      if (!kFull) {
+        // The 4 lanes of slice g hold its 16 tokens; this lane's rows that attend a NaN token
+        // take NaN in that group's elements (as the CPU path, which reads only attended tokens).
+#pragma unroll
+        for (int k = 0; k < kVG; ++k) {
+          if (!__any_sync(0xffffffffu, nan_tok[k] != 0u)) continue;  // warp-uniform, rare
+          uint32_t bits = nan_tok[k];
+          bits |= __shfl_xor_sync(0xffffffffu, bits, 1);
+          bits |= __shfl_xor_sync(0xffffffffu, bits, 2);
+#pragma unroll
+          for (int n = 0; n < kN; ++n)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int32_t a = min(max(lo_e[n][j] - 16 * u, 0), 16), z = min(max(hi_e[n][j] - 16 * u, 0), 16);
+              const uint32_t seen = ((1u << z) - 1u) & ~((1u << a) - 1u);
+              if (bits & seen) vnan[n][j] |= 1u << k;
+            }
+        }
+      }
     }
   };
 
   // The pipeline: step i's copies start kMmaStages - 1 steps before step i is computed (one
   // call site each, so that the lambdas inline).
+  prefetch(0);
   for (int64_t i = 0; i < nsteps + kMmaStages - 1; ++i) {
     if (i < nsteps) issue(i, static_cast<int>(i % kMmaStages));
     cp_async_commit();  // possibly empty: the wait below counts groups
@@ -839,10 +913,12 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(const __grid
     for (int i = 0; i < kM; ++i) {
       const int e = (i / 4) * 8 + 2 * (i % 4);
       const int d = g * (kD / 8) + e;
+      const int k = kVG > 1 ? i / 8 : 0;  // e's scale group in the slice
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        acc_s[warp][8 * n + 2 * t + j][d] = o[n][i][j] * kUnpackScale;
-        acc_s[warp][8 * n + 2 * t + j][d + 1] = o[n][i][2 + j] * kUnpackScale;
+        const bool nan = (vnan[n][j] >> k) & 1u;
+        acc_s[warp][8 * n + 2 * t + j][d] = nan ? quiet_nan() : o[n][i][j] * kUnpackScale;
+        acc_s[warp][8 * n + 2 * t + j][d + 1] = nan ? quiet_nan() : o[n][i][2 + j] * kUnpackScale;
       }
     }
   __syncthreads();
@@ -977,9 +1053,10 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
   L.off[0] = SideOffsets::make(p.k, p.layout, p.H, p.T);
   L.off[1] = SideOffsets::make(p.v, p.layout, p.H, p.T);
   L.block_size = FastDiv(static_cast<uint32_t>(p.T));
+  constexpr int64_t k4G = int64_t{1} << 32;
   const DecodeKernel kind = select_decode_kernel(
       {p.T, p.k.D, aligned(16, p.k.base, {p.k.page_stride}) && aligned(16, p.v.base, {p.v.page_stride}),
-       p.k.interleaved != 0});
+       p.k.interleaved != 0, p.N <= k4G && p.k.page_stride < k4G && p.v.page_stride < k4G});
   const int rows = p.group * p.q_len;
   const int per_block = kind == DecodeKernel::kMma ? kMmaRowsPerTile * mma_row_tiles(p.k.D, rows)
                         : rows <= 1                ? 1

@@ -121,7 +121,8 @@ int64_t gather_pages_blocks_per_seq(const GatherShape& s, const PagesPlan& pages
 
 DecodeKernel select_decode_kernel(const DecodeShape& s) {
   const bool head_ok = s.D == 64 || s.D == 128 || s.D == 256;
-  return head_ok && s.T % 16 == 0 && s.aligned16 && !s.k_interleaved ? DecodeKernel::kMma : DecodeKernel::kLanes;
+  return head_ok && s.T % 16 == 0 && s.aligned16 && !s.k_interleaved && s.small_pages ? DecodeKernel::kMma
+                                                                                       : DecodeKernel::kLanes;
 }
 
 }  // namespace nvfp4kv

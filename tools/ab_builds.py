@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""A/B of installed builds on one GPU: the store and gather benchmark cases of nvfp4kv.bench,
-each build in its own subprocess, builds alternated round after round (so clock and thermal
-drift fall on all of them alike); prints each case's median over the rounds per build.
+"""A/B of installed builds on one GPU: the store and gather benchmark cases of nvfp4kv.bench
+(or, with --decode, decode_attention cases of benchmarks/bench_decode.py), each build in its own
+subprocess, builds alternated round after round (so clock and thermal drift fall on all of them
+alike); prints each case's median over the rounds per build.
 
-Usage: python tools/ab_builds.py NAME=PKG_DIR [NAME=PKG_DIR ...] [--rounds 3]
-(PKG_DIR: a `pip install --target` directory; "installed" for the environment's own nvfp4kv).
+Usage: python tools/ab_builds.py NAME=PKG_DIR [NAME=PKG_DIR ...] [--rounds 3] [--decode BxL,...]
+(PKG_DIR: a `pip install --target` directory; "installed" for the environment's own nvfp4kv;
+a decode case ending in "g" is timed per call inside a CUDA graph).
 """
 import argparse
 import json
+import pathlib
 import statistics
 import subprocess
 import sys
@@ -29,17 +32,45 @@ out["_file"] = nvfp4kv.__file__
 print(json.dumps(out))
 """
 
+DECODE_CHILD = r"""
+import json, sys
+pkg, cases, bench_dir = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
+if pkg != "installed":
+    sys.path.insert(0, pkg)
+sys.path.insert(0, bench_dir)
+import torch, nvfp4kv
+from nvfp4kv import bench
+import bench_decode as bd
+out = {}
+for c in cases:
+    graph = c.endswith("g")
+    B, L = (int(x) for x in c.rstrip("g").split("x"))
+    case = bd.make_case(bd.Spec(B=B, L=L))
+    if graph:
+        out[f"decode {c}"] = bench._graph_per_call(torch, case["ours"], bd.GRAPH_CALLS, 5)
+    else:
+        out[f"decode {c}"] = bench._queued_per_call(torch, case["ours"], bench._calls(bd.nvfp4_bytes(bd.Spec(B=B, L=L))), 5)
+    del case
+    torch.cuda.empty_cache()
+out["_file"] = nvfp4kv.__file__
+print(json.dumps(out))
+"""
+
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("builds", nargs="+")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--decode", metavar="BxL,...", help="decode_attention cases instead of store/gather")
     a = ap.parse_args()
+    bench_dir = str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks")
+    child = [DECODE_CHILD, "PKG", a.decode, bench_dir] if a.decode else [CHILD, "PKG"]
     builds = [b.split("=", 1) for b in a.builds]
     runs = {name: [] for name, _ in builds}
     for r in range(a.rounds):
         for name, pkg in builds:
-            res = subprocess.run([sys.executable, "-c", CHILD, pkg], capture_output=True, text=True, cwd="/tmp")
+            args = [pkg if x == "PKG" else x for x in child]
+            res = subprocess.run([sys.executable, "-c", *args], capture_output=True, text=True, cwd="/tmp")
             if res.returncode != 0:
                 print(res.stderr[-2000:], file=sys.stderr)
                 sys.exit(1)

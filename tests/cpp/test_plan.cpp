@@ -153,14 +153,15 @@ static void test_gather() {
 
 void test_decode() {
   // The tensor-core reader takes 16-token tiles of one page with vector loads.
-  CHECK(select_decode_kernel({16, 128, true, false}) == DecodeKernel::kMma, "T 16");
-  CHECK(select_decode_kernel({64, 64, true, false}) == DecodeKernel::kMma, "T 64, D 64");
-  CHECK(select_decode_kernel({32, 256, true, false}) == DecodeKernel::kMma, "T 32, D 256");
-  CHECK(select_decode_kernel({8, 128, true, false}) == DecodeKernel::kLanes, "T 8");
-  CHECK(select_decode_kernel({24, 128, true, false}) == DecodeKernel::kLanes, "T 24");
-  CHECK(select_decode_kernel({16, 128, false, false}) == DecodeKernel::kLanes, "unaligned sides");
-  CHECK(select_decode_kernel({16, 96, true, false}) == DecodeKernel::kLanes, "D 96");
-  CHECK(select_decode_kernel({16, 128, true, true}) == DecodeKernel::kLanes, "K scales interleaved");
+  CHECK(select_decode_kernel({16, 128, true, false, true}) == DecodeKernel::kMma, "T 16");
+  CHECK(select_decode_kernel({64, 64, true, false, true}) == DecodeKernel::kMma, "T 64, D 64");
+  CHECK(select_decode_kernel({32, 256, true, false, true}) == DecodeKernel::kMma, "T 32, D 256");
+  CHECK(select_decode_kernel({8, 128, true, false, true}) == DecodeKernel::kLanes, "T 8");
+  CHECK(select_decode_kernel({24, 128, true, false, true}) == DecodeKernel::kLanes, "T 24");
+  CHECK(select_decode_kernel({16, 128, false, false, true}) == DecodeKernel::kLanes, "unaligned sides");
+  CHECK(select_decode_kernel({16, 96, true, false, true}) == DecodeKernel::kLanes, "D 96");
+  CHECK(select_decode_kernel({16, 128, true, true, true}) == DecodeKernel::kLanes, "K scales interleaved");
+  CHECK(select_decode_kernel({16, 128, true, false, false}) == DecodeKernel::kLanes, "2^32 pages or more");
 }
 
 int main() {

@@ -29,15 +29,18 @@ TORCH_DTYPE = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 # ------------------------------------------------------------------------------------ helpers
-def fill(cache, rng, k_scale, v_scale, scale_layout, nan_slot=None):
+def fill(cache, rng, k_scale, v_scale, scale_layout, nan_slot=None, v_nan=None):
     """Store random K/V into every slot of the cache (so every byte a read may touch is
-    defined); nan_slot: a slot whose K holds a NaN (its groups' scale byte becomes 0x7F)."""
+    defined); nan_slot: a slot whose K holds a NaN (its groups' scale byte becomes 0x7F);
+    v_nan: (slot, element) of a NaN in V (that element's group becomes a NaN group)."""
     n = cache.N * cache.T
     k = torch.from_numpy(rng.standard_normal((n, cache.H, cache.D)).astype(np.float32))
     v = torch.from_numpy(rng.standard_normal((n, cache.H, cache.D)).astype(np.float32))
     k[:, :, : cache.D // 2] *= 3.0  # uneven magnitudes: group scales differ
     if nan_slot is not None:
         k[nan_slot, :, 5] = float("nan")
+    if v_nan is not None:
+        v[v_nan[0], :, v_nan[1]] = float("nan")
     slots = torch.randperm(n, generator=torch.Generator().manual_seed(int(rng.integers(1 << 30))))
     nvfp4kv.store(k[slots], v[slots], slot_mapping=slots, k_scale=k_scale, v_scale=v_scale,
                   scale_layout=scale_layout, **cache.kwargs())
@@ -243,6 +246,41 @@ def test_nan_groups_reach_only_the_rows_that_see_them():
     # rows at positions 20..23 see [4..7].. [7..23]: position 5 only for rows 0, 1 (p = 20, 21).
     assert torch.isnan(out[:2].float()).all() and torch.isnan(lse[:2]).all()
     assert torch.isfinite(out[2:].float()).all() and torch.isfinite(lse[2:]).all()
+
+
+def v_nan_case(T, D, slot, elem, window):
+    """q_len 4 at the end of a 24-token sequence (rows at positions 20..23), a NaN V group at
+    `slot` (page slot // T, identity block table). Returns (cache, q, bt, seq_lens, rows that
+    attend the slot)."""
+    rng = np.random.default_rng(5)
+    N, H = 4, 1
+    cache = make_cache(N, T, H, D, backend="torch", seed=5)
+    fill(cache, rng, 1.0, 1.0, "vllm", v_nan=(slot, elem))
+    bt = as_index([list(range(24 // T + (24 % T > 0)))], "int32")
+    q = torch.randn(4, 2, D, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    first = [max(0, 20 + i - window) if window >= 0 else 0 for i in range(4)]
+    seeing = [i for i in range(4) if first[i] <= slot <= 20 + i]
+    return cache, q, bt, as_index([24], "int32"), seeing
+
+
+def check_v_nan(out, lse, seeing, elem):
+    """NaN exactly in the V group of `elem` of the rows in `seeing`; lse finite everywhere."""
+    g = elem // 16
+    want = torch.zeros(out.shape, dtype=torch.bool)
+    want[seeing, :, 16 * g: 16 * g + 16] = True
+    assert torch.equal(torch.isnan(out.float()).cpu(), want)
+    assert torch.isfinite(lse).all()
+
+
+@pytest.mark.parametrize("slot,window", [(5, 16), (23, -1), (21, -1)])
+def test_v_nan_group_reaches_only_the_rows_that_attend_it(slot, window):
+    """A NaN V group reaches only the rows whose range holds its token, and only that group's
+    elements: masked out (by the window or the causal end of the queries) it changes nothing."""
+    cache, q, bt, sl, seeing = v_nan_case(16, 64, slot, 5, window)
+    assert 0 < len(seeing) < 4
+    lse = torch.empty(4, 2)
+    out = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, q_len=4, window_left=window, lse=lse)
+    check_v_nan(out, lse, seeing, 5)
 
 
 def test_same_bytes_for_every_thread_count():

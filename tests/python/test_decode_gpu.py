@@ -233,3 +233,23 @@ def test_cuda_nan_k_group_reaches_only_the_rows_that_see_it():
     # rows at positions 20..23 see [4..20] .. [7..23]: position 5 only for rows 0, 1.
     assert torch.isnan(out[:2].float()).all() and torch.isnan(lse[:2]).all()
     assert torch.isfinite(out[2:].float()).all() and torch.isfinite(lse[2:]).all()
+
+
+@pytest.mark.parametrize("T,D,elem", [(16, 64, 5), (16, 128, 40), (16, 256, 20), (8, 128, 5)])
+@pytest.mark.parametrize("slot,window", [(5, 16), (23, -1), (21, -1)])
+def test_cuda_v_nan_group_reaches_only_the_rows_that_attend_it(T, D, elem, slot, window):
+    """A NaN V group of a token that some rows mask (window, causal end of the queries) reaches
+    only the rows that attend it, in that group's elements, in both readers (T 16: tensor cores,
+    T 8: lane per token), as on the CPU; everything else equals the CPU path."""
+    from test_decode import check_v_nan, v_nan_case
+
+    cache, q, bt, sl, seeing = v_nan_case(T, D, slot, elem, window)
+    lse = torch.empty(4, 2, device="cuda")
+    out = nv.decode_attention(q.cuda(), on_cuda(cache.kv_cache), bt.cuda(), sl.cuda(), 1.0, 1.0, q_len=4,
+                              window_left=window, lse=lse)
+    check_v_nan(out, lse, seeing, elem)
+    want_lse = torch.empty(4, 2)
+    want = nv.decode_attention(q, cache.kv_cache, bt, sl, 1.0, 1.0, q_len=4, window_left=window, lse=want_lse)
+    ok = ~torch.isnan(want.float())
+    assert close(out.float().cpu()[ok], want.float()[ok]) <= REL_L2
+    assert torch.allclose(lse.cpu(), want_lse, atol=1e-4, rtol=0)
