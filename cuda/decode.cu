@@ -306,6 +306,14 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// 2^x, results below 2^-126 flushed to 0: a probability that small is 0 against the row's
+// largest (1) in any sum; exp2f's subnormal handling cost 3 instructions per call.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t transpose_8x8(uint32_t x) {
   uint32_t y;
   asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
@@ -566,27 +574,43 @@ __global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64
   // Block-table entries of the tiles of the step issued next, loaded one step ahead so that no
   // issue waits on them: the loaded words stay untouched until the next issue (even an int32's
   // sign extension would wait for the load), which checks them (a bad entry is never read through).
+  // The entry and position of each tile advance by kAdvance tokens per step (no division).
   uint32_t next_lo[kTiles], next_hi[kTiles], next_pos[kTiles];
-  const auto prefetch = [&](int64_t n) {
+  constexpr int kAdvance = kDecodeWarps * kStep;
+  const int64_t bt_bytes = bt_row.stride * (bt_row.is_int64 ? 8 : 4);  // between block-table columns
+  const uint32_t adv_blocks = kAdvance / p.T, adv_pos = kAdvance % p.T;
+  const uint8_t* bt_base = static_cast<const uint8_t*>(bt_row.ptr);
+  uint32_t bt_at[kTiles], bt_pos[kTiles];  // byte offset of the entry (a row is below 4 GiB: small_pages)
+  int64_t left = hi - first_s0;  // tokens from the next step's first one to the end of the split
+#pragma unroll
+  for (int u = 0; u < kTiles; ++u) {
+    const int64_t rel = warp * kStep + 16 * u;  // below 2^31: the fast division
+    const int64_t rb = L.block_size.div_any(rel);
+    bt_pos[u] = static_cast<uint32_t>(rel - rb * p.T);
+    bt_at[u] = static_cast<uint32_t>((lo_blk + rb) * bt_bytes);
+  }
+  const auto prefetch = [&]() {
 #pragma unroll
     for (int u = 0; u < kTiles; ++u) {
-      const int64_t j0 = first_s0 + n * (kDecodeWarps * kStep) + 16 * u;
       next_lo[u] = next_hi[u] = 0xFFFFFFFFu;  // -1: no page
-      next_pos[u] = 0;
-      if (n < nsteps && j0 < hi) {
-        const int64_t rel = j0 - lo;  // the fast division below 2^31 tokens into the split
-        const int64_t rb = L.block_size.div_any(rel);
-        next_pos[u] = static_cast<uint32_t>(rel - rb * p.T);
-        const int64_t at = (lo_blk + rb) * bt_row.stride;
+      next_pos[u] = bt_pos[u];
+      if (left > 16 * u) {
         if (bt_row.is_int64) {
-          const uint2 w = __ldg(static_cast<const uint2*>(bt_row.ptr) + at);
+          const uint2 w = __ldg(reinterpret_cast<const uint2*>(bt_base + bt_at[u]));
           next_lo[u] = w.x, next_hi[u] = w.y;
         } else {
-          next_lo[u] = __ldg(static_cast<const uint32_t*>(bt_row.ptr) + at);
+          next_lo[u] = __ldg(reinterpret_cast<const uint32_t*>(bt_base + bt_at[u]));
           next_hi[u] = 0u;  // sign-extended when used
         }
       }
+      bt_pos[u] += adv_pos;
+      bt_at[u] += adv_blocks * static_cast<uint32_t>(bt_bytes);
+      if (bt_pos[u] >= static_cast<uint32_t>(p.T)) {
+        bt_pos[u] -= p.T;
+        bt_at[u] += static_cast<uint32_t>(bt_bytes);
+      }
     }
+    left -= kAdvance;
   };
 
   // The lane's share of a tile's code rows: 16-byte chunk `ch` of rows e_l + i * kRowStep
@@ -648,7 +672,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64
     }
     const uint32_t mask = ((1u << kTiles) - 1u) << (st * kTiles);
     valid = (valid & ~mask) | (vbits << (st * kTiles));
-    prefetch(n + 1);
+    prefetch();
   };
 
   // Computes step n from stage st. kFull: every token of the step exists, its pages are valid and
@@ -746,14 +770,14 @@ __global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64
         for (int o_ = 4; o_ < 32; o_ <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o_));
         const float m_new = fmaxf(m[n][j], mx);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        corr[n][j] = exp2f(m[n][j] - m_use);
+        corr[n][j] = exp2_ftz(m[n][j] - m_use);
         moved |= m_new != m[n][j];
         float sum = 0.0f;
 #pragma unroll
         for (int u = 0; u < kTiles; ++u)
 #pragma unroll
           for (int a = 0; a < 2; ++a) {
-            const float e = exp2f(sc[u][n][2 * a + j] - m_use);
+            const float e = exp2_ftz(sc[u][n][2 * a + j] - m_use);
             pr[u][n][2 * a + j] = e;
             sum += e;
           }
@@ -871,7 +895,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64
 
   // The pipeline: step i's copies start kMmaStages - 1 steps before step i is computed (one
   // call site each, so that the lambdas inline).
-  prefetch(0);
+  prefetch();
   for (int64_t i = 0; i < nsteps + kMmaStages - 1; ++i) {
     if (i < nsteps) issue(i, static_cast<int>(i % kMmaStages));
     cp_async_commit();  // possibly empty: the wait below counts groups
@@ -1056,7 +1080,9 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
   constexpr int64_t k4G = int64_t{1} << 32;
   const DecodeKernel kind = select_decode_kernel(
       {p.T, p.k.D, aligned(16, p.k.base, {p.k.page_stride}) && aligned(16, p.v.base, {p.v.page_stride}),
-       p.k.interleaved != 0, p.N <= k4G && p.k.page_stride < k4G && p.v.page_stride < k4G});
+       p.k.interleaved != 0,
+       p.N <= k4G && p.k.page_stride < k4G && p.v.page_stride < k4G &&
+           static_cast<double>(p.max_blocks) * static_cast<double>(p.bt_stride[1]) * 8.0 < 4294967296.0});
   const int rows = p.group * p.q_len;
   const int per_block = kind == DecodeKernel::kMma ? kMmaRowsPerTile * mma_row_tiles(p.k.D, rows)
                         : rows <= 1                ? 1
