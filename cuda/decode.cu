@@ -581,12 +581,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64
   const uint32_t adv_blocks = kAdvance / p.T, adv_pos = kAdvance % p.T;
   const uint8_t* bt_base = static_cast<const uint8_t*>(bt_row.ptr);
   uint32_t bt_at[kTiles], bt_pos[kTiles];  // byte offset of the entry (a row is below 4 GiB: small_pages)
-  int64_t left = hi - first_s0;  // tokens from the next step's first one to the end of the split
+  int32_t left = static_cast<int32_t>(hi - first_s0);  // tokens from the next prefetched step's first to the end
 #pragma unroll
   for (int u = 0; u < kTiles; ++u) {
-    const int64_t rel = warp * kStep + 16 * u;  // below 2^31: the fast division
-    const int64_t rb = L.block_size.div_any(rel);
-    bt_pos[u] = static_cast<uint32_t>(rel - rb * p.T);
+    const uint32_t rel = warp * kStep + 16 * u;
+    const uint32_t rb = L.block_size.div(rel);
+    bt_pos[u] = rel - rb * p.T;
     bt_at[u] = static_cast<uint32_t>((lo_blk + rb) * bt_bytes);
   }
   const auto prefetch = [&]() {
@@ -600,7 +600,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64
           next_lo[u] = w.x, next_hi[u] = w.y;
         } else {
           next_lo[u] = __ldg(reinterpret_cast<const uint32_t*>(bt_base + bt_at[u]));
-          next_hi[u] = 0u;  // sign-extended when used
+          next_hi[u] = 0u;  // a negative entry is >= 2^31 > N as unsigned
         }
       }
       bt_pos[u] += adv_pos;
@@ -642,20 +642,21 @@ __global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64
 
   // Starts the copies of step n into stage st; tokens past the end of the split or in a masked
   // page are filled with zeros, never read. Then loads the block-table entries of step n + 1.
-  // Pages and page strides are below 2^32 (select_decode_kernel): 32-bit products.
-  const auto issue = [&](int64_t n, int st) {
-    const int64_t s0 = first_s0 + n * (kDecodeWarps * kStep);
-    const int32_t rem = static_cast<int32_t>(min64(hi - s0, kStep));  // tokens of the step that exist
+  // Fewer than 2^31 pages, page strides below 2^32 bytes, splits below 2^31 tokens
+  // (select_decode_kernel): 32-bit products and counts.
+  int32_t togo = static_cast<int32_t>(hi - first_s0);  // tokens from the issued step's first to the end
+  const uint32_t n_pages = static_cast<uint32_t>(p.N);
+  const auto issue = [&](int st) {
+    const int32_t rem = min(togo, kStep);  // tokens of the step that exist
+    togo -= kAdvance;
     const uint32_t at = st * St::kBytes;
     uint32_t vbits = 0;
 #pragma unroll
     for (int u = 0; u < kTiles; ++u) {
-      const int64_t raw = bt_row.is_int64 ? static_cast<int64_t>((uint64_t{next_hi[u]} << 32) | next_lo[u])
-                                          : static_cast<int64_t>(static_cast<int32_t>(next_lo[u]));
-      const bool ok_page = raw >= 0 && raw < p.N;
+      const bool ok_page = next_hi[u] == 0u && next_lo[u] < n_pages;  // int64 entries: 0 <= raw < N
       vbits |= ok_page ? 1u << u : 0u;
       const int32_t n_ok = ok_page ? min(max(rem - 16 * u, 0), 16) : 0;
-      const uint32_t page = ok_page ? static_cast<uint32_t>(raw) : 0u;
+      const uint32_t page = ok_page ? next_lo[u] : 0u;
       const uint8_t* kpg = p.k.base + uint64_t{page} * k_page;
       const uint8_t* vpg = p.v.base + uint64_t{page} * v_page;
       const uint32_t pos0 = next_pos[u];
@@ -895,18 +896,23 @@ __global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64
 
   // The pipeline: step i's copies start kMmaStages - 1 steps before step i is computed (one
   // call site each, so that the lambdas inline).
+  // Steps n0_full <= n < n1_full lie inside [first_all, last_all] and before the split's end:
+  // full when their pages are valid.
+  const auto floor_div = [](int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); };
+  const int64_t n0_full = -floor_div(first_s0 - first_all, kAdvance);  // ceil((first_all - first_s0) / kAdvance)
+  const int64_t n1_full = floor_div(min64(hi, last_all + 1) - kStep - first_s0, kAdvance) + 1;
+  const int32_t n0 = static_cast<int32_t>(max64(n0_full, 0)), n1 = static_cast<int32_t>(max64(min64(n1_full, nsteps), 0));
+  const int32_t steps = static_cast<int32_t>(nsteps);
   prefetch();
-  for (int64_t i = 0; i < nsteps + kMmaStages - 1; ++i) {
-    if (i < nsteps) issue(i, static_cast<int>(i % kMmaStages));
+  for (int32_t i = 0; i < steps + kMmaStages - 1; ++i) {
+    if (i < steps) issue(i % kMmaStages);
     cp_async_commit();  // possibly empty: the wait below counts groups
-    const int64_t n = i - (kMmaStages - 1);
+    const int32_t n = i - (kMmaStages - 1);
     if (n < 0) continue;
-    const int st = static_cast<int>(n % kMmaStages);
+    const int st = n % kMmaStages;
     cp_async_wait<kMmaStages - 1>();  // step n's copies (this lane's) have landed
     __syncwarp();                     // and every lane's
-    const int64_t s0 = first_s0 + n * (kDecodeWarps * kStep);
-    const bool full = ((valid >> (st * kTiles)) & ((1u << kTiles) - 1)) == (1u << kTiles) - 1 &&
-                      s0 + kStep <= hi && s0 >= first_all && s0 + kStep <= last_all + 1;
+    const bool full = ((valid >> (st * kTiles)) & ((1u << kTiles) - 1)) == (1u << kTiles) - 1 && n >= n0 && n < n1;
     if (full)
       compute(n, st, std::true_type{});
     else
@@ -1077,12 +1083,13 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
   L.off[0] = SideOffsets::make(p.k, p.layout, p.H, p.T);
   L.off[1] = SideOffsets::make(p.v, p.layout, p.H, p.T);
   L.block_size = FastDiv(static_cast<uint32_t>(p.T));
-  constexpr int64_t k4G = int64_t{1} << 32;
+  constexpr double k2G = 2147483648.0, k4G = 4294967296.0;
+  const auto d = [](int64_t x) { return static_cast<double>(x); };
   const DecodeKernel kind = select_decode_kernel(
       {p.T, p.k.D, aligned(16, p.k.base, {p.k.page_stride}) && aligned(16, p.v.base, {p.v.page_stride}),
        p.k.interleaved != 0,
-       p.N <= k4G && p.k.page_stride < k4G && p.v.page_stride < k4G &&
-           static_cast<double>(p.max_blocks) * static_cast<double>(p.bt_stride[1]) * 8.0 < 4294967296.0});
+       d(p.N) < k2G && d(p.k.page_stride) < k4G && d(p.v.page_stride) < k4G &&
+           d(p.max_blocks) * d(p.bt_stride[1]) * 8.0 < k4G && d(L.cols_per_split) * d(p.T) < k2G});
   const int rows = p.group * p.q_len;
   const int per_block = kind == DecodeKernel::kMma ? kMmaRowsPerTile * mma_row_tiles(p.k.D, rows)
                         : rows <= 1                ? 1

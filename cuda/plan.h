@@ -106,8 +106,9 @@ struct DecodeShape {
   bool aligned16;      // both sides' base and page stride 16-byte aligned
   bool k_interleaved;  // K scales token-4 interleaved (no scale profile does this; the reader
                        // copies a token's K scale bytes as one piece)
-  bool small_pages;    // at most 2^32 pages, page strides and block-table rows below 2^32
-                       // bytes (the reader's page and entry addresses are 32-bit products)
+  bool small_pages;    // fewer than 2^31 pages and tokens per split, page strides and
+                       // block-table rows below 2^32 bytes (the reader's addresses and
+                       // counts are 32-bit)
 };
 
 DecodeKernel select_decode_kernel(const DecodeShape& s);
