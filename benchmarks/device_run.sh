@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: build, GPU + CPU tests, optional sanitizer, SASS and the benchmark.
-# Usage (on the lent GPU machine): bash benchmarks/device_run.sh [tests|gputests|sanitize|host|bench|decode|amax|sass|noimage]...
+# Usage (on the lent GPU machine): bash benchmarks/device_run.sh [tests|gputests|sanitize|decodecheck|host|bench|decode|amax|sass|noimage]...
 # Writes logs and results under $OUT (or ./device-out).
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
@@ -30,6 +30,9 @@ for step in $steps; do
       timeout 420 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest tests/python/test_gpu.py tests/python/test_gather.py tests/python/test_property.py tests/python/test_ops.py -q -p no:cacheprovider -k "(cuda or gpu or equals_cpu or device) and not large and not graph and not stream" 2>&1 | tee "$OUT/memcheck.log" | tail -8
       log racecheck
       timeout 180 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest tests/python/test_gpu.py tests/python/test_gather.py -q -p no:cacheprovider -k "(equals_cpu and 5d) or row_sizes" 2>&1 | tee "$OUT/racecheck.log" | tail -8 ;;
+    decodecheck)
+      log "memcheck over the decode GPU tests (both readers, split-KV, NaN groups)"
+      timeout 400 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest tests/python/test_decode_gpu.py -q -p no:cacheprovider -k "not graph and not long" 2>&1 | tee "$OUT/decodecheck.log" | tail -4 ;;
     sass)
       log sass
       so=$(python3 -c "import nvfp4kv, pathlib; print(next(pathlib.Path(nvfp4kv.__file__).parent.glob('lib/libnvfp4kv.so')))")

@@ -326,6 +326,16 @@ __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
   return r;
 }
 
+// Half `hi` of an fp16x2 in both halves.
+__device__ __forceinline__ uint32_t f16x2_bcast(uint32_t x, int hi) {
+  uint32_t r;
+  if (hi)
+    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %1; mov.b32 %0, {u, u}; }" : "=r"(r) : "r"(x));
+  else
+    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %1; mov.b32 %0, {l, l}; }" : "=r"(r) : "r"(x));
+  return r;
+}
+
 __device__ __forceinline__ uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t r;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
@@ -364,6 +374,8 @@ __device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t x) {
   return r;
 }
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) { return e4m3x2_f16x2<0>(two); }
+template <int kHalf>
+__device__ __forceinline__ uint32_t e4m3x2_half_f16x2(uint32_t x) { return e4m3x2_f16x2<kHalf>(x); }
 __device__ __forceinline__ void unpack_word(uint32_t w, uint32_t (&h)[4]) {
   // High nibble of each byte: sign at bit 7 already, magnitude from bits 6..4 to E4M3's 4..2
   // (exponent's low two bits and the mantissa's top bit): the value times 2^-6. Low nibble:
@@ -383,6 +395,8 @@ __device__ __forceinline__ void v_interleave(uint32_t a, uint32_t b, uint32_t (&
 }
 #else
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) { return scale_pair_f16x2(two & 0xFFu, (two >> 8) & 0xFFu); }
+template <int kHalf>
+__device__ __forceinline__ uint32_t e4m3x2_half_f16x2(uint32_t x) { return e4m3x2_to_f16x2(x >> (16 * kHalf)); }
 constexpr int kUnpackExp = 14;
 __device__ __forceinline__ int kcode_lo(int i) { return i; }
 __device__ __forceinline__ int kcode_hi(int i) { return i + 4; }
@@ -715,8 +729,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64
         else
           bytes = *reinterpret_cast<const uint16_t*>(ks + 2 * t) |
                   static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(ks + 8 + 2 * t)) << 16;
+        // Both halves of one conversion hold two groups' scales; each multiply takes one half
+        // twice (an operand selector of the fp16 multiply, no instruction of its own).
+        const uint32_t c0 = e4m3x2_half_f16x2<0>(bytes), c1 = kKG > 2 ? e4m3x2_half_f16x2<1>(bytes) : 0u;
 #pragma unroll
-        for (int k = 0; k < kKG; ++k) s2[a][k] = e4m3x2_to_f16x2(byte_perm(bytes, 0u, 0x11u * k));  // byte k twice
+        for (int k = 0; k < kKG; ++k) s2[a][k] = f16x2_bcast(k < 2 ? c0 : c1, k % 2);
       }
 #pragma unroll
       for (int w = 0; w < kKW; ++w) {  // word w: chunks 2w and 2w + 1 (fp16x2 4w .. 4w + 3)
