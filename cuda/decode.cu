@@ -64,24 +64,38 @@ __device__ __forceinline__ void store_out(void* base, int64_t idx, float v) {
 
 // The block's result from its warps' (max, denominator, unnormalized output) per row, merged in
 // warp order (m_s in natural-log units, acc_s times the value scale's 1): the output where the
-// sequence has one split, else this split's partial in the workspace.
+// sequence has one split, else this split's partial in the workspace. Each row's weights are
+// computed once (thread r), in place of its maxima and denominators: w_s[w][r] = e^(m_w - M),
+// l_s[0][r] = the merged denominator, l_s[1][r] = M; then every element is a weighted sum.
 template <DType kDType, int kD, int kRows>
 __device__ __forceinline__ void merge_warps(const DecodeLaunch& L, int64_t b, int32_t h, int32_t r0, int32_t R,
-                                            int32_t split, const float (&m_s)[kDecodeWarps][kRows],
-                                            const float (&l_s)[kDecodeWarps][kRows],
+                                            int32_t split, float (&m_s)[kDecodeWarps][kRows],
+                                            float (&l_s)[kDecodeWarps][kRows],
                                             const float (&acc_s)[kDecodeWarps][kRows][kD]) {
+  static_assert(kDecodeWarps >= 2, "l_s holds the merged denominator and maximum");
   const DecodeParams& p = L.p;
-  const float vscale = read_scale(p.v_scale);
-  for (int idx = threadIdx.x; idx < R * kD; idx += kDecodeThreads) {
-    const int r = idx / kD, d = idx % kD;
+  if (threadIdx.x < R) {
+    const int r = threadIdx.x;
     float M = -INFINITY;
     for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, m_s[w][r]);
-    float lsum = 0.0f, o = 0.0f;
+    float lsum = 0.0f;
     for (int w = 0; w < kDecodeWarps; ++w) {
       const float c = m_s[w][r] == -INFINITY ? 0.0f : __expf(m_s[w][r] - M);
       lsum += l_s[w][r] * c;
-      o += acc_s[w][r][d] * c;
+      m_s[w][r] = c;
     }
+    l_s[0][r] = lsum;
+    l_s[1][r] = M;
+  }
+  __syncthreads();
+  const auto& w_s = m_s;
+  const float vscale = read_scale(p.v_scale);
+  for (int idx = threadIdx.x; idx < R * kD; idx += kDecodeThreads) {
+    const int r = idx / kD, d = idx % kD;
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) o += acc_s[w][r][d] * w_s[w][r];
+    const float lsum = l_s[0][r], M = l_s[1][r];
     const int32_t rr = r0 + r, g = rr / p.q_len, i = rr % p.q_len;
     const int64_t row = b * p.q_len + i, hq = int64_t{h} * p.group + g;
     if (L.splits == 1) {
@@ -487,6 +501,58 @@ __global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64
   wait_for_prior_grids();
   allow_next_grids();
   const int64_t len = load_index(p.seq_lens, b);
+  // The split's tokens [lo, hi) and this warp's steps, s0 = lo + (warp + kDecodeWarps * n) * kStep.
+  const int64_t lo_blk = split * L.cols_per_split;
+  const int64_t lo = lo_blk * p.T;
+  const int64_t hi_cols = min64((split + 1) * L.cols_per_split, p.max_blocks) * p.T;
+  const int64_t hi = min64(hi_cols, len);
+  const IndexVec bt_row = block_table_row(p, b);
+  const int64_t first_s0 = lo + warp * kStep;
+
+  // Block-table entries of the tiles of the step issued next, loaded one step ahead so that no
+  // issue waits on them: the loaded words stay untouched until the next issue (even an int32's
+  // sign extension would wait for the load), which checks them (a bad entry is never read through).
+  // The entry and position of each tile advance by kAdvance tokens per step (no division).
+  uint32_t next_lo[kTiles], next_hi[kTiles], next_pos[kTiles];
+  constexpr int kAdvance = kDecodeWarps * kStep;
+  const int64_t bt_bytes = bt_row.stride * (bt_row.is_int64 ? 8 : 4);  // between block-table columns
+  const uint32_t adv_blocks = kAdvance / p.T, adv_pos = kAdvance % p.T;
+  const uint8_t* bt_base = static_cast<const uint8_t*>(bt_row.ptr);
+  uint32_t bt_at[kTiles], bt_pos[kTiles];  // byte offset of the entry (a row is below 4 GiB: small_pages)
+  int32_t left = static_cast<int32_t>(hi_cols - first_s0);  // from the next prefetched step's first token to the
+                                                             // split's last column (the sequence may end before)
+#pragma unroll
+  for (int u = 0; u < kTiles; ++u) {
+    const uint32_t rel = warp * kStep + 16 * u;
+    const uint32_t rb = L.block_size.div(rel);
+    bt_pos[u] = rel - rb * p.T;
+    bt_at[u] = static_cast<uint32_t>((lo_blk + rb) * bt_bytes);
+  }
+  const auto prefetch = [&]() {
+#pragma unroll
+    for (int u = 0; u < kTiles; ++u) {
+      next_lo[u] = next_hi[u] = 0xFFFFFFFFu;  // -1: no page
+      next_pos[u] = bt_pos[u];
+      if (left > 16 * u) {
+        if (bt_row.is_int64) {
+          const uint2 w = __ldg(reinterpret_cast<const uint2*>(bt_base + bt_at[u]));
+          next_lo[u] = w.x, next_hi[u] = w.y;
+        } else {
+          next_lo[u] = __ldg(reinterpret_cast<const uint32_t*>(bt_base + bt_at[u]));
+          next_hi[u] = 0u;  // a negative entry is >= 2^31 > N as unsigned
+        }
+      }
+      bt_pos[u] += adv_pos;
+      bt_at[u] += adv_blocks * static_cast<uint32_t>(bt_bytes);
+      if (bt_pos[u] >= static_cast<uint32_t>(p.T)) {
+        bt_pos[u] -= p.T;
+        bt_at[u] += static_cast<uint32_t>(bt_bytes);
+      }
+    }
+    left -= kAdvance;
+  };
+
+  prefetch();  // the first step's entries load while the query rows are read
 
   for (int idx = threadIdx.x; idx < kRows * kD; idx += kDecodeThreads) {
     const int r = idx / kD, d = idx % kD;
@@ -556,10 +622,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64
     last_all = min64(last_all, la);
   }
 
-  const int64_t lo_blk = split * L.cols_per_split;
-  const int64_t lo = lo_blk * p.T;
-  const int64_t hi = min64(min64((split + 1) * L.cols_per_split, p.max_blocks) * p.T, len);
-  const IndexVec bt_row = block_table_row(p, b);
   PageOffsets kat, vat;  // this KV head's rows, group 0
   kat.init(L.off[0], h, 0);
   vat.init(L.off[1], h, 0);
@@ -580,52 +642,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64
   const uint32_t stages = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
                           static_cast<uint32_t>(warp * kMmaStages * St::kBytes);
   const uint8_t* stages_p = smem + warp * kMmaStages * St::kBytes;
-  // This warp's steps: s0 = lo + (warp + kDecodeWarps * n) * kStep.
-  const int64_t first_s0 = lo + warp * kStep;
   const int64_t nsteps = hi > first_s0 ? (hi - first_s0 + kDecodeWarps * kStep - 1) / (kDecodeWarps * kStep) : 0;
   uint32_t valid = 0;  // bit st * kTiles + u: tile u of the step in stage st has a valid page
-
-  // Block-table entries of the tiles of the step issued next, loaded one step ahead so that no
-  // issue waits on them: the loaded words stay untouched until the next issue (even an int32's
-  // sign extension would wait for the load), which checks them (a bad entry is never read through).
-  // The entry and position of each tile advance by kAdvance tokens per step (no division).
-  uint32_t next_lo[kTiles], next_hi[kTiles], next_pos[kTiles];
-  constexpr int kAdvance = kDecodeWarps * kStep;
-  const int64_t bt_bytes = bt_row.stride * (bt_row.is_int64 ? 8 : 4);  // between block-table columns
-  const uint32_t adv_blocks = kAdvance / p.T, adv_pos = kAdvance % p.T;
-  const uint8_t* bt_base = static_cast<const uint8_t*>(bt_row.ptr);
-  uint32_t bt_at[kTiles], bt_pos[kTiles];  // byte offset of the entry (a row is below 4 GiB: small_pages)
-  int32_t left = static_cast<int32_t>(hi - first_s0);  // tokens from the next prefetched step's first to the end
-#pragma unroll
-  for (int u = 0; u < kTiles; ++u) {
-    const uint32_t rel = warp * kStep + 16 * u;
-    const uint32_t rb = L.block_size.div(rel);
-    bt_pos[u] = rel - rb * p.T;
-    bt_at[u] = static_cast<uint32_t>((lo_blk + rb) * bt_bytes);
-  }
-  const auto prefetch = [&]() {
-#pragma unroll
-    for (int u = 0; u < kTiles; ++u) {
-      next_lo[u] = next_hi[u] = 0xFFFFFFFFu;  // -1: no page
-      next_pos[u] = bt_pos[u];
-      if (left > 16 * u) {
-        if (bt_row.is_int64) {
-          const uint2 w = __ldg(reinterpret_cast<const uint2*>(bt_base + bt_at[u]));
-          next_lo[u] = w.x, next_hi[u] = w.y;
-        } else {
-          next_lo[u] = __ldg(reinterpret_cast<const uint32_t*>(bt_base + bt_at[u]));
-          next_hi[u] = 0u;  // a negative entry is >= 2^31 > N as unsigned
-        }
-      }
-      bt_pos[u] += adv_pos;
-      bt_at[u] += adv_blocks * static_cast<uint32_t>(bt_bytes);
-      if (bt_pos[u] >= static_cast<uint32_t>(p.T)) {
-        bt_pos[u] -= p.T;
-        bt_at[u] += static_cast<uint32_t>(bt_bytes);
-      }
-    }
-    left -= kAdvance;
-  };
 
   // The lane's share of a tile's code rows: 16-byte chunk `ch` of rows e_l + i * kRowStep
   // (i < kPerLane), at page-relative offsets that move by a constant per row (K and V have the
@@ -920,7 +938,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64
   const int64_t n1_full = floor_div(min64(hi, last_all + 1) - kStep - first_s0, kAdvance) + 1;
   const int32_t n0 = static_cast<int32_t>(max64(n0_full, 0)), n1 = static_cast<int32_t>(max64(min64(n1_full, nsteps), 0));
   const int32_t steps = static_cast<int32_t>(nsteps);
-  prefetch();
   for (int32_t i = 0; i < steps + kMmaStages - 1; ++i) {
     if (i < steps) issue(i % kMmaStages);
     cp_async_commit();  // possibly empty: the wait below counts groups
