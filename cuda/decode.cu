@@ -992,38 +992,59 @@ __global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64
     merge_warps<DType::kBFloat16, kD, kRows>(L, b, h, r0, R, split, m_s, l_s, acc_s);
 }
 
-// Merges the splits of one (row, query head), in split order. Thread d loads splits d, d + D, ...
-// (max, denominator), so they arrive at once, and the output sum runs over unrolled independent
-// loads: a loop that waits for one load per split costs a cache latency per split (about 30 us
-// at 64 splits, measured on the H200).
+// Merges the splits of one (row, query head). The (max, denominator) of every split are loaded
+// at once (thread s takes split s); then kCombineGroups threads per output element each sum a
+// fixed residue class of the splits (s = q mod kCombineGroups, in increasing order) with all of
+// their loads in flight, and the groups are added in group order: the same bits on every run. A
+// loop that waits for one load per split costs a cache latency per split (about 30 us at 64
+// splits, measured on the H200); 8 loads in flight per thread still took 8 latencies at 64.
+constexpr int kCombineGroups = 4;
+
 template <DType kDType, int kD>
-__global__ void __launch_bounds__(kD) decode_combine_kernel(const __grid_constant__ DecodeLaunch L) {
+__global__ void __launch_bounds__(kD * kCombineGroups) decode_combine_kernel(const __grid_constant__ DecodeLaunch L) {
+  static_assert(kD * kCombineGroups >= kDecodeMaxSplits, "one thread per split for the maxima");
+  constexpr int kPerGroup = kDecodeMaxSplits / kCombineGroups;
   const DecodeParams& p = L.p;
   __shared__ float m_s[kDecodeMaxSplits], l_s[kDecodeMaxSplits], c_s[kDecodeMaxSplits];
+  __shared__ float o_s[kCombineGroups][kD];
   wait_for_prior_grids();
   allow_next_grids();
   const int64_t Hq = int64_t{p.H} * p.group;
   const int64_t unit = blockIdx.x;  // row * Hq + hq
   const int64_t row = unit / Hq, hq = unit % Hq;
   const float* part = p.workspace + unit * L.splits * (kD + 2);
-  const int d = threadIdx.x;
+  const int tid = threadIdx.x, q = tid / kD, d = tid % kD;
   const int splits = L.splits;
-  for (int s = d; s < kDecodeMaxSplits; s += kD) {
-    m_s[s] = s < splits ? part[s * (kD + 2)] : -INFINITY;
-    l_s[s] = s < splits ? part[s * (kD + 2) + 1] : 0.0f;
+  if (tid < kDecodeMaxSplits) {
+    m_s[tid] = tid < splits ? part[tid * (kD + 2)] : -INFINITY;
+    l_s[tid] = tid < splits ? part[tid * (kD + 2) + 1] : 0.0f;
   }
   __syncthreads();
   float M = -INFINITY;
 #pragma unroll 16
   for (int s = 0; s < kDecodeMaxSplits; ++s) M = fmaxf(M, m_s[s]);
-  for (int s = d; s < kDecodeMaxSplits; s += kD) c_s[s] = m_s[s] == -INFINITY ? 0.0f : __expf(m_s[s] - M);
+  if (tid < kDecodeMaxSplits) c_s[tid] = m_s[tid] == -INFINITY ? 0.0f : __expf(m_s[tid] - M);
   __syncthreads();
-  float lsum = 0.0f, o = 0.0f;
-#pragma unroll 8
-  for (int s = 0; s < splits; ++s) {
-    lsum += l_s[s] * c_s[s];
-    o += part[s * (kD + 2) + 2 + d] * c_s[s];
+  float v[kPerGroup];
+#pragma unroll
+  for (int k = 0; k < kPerGroup; ++k) {
+    const int s = q + kCombineGroups * k;
+    v[k] = s < splits ? part[s * (kD + 2) + 2 + d] : 0.0f;
   }
+  float o = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPerGroup; ++k) {
+    const int s = q + kCombineGroups * k;
+    if (s < splits) o += v[k] * c_s[s];
+  }
+  o_s[q][d] = o;
+  __syncthreads();
+  if (q != 0) return;
+  o = 0.0f;
+#pragma unroll
+  for (int g = 0; g < kCombineGroups; ++g) o += o_s[g][d];
+  float lsum = 0.0f;
+  for (int s = 0; s < splits; ++s) lsum += l_s[s] * c_s[s];
   const float out = !(lsum <= 0.0f) ? o / lsum * read_scale(p.v_scale) : 0.0f;  // NaN stays NaN
   store_out<kDType>(p.out, row * p.out_stride[0] + hq * p.out_stride[1] + d, out);
   if (p.lse && d == 0)
@@ -1074,7 +1095,8 @@ cudaError_t launch_decode(DecodeLaunch& L, DecodeKernel kind, int device, cudaSt
     const int64_t units = p.B * p.q_len * int64_t{p.H} * p.group;
     // One block per (row, query head): splits > 1 only where B * H is small (decode_splits).
     const cudaError_t err =
-        launch_pdl(decode_combine_kernel<kDType, kD>, dim3(static_cast<unsigned>(units)), dim3(kD), device, stream, L);
+        launch_pdl(decode_combine_kernel<kDType, kD>, dim3(static_cast<unsigned>(units)), dim3(kD * kCombineGroups), device,
+                   stream, L);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
