@@ -340,13 +340,11 @@ __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
   return r;
 }
 
-// Half `hi` of an fp16x2 in both halves.
-__device__ __forceinline__ uint32_t f16x2_bcast(uint32_t x, int hi) {
+// Half kHi of an fp16x2 in both halves (an operand selector of the fp16 multiply that reads it).
+template <int kHi>
+__device__ __forceinline__ uint32_t f16x2_bcast(uint32_t x) {
   uint32_t r;
-  if (hi)
-    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %1; mov.b32 %0, {u, u}; }" : "=r"(r) : "r"(x));
-  else
-    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %1; mov.b32 %0, {l, l}; }" : "=r"(r) : "r"(x));
+  asm("mov.b32 %0, {%1, %1};" : "=r"(r) : "h"(half_of<kHi>(x)));
   return r;
 }
 
@@ -376,20 +374,6 @@ __device__ __forceinline__ uint32_t mul_lo(uint32_t a, uint32_t b) {
 constexpr int kUnpackExp = 6;
 __device__ __forceinline__ int kcode_lo(int i) { return (i & 1) + 4 * (i >> 1); }
 __device__ __forceinline__ int kcode_hi(int i) { return kcode_lo(i) + 2; }
-// Two E4M3 bytes of a word's half (kHalf 0: bytes 0, 1; 1: bytes 2, 3) as fp16x2: the
-// conversion reads the half in place (no shift).
-template <int kHalf>
-__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t x) {
-  uint32_t r;
-  if constexpr (kHalf == 0)
-    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %1; cvt.rn.f16x2.e4m3x2 %0, l; }" : "=r"(r) : "r"(x));
-  else
-    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %1; cvt.rn.f16x2.e4m3x2 %0, u; }" : "=r"(r) : "r"(x));
-  return r;
-}
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) { return e4m3x2_f16x2<0>(two); }
-template <int kHalf>
-__device__ __forceinline__ uint32_t e4m3x2_half_f16x2(uint32_t x) { return e4m3x2_f16x2<kHalf>(x); }
 __device__ __forceinline__ void unpack_word(uint32_t w, uint32_t (&h)[4]) {
   // High nibble of each byte: sign at bit 7 already, magnitude from bits 6..4 to E4M3's 4..2
   // (exponent's low two bits and the mantissa's top bit): the value times 2^-6. Low nibble:
@@ -408,9 +392,6 @@ __device__ __forceinline__ void v_interleave(uint32_t a, uint32_t b, uint32_t (&
   x[1] = byte_perm(a, b, 0x7362u);  // a.b2 b.b2 a.b3 b.b3
 }
 #else
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) { return scale_pair_f16x2(two & 0xFFu, (two >> 8) & 0xFFu); }
-template <int kHalf>
-__device__ __forceinline__ uint32_t e4m3x2_half_f16x2(uint32_t x) { return e4m3x2_to_f16x2(x >> (16 * kHalf)); }
 constexpr int kUnpackExp = 14;
 __device__ __forceinline__ int kcode_lo(int i) { return i; }
 __device__ __forceinline__ int kcode_hi(int i) { return i + 4; }
@@ -471,8 +452,17 @@ __host__ __device__ constexpr size_t mma_smem_bytes() {
   return stages > merge ? stages : merge;  // the query rows (kN * 8 * kD * 4) are below both
 }
 
+// Blocks per SM that the kernel's registers must allow: 4 with one n-tile at D <= 128 (16
+// warps; left to itself the compiler took 154 registers, 3 blocks, 8 % slower: design notes),
+// 3 at D 64 and 2 at D 128 with two n-tiles; D 256 takes the registers it needs.
+template <int kD, int kN>
+constexpr int mma_min_blocks() {
+  return kD > 128 ? 1 : kN == 1 ? 4 : kD == 64 ? 3 : 2;
+}
+
 template <int kD, int kTiles, int kN, bool kCapped>
-__global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64 && kN == 2) : 1) decode_mma_kernel(const __grid_constant__ DecodeLaunch L) {
+__global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) decode_mma_kernel(
+    const __grid_constant__ DecodeLaunch L) {
   using St = MmaStage<kD, kTiles>;
   constexpr int kRows = kMmaRowsPerTile * kN;
   constexpr int kStep = St::kStep;
@@ -749,9 +739,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64
                   static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(ks + 8 + 2 * t)) << 16;
         // Both halves of one conversion hold two groups' scales; each multiply takes one half
         // twice (an operand selector of the fp16 multiply, no instruction of its own).
-        const uint32_t c0 = e4m3x2_half_f16x2<0>(bytes), c1 = kKG > 2 ? e4m3x2_half_f16x2<1>(bytes) : 0u;
-#pragma unroll
-        for (int k = 0; k < kKG; ++k) s2[a][k] = f16x2_bcast(k < 2 ? c0 : c1, k % 2);
+        const uint32_t c0 = e4m3x2_f16x2<0>(bytes);
+        s2[a][0] = f16x2_bcast<0>(c0);
+        if constexpr (kKG > 1) s2[a][1] = f16x2_bcast<1>(c0);
+        if constexpr (kKG > 2) {
+          const uint32_t c1 = e4m3x2_f16x2<1>(bytes);
+          s2[a][2] = f16x2_bcast<0>(c1), s2[a][3] = f16x2_bcast<1>(c1);
+        }
       }
 #pragma unroll
       for (int w = 0; w < kKW; ++w) {  // word w: chunks 2w and 2w + 1 (fp16x2 4w .. 4w + 3)
@@ -880,7 +874,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64
             nan_tok[k] |= (n0 ? 1u << e0 : 0u) | (n1 ? 2u << e0 : 0u);
             two &= (n0 ? 0xFF00u : 0xFFFFu) & (n1 ? 0x00FFu : 0xFFFFu);
           }
-          s2[q][k] = e4m3x2_to_f16x2(two);
+          s2[q][k] = e4m3x2_f16x2(two);
         }
       }
 #pragma unroll
@@ -936,7 +930,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kD <= 128 ? 4 / kN + (kD == 64
   const auto floor_div = [](int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); };
   const int64_t n0_full = -floor_div(first_s0 - first_all, kAdvance);  // ceil((first_all - first_s0) / kAdvance)
   const int64_t n1_full = floor_div(min64(hi, last_all + 1) - kStep - first_s0, kAdvance) + 1;
-  const int32_t n0 = static_cast<int32_t>(max64(n0_full, 0)), n1 = static_cast<int32_t>(max64(min64(n1_full, nsteps), 0));
+  const int32_t n0 = static_cast<int32_t>(max64(n0_full, 0));
+  const int32_t n1 = static_cast<int32_t>(max64(min64(n1_full, nsteps), 0));
   const int32_t steps = static_cast<int32_t>(nsteps);
   for (int32_t i = 0; i < steps + kMmaStages - 1; ++i) {
     if (i < steps) issue(i % kMmaStages);

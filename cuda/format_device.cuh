@@ -55,18 +55,31 @@ __device__ __forceinline__ uint32_t scale_f16x2(uint32_t sfb) {
 #endif
 }
 
-// The fp16x2 pair (sfq_lo, sfq_hi) of two scale bytes, NaN bytes as NaN (the decode attention
-// multiplies codes of two tokens by their own scales at once).
-__device__ __forceinline__ uint32_t scale_pair_f16x2(uint32_t lo, uint32_t hi) {
+// Half kHi of a word as a 16-bit register: an instruction that reads it takes the half in place
+// (no shift).
+template <int kHi>
+__device__ __forceinline__ uint16_t half_of(uint32_t x) {
+  uint16_t h;
+  if constexpr (kHi)
+    asm("{ .reg .b16 l; mov.b32 {l, %0}, %1; }" : "=h"(h) : "r"(x));
+  else
+    asm("{ .reg .b16 u; mov.b32 {%0, u}, %1; }" : "=h"(h) : "r"(x));
+  return h;
+}
+
+// The two E4M3 bytes of half kHalf of x (bytes 2 kHalf, 2 kHalf + 1) as an fp16x2 (low byte in
+// the low half), exact, NaN bytes as NaN: scale bytes of two tokens or groups for the decode
+// attention, and its E2M1 codes moved into E4M3 fields. sm_89 and later: one conversion.
+template <int kHalf = 0>
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t x) {
+  uint32_t r;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint32_t s2;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(s2) : "h"(static_cast<uint16_t>(lo | (hi << 8))));
-  return s2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(half_of<kHalf>(x)));
 #else
-  uint32_t s2;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(s2) : "f"(e4m3_decode(hi)), "f"(e4m3_decode(lo)));
-  return s2;
+  const uint32_t two = x >> (16 * kHalf);
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(e4m3_decode((two >> 8) & 0xFFu)), "f"(e4m3_decode(two & 0xFFu)));
 #endif
+  return r;
 }
 
 // Codes j and j + 4 of a code word (j < 4) as an fp16x2 of their values times 2^-14 (see

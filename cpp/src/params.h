@@ -159,9 +159,9 @@ struct DecodeParams {
 // cover kDecodeTargetBlocks, at most kDecodeMaxSplits, and at least kDecodeMinSplitBlocks
 // block-table columns per split (a split of a page or two spends its time on the block's setup
 // and the merge, not on reading). More splits shorten the last partial wave of blocks but cost
-// each split's setup and merge: "Decode attention: the tensor-core reader" has the measurement. Each split leaves, per query row and query head, its max logit,
-// its softmax denominator and its Dv unnormalized outputs in the workspace, merged in split
-// order (deterministic).
+// each split's setup and merge: "Decode attention: the tensor-core reader" has the measurement.
+// Each split leaves, per query row and query head, its max logit, its softmax denominator and
+// its Dv unnormalized outputs in the workspace, merged in split order (deterministic).
 constexpr int64_t kDecodeTargetBlocks = 512;
 constexpr int64_t kDecodeMaxSplits = 64;
 constexpr int64_t kDecodeMinSplitBlocks = 8;
