@@ -59,6 +59,14 @@ def load_package_module(name):
     return mod
 
 
+def load_example(path):
+    """The example script at `path` (examples/<name>.py) as a module, for tests to call its main()."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 # --------------------------------------------------------------------------------- library access
 @pytest.fixture(scope="session")
 def nv():

@@ -1,11 +1,11 @@
 """examples/sdpa_prefill.py: prefill SDPA over an NVFP4 cache written by reshape_and_cache_flash and
 read by gather_dequant, on a small CPU case."""
-import importlib.util
 import math
 import os
 
 import numpy as np
 import pytest
+from conftest import load_example
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("nvfp4kv")
@@ -15,10 +15,7 @@ EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "sdpa_
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("sdpa_prefill", EXAMPLE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example(EXAMPLE)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ with CUDA graphs when a GPU and a CUDA build are present.
 Beyond the printed error's bound, each loop's outputs are checked against float64 attention: the
 NVFP4 loop's over what gather_dequant reads from its cache with that step's sequence lengths (so a
 wrong slot, length or block-table entry shows), the bf16 loop's over the exact bf16 K/V."""
-import importlib.util
 import math
 import os
 import re
@@ -13,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import load_example
 
 torch = pytest.importorskip("torch")
 nvfp4kv = pytest.importorskip("nvfp4kv")
@@ -39,10 +39,7 @@ def cuda_ready():
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("decode_loop", EXAMPLE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example(EXAMPLE)
 
 
 def reference_attention(q, k, v):
