@@ -37,6 +37,7 @@ struct DecodeLaunch {
   int32_t splits;
   int32_t chunks;          // chunks of kRowsPerBlock query rows per KV head
   int64_t b0;              // first sequence of this launch
+  bool q_vec;              // query rows 16-byte aligned (vector loads)
 };
 
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -444,12 +445,18 @@ struct MmaStage {
 // flight, against 12 warps with 3 stages ("Decode attention: the tensor-core reader").
 constexpr int kMmaStages = 2;
 
-// The block's dynamic shared memory: the query rows, then the warps' stages, then the merge.
+// The block's dynamic shared memory: the query rows (fp32), then the warps' stages; the merge
+// reuses it from the start. The query rows have their own place so that step 0's copies start
+// before the query is read (design notes: "the fixed cost of a block").
+template <int kD, int kN>
+__host__ __device__ constexpr size_t mma_query_bytes() {
+  return size_t{kMmaRowsPerTile} * kN * kD * 4;
+}
 template <int kD, int kTiles, int kN>
 __host__ __device__ constexpr size_t mma_smem_bytes() {
-  const size_t stages = size_t{kDecodeWarps} * kMmaStages * MmaStage<kD, kTiles>::kBytes;
+  const size_t used = mma_query_bytes<kD, kN>() + size_t{kDecodeWarps} * kMmaStages * MmaStage<kD, kTiles>::kBytes;
   const size_t merge = size_t{kDecodeWarps} * kMmaRowsPerTile * kN * kD * 4;
-  return stages > merge ? stages : merge;  // the query rows (kN * 8 * kD * 4) are below both
+  return used > merge ? used : merge;
 }
 
 // Blocks per SM that the kernel's registers must allow: 4 with one n-tile at D <= 128 (16
@@ -481,8 +488,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   const int32_t r0 = chunk * kRows;
   const int32_t R = min(kRows, rows_total - r0);
 
-  // The query rows first, then the warps' stages, then the merge: one region of dynamic shared
-  // memory (static arrays would add to it and cost a resident block).
+  // The query rows, then the warps' stages, then the merge over both: one region of dynamic
+  // shared memory (static arrays would add to it and cost a resident block).
   extern __shared__ __align__(16) uint8_t smem[];
   auto& q_s = *reinterpret_cast<float(*)[kRows][kD]>(smem);
   __shared__ float qf_s[kRows];  // the query rows' power-of-two scale
@@ -544,63 +551,95 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
 
   prefetch();  // the first step's entries load while the query rows are read
 
-  for (int idx = threadIdx.x; idx < kRows * kD; idx += kDecodeThreads) {
-    const int r = idx / kD, d = idx % kD;
-    float v = 0.0f;
-    if (r < R) {
-      const int32_t rr = r0 + r, gq = rr / p.q_len, i = rr % p.q_len;
-      const int64_t at = (b * p.q_len + i) * p.q_stride[0] + (int64_t{h} * p.group + gq) * p.q_stride[1] + d;
-      v = p.dtype == DType::kFloat16 ? load_q<DType::kFloat16>(p.query, at) : load_q<DType::kBFloat16>(p.query, at);
-    }
-    q_s[r][d] = v;
-  }
-  __syncthreads();
-  // Each query row is scaled by a power of two that brings its largest element to [2^13, 2^14):
-  // exact, and inside fp16's range whatever the query's dtype (bf16 reaches 2^127).
-  for (int r = warp; r < kRows; r += kDecodeWarps) {
-    float mx = 0.0f;
-    for (int d = lane; d < kD; d += 32) mx = fmaxf(mx, fabsf(q_s[r][d]));
+  // The query rows' 16-byte chunks (8 elements), all loads in flight at once; they become the
+  // mma fragment once step 0's copies have started (build_query, in the pipeline below).
+  constexpr int kQChunks = kRows * kD / 8;
+  constexpr int kQPerThread = (kQChunks + kDecodeThreads - 1) / kDecodeThreads;
+  uint4 q_raw[kQPerThread];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    int e = 0;
-    frexpf(mx, &e);
-    // The exponent is clamped so that the factor stays finite for rows of subnormal size (their
-    // logits are then below 2^-100 of the rest, as they should be).
-    if (lane == 0) qf_s[r] = mx > 0.0f && isfinite(mx) ? ldexpf(1.0f, min(14 - e, 126)) : 1.0f;
+  for (int c = 0; c < kQPerThread; ++c) {
+    const int idx = threadIdx.x + c * kDecodeThreads, r = idx / (kD / 8), d = 8 * (idx % (kD / 8));
+    q_raw[c] = make_uint4(0u, 0u, 0u, 0u);
+    if (idx < kQChunks && r < R) {
+      const int32_t rr = r0 + r, gq = rr / p.q_len, i = rr % p.q_len;
+      const uint16_t* src = static_cast<const uint16_t*>(p.query) + (b * p.q_len + i) * p.q_stride[0] +
+                            (int64_t{h} * p.group + gq) * p.q_stride[1] + d;
+      if (L.q_vec) {
+        q_raw[c] = __ldg(reinterpret_cast<const uint4*>(src));
+      } else {
+        uint32_t e[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) e[k] = __ldg(src + k);
+        q_raw[c] = make_uint4(e[0] | e[1] << 16, e[2] | e[3] << 16, e[4] | e[5] << 16, e[6] | e[7] << 16);
+      }
+    }
   }
-  __syncthreads();
 
   // Lane t's K slice of a row: 16-byte chunks at 16t and 64 + 16t (D 256), 16t (D 128), 8-byte
   // at 8t (D 64); word w of it starts at byte k_byte(w). Its scale bytes: groups 2t, 2t + 1
   // (and 8 + 2t, 9 + 2t), or t (D 64): word w's group is k = w / 2 of them.
   const auto k_byte = [&](int w) { return kD == 64 ? 8 * t + 4 * w : 16 * t + 64 * (w / 4) + 4 * (w % 4); };
-  // B fragments of the query (row g of each n-tile), in the order the lanes' K words are
-  // unpacked: fp16x2 i holds the elements of codes kcode_lo(i % 4) and kcode_hi(i % 4) of word i / 4.
-  uint32_t qb[kN][kD / 8];
-#pragma unroll
-  for (int n = 0; n < kN; ++n) {
-    const int r = 8 * n + g;
-    const float f = qf_s[r];
-#pragma unroll
-    for (int i = 0; i < kD / 8; ++i) {
-      const int d = 2 * k_byte(i / 4);
-      qb[n][i] = pack_f16x2(q_s[r][d + kcode_lo(i % 4)] * f, q_s[r][d + kcode_hi(i % 4)] * f);
-    }
-  }
-  __syncthreads();  // every warp has its query fragment: the stages may overwrite q_s
-
   // This lane's C rows: 8n + 2t and 8n + 2t + 1. Logit = acc * kq[n][j], in the log2 domain for
   // exp2 (the soft cap, when there is one, takes the natural logit).
   constexpr float kLog2e = 1.4426950408889634f;
-  const float kq0 = read_scale(p.k_scale) * p.sm_scale * kUnpackScale;
+  // B fragments of the query (row g of each n-tile), in the order the lanes' K words are
+  // unpacked: fp16x2 i holds the elements of codes kcode_lo(i % 4) and kcode_hi(i % 4) of word i / 4.
+  uint32_t qb[kN][kD / 8];
   float kq[kN][2];
+  const auto build_query = [&]() {
+#pragma unroll
+    for (int c = 0; c < kQPerThread; ++c) {
+      const int idx = threadIdx.x + c * kDecodeThreads, r = idx / (kD / 8), d = 8 * (idx % (kD / 8));
+      if (idx < kQChunks) {
+        const uint32_t w[4] = {q_raw[c].x, q_raw[c].y, q_raw[c].z, q_raw[c].w};
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const uint16_t e = static_cast<uint16_t>(w[k / 2] >> (16 * (k % 2)));
+          v[k] = p.dtype == DType::kFloat16 ? f16_to_float(e) : bf16_to_float(e);
+        }
+        *reinterpret_cast<float4*>(&q_s[r][d]) = make_float4(v[0], v[1], v[2], v[3]);
+        *reinterpret_cast<float4*>(&q_s[r][d + 4]) = make_float4(v[4], v[5], v[6], v[7]);
+      }
+    }
+    __syncthreads();
+    // Each query row is scaled by a power of two that brings its largest element to [2^13, 2^14):
+    // exact, and inside fp16's range whatever the query's dtype (bf16 reaches 2^127).
+    for (int r = warp; r < kRows; r += kDecodeWarps) {
+      float mx = 0.0f;
+      for (int d = lane; d < kD; d += 32) mx = fmaxf(mx, fabsf(q_s[r][d]));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      int e = 0;
+      frexpf(mx, &e);
+      // The exponent is clamped so that the factor stays finite for rows of subnormal size (their
+      // logits are then below 2^-100 of the rest, as they should be).
+      if (lane == 0) qf_s[r] = mx > 0.0f && isfinite(mx) ? ldexpf(1.0f, min(14 - e, 126)) : 1.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+      const int r = 8 * n + g;
+      const float f = qf_s[r];
+#pragma unroll
+      for (int i = 0; i < kD / 8; ++i) {
+        const int d = 2 * k_byte(i / 4);
+        qb[n][i] = pack_f16x2(q_s[r][d + kcode_lo(i % 4)] * f, q_s[r][d + kcode_hi(i % 4)] * f);
+      }
+    }
+    const float kq0 = read_scale(p.k_scale) * p.sm_scale * kUnpackScale;
+#pragma unroll
+    for (int n = 0; n < kN; ++n)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) kq[n][j] = kq0 / qf_s[8 * n + 2 * t + j] * (kCapped ? 1.0f : kLog2e);
+  };
+
   int64_t first[kN][2], last[kN][2];
 #pragma unroll
   for (int n = 0; n < kN; ++n)
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int r = 8 * n + 2 * t + j;
-      kq[n][j] = kq0 / qf_s[r] * (kCapped ? 1.0f : kLog2e);
       row_range(p, r < R ? len : 0, r0 + r, first[n][j], last[n][j]);
     }
   // Tokens every real row attends to: [first_all, last_all]; a step inside it needs no mask.
@@ -629,9 +668,10 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     for (int i = 0; i < kM; ++i) o[n][i][0] = o[n][i][1] = o[n][i][2] = o[n][i][3] = 0.0f;
   }
 
-  const uint32_t stages = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
+  constexpr uint32_t kStages = static_cast<uint32_t>(mma_query_bytes<kD, kN>());
+  const uint32_t stages = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + kStages +
                           static_cast<uint32_t>(warp * kMmaStages * St::kBytes);
-  const uint8_t* stages_p = smem + warp * kMmaStages * St::kBytes;
+  const uint8_t* stages_p = smem + kStages + warp * kMmaStages * St::kBytes;
   const int64_t nsteps = hi > first_s0 ? (hi - first_s0 + kDecodeWarps * kStep - 1) / (kDecodeWarps * kStep) : 0;
   uint32_t valid = 0;  // bit st * kTiles + u: tile u of the step in stage st has a valid page
 
@@ -924,7 +964,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   };
 
   // The pipeline: step i's copies start kMmaStages - 1 steps before step i is computed (one
-  // call site each, so that the lambdas inline).
+  // call site each, so that the lambdas inline); the query fragment is built while step 0's
+  // copies are on their way (every thread runs i = 0: the loop runs at least once).
   // Steps n0_full <= n < n1_full lie inside [first_all, last_all] and before the split's end:
   // full when their pages are valid.
   const auto floor_div = [](int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); };
@@ -933,7 +974,10 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   const int32_t n0 = static_cast<int32_t>(max64(n0_full, 0));
   const int32_t n1 = static_cast<int32_t>(max64(min64(n1_full, nsteps), 0));
   const int32_t steps = static_cast<int32_t>(nsteps);
-  for (int32_t i = 0; i < steps + kMmaStages - 1; ++i) {
+  if (steps > 0) issue(0);
+  cp_async_commit();
+  build_query();
+  for (int32_t i = 1; i < steps + kMmaStages - 1; ++i) {
     if (i < steps) issue(i % kMmaStages);
     cp_async_commit();  // possibly empty: the wait below counts groups
     const int32_t n = i - (kMmaStages - 1);
@@ -1014,18 +1058,18 @@ __global__ void __launch_bounds__(kD * kCombineGroups) decode_combine_kernel(con
     m_s[tid] = tid < splits ? part[tid * (kD + 2)] : -INFINITY;
     l_s[tid] = tid < splits ? part[tid * (kD + 2) + 1] : 0.0f;
   }
+  float v[kPerGroup];  // loaded with the maxima: one cache latency, not two
+#pragma unroll
+  for (int k = 0; k < kPerGroup; ++k) {
+    const int s = q + kCombineGroups * k;
+    v[k] = s < splits ? part[s * (kD + 2) + 2 + d] : 0.0f;
+  }
   __syncthreads();
   float M = -INFINITY;
 #pragma unroll 16
   for (int s = 0; s < kDecodeMaxSplits; ++s) M = fmaxf(M, m_s[s]);
   if (tid < kDecodeMaxSplits) c_s[tid] = m_s[tid] == -INFINITY ? 0.0f : __expf(m_s[tid] - M);
   __syncthreads();
-  float v[kPerGroup];
-#pragma unroll
-  for (int k = 0; k < kPerGroup; ++k) {
-    const int s = q + kCombineGroups * k;
-    v[k] = s < splits ? part[s * (kD + 2) + 2 + d] : 0.0f;
-  }
   float o = 0.0f;
 #pragma unroll
   for (int k = 0; k < kPerGroup; ++k) {
@@ -1134,6 +1178,7 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
   L.off[0] = SideOffsets::make(p.k, p.layout, p.H, p.T);
   L.off[1] = SideOffsets::make(p.v, p.layout, p.H, p.T);
   L.block_size = FastDiv(static_cast<uint32_t>(p.T));
+  L.q_vec = aligned(16, p.query, {p.q_stride[0] * 2, p.q_stride[1] * 2});
   constexpr double k2G = 2147483648.0, k4G = 4294967296.0;
   const auto d = [](int64_t x) { return static_cast<double>(x); };
   const DecodeKernel kind = select_decode_kernel(
