@@ -252,20 +252,30 @@ __device__ __forceinline__ void allow_next_grids() {
 bool pdl_supported(int device);
 
 // kernel<<<grid, block, smem, stream>>>(arg), with programmatic stream serialization allowed
-// where the device has it.
+// where the device has it; cluster_x > 1: thread-block clusters of cluster_x blocks along x
+// (sm_90+, grid.x a multiple of it).
 template <class Arg>
 cudaError_t launch_pdl(void (*kernel)(Arg), dim3 grid, dim3 block, int device, cudaStream_t stream,
-                       const Arg& arg, size_t smem = 0) {
+                       const Arg& arg, size_t smem = 0, unsigned cluster_x = 1) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl_supported(device)) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_x > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster_x;
+    attr[n].val.clusterDim.y = 1;
+    attr[n++].val.clusterDim.z = 1;
+  }
   config.attrs = attr;
-  config.numAttrs = pdl_supported(device) ? 1 : 0;
+  config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, arg);
 }
 

@@ -38,6 +38,7 @@ struct DecodeLaunch {
   int32_t chunks;          // chunks of kRowsPerBlock query rows per KV head
   int64_t b0;              // first sequence of this launch
   bool q_vec;              // query rows 16-byte aligned (vector loads)
+  bool cluster;            // the splits of a sequence are one thread-block cluster and merge there
 };
 
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -63,16 +64,31 @@ __device__ __forceinline__ void store_out(void* base, int64_t idx, float v) {
   static_cast<uint16_t*>(base)[idx] = kDType == DType::kFloat16 ? float_to_f16(v) : float_to_bf16(v);
 }
 
+// The output element d (and, for d == 0, the lse) of one query row and head from its merged
+// numerator o, denominator lsum and maximum M (natural log). A row that saw no token has lsum 0
+// (output 0, lse -inf); one that saw a NaN logit has lsum NaN, and NaN is what it must give
+// (FORMAT.md §1: a NaN never becomes a number).
+template <DType kDType>
+__device__ __forceinline__ void store_result(const DecodeParams& p, int64_t row, int64_t hq, int d, float o, float lsum,
+                                             float M, float vscale) {
+  const float out = !(lsum <= 0.0f) ? o / lsum * vscale : 0.0f;
+  store_out<kDType>(p.out, row * p.out_stride[0] + hq * p.out_stride[1] + d, out);
+  if (p.lse && d == 0)
+    p.lse[row * p.lse_stride[0] + hq * p.lse_stride[1]] = !(lsum <= 0.0f) ? M + logf(lsum) : -INFINITY;
+}
+
 // The block's result from its warps' (max, denominator, unnormalized output) per row, merged in
 // warp order (m_s in natural-log units, acc_s times the value scale's 1): the output where the
-// sequence has one split, else this split's partial in the workspace. Each row's weights are
+// sequence has one split, else this split's partial: in the workspace, or in cluster_part
+// ([row][kD + 2] in shared memory) where the splits merge in their cluster (merge_cluster). Each row's weights are
 // computed once (thread r), in place of its maxima and denominators: w_s[w][r] = e^(m_w - M),
 // l_s[0][r] = the merged denominator, l_s[1][r] = M; then every element is a weighted sum.
 template <DType kDType, int kD, int kRows>
 __device__ __forceinline__ void merge_warps(const DecodeLaunch& L, int64_t b, int32_t h, int32_t r0, int32_t R,
                                             int32_t split, float (&m_s)[kDecodeWarps][kRows],
                                             float (&l_s)[kDecodeWarps][kRows],
-                                            const float (&acc_s)[kDecodeWarps][kRows][kD]) {
+                                            const float (&acc_s)[kDecodeWarps][kRows][kD],
+                                            float* cluster_part = nullptr) {
   static_assert(kDecodeWarps >= 2, "l_s holds the merged denominator and maximum");
   const DecodeParams& p = L.p;
   if (threadIdx.x < R) {
@@ -100,16 +116,12 @@ __device__ __forceinline__ void merge_warps(const DecodeLaunch& L, int64_t b, in
     const int32_t rr = r0 + r, g = rr / p.q_len, i = rr % p.q_len;
     const int64_t row = b * p.q_len + i, hq = int64_t{h} * p.group + g;
     if (L.splits == 1) {
-      // A row that saw no token has lsum 0 (output 0, lse -inf); one that saw a NaN logit has
-      // lsum NaN, and NaN is what it must give (FORMAT.md §1: a NaN never becomes a number).
-      const float out = !(lsum <= 0.0f) ? o / lsum * vscale : 0.0f;
-      store_out<kDType>(p.out, row * p.out_stride[0] + hq * p.out_stride[1] + d, out);
-      if (p.lse && d == 0)
-        p.lse[row * p.lse_stride[0] + hq * p.lse_stride[1]] = !(lsum <= 0.0f) ? M + logf(lsum) : -INFINITY;
+      store_result<kDType>(p, row, hq, d, o, lsum, M, vscale);
     } else {
       // Partial of this split: [row][hq][split] -> (M, l, Dv outputs).
       const int64_t Hq = int64_t{p.H} * p.group;
-      float* part = p.workspace + ((row * Hq + hq) * L.splits + split) * (kD + 2);
+      float* part = cluster_part ? cluster_part + r * (kD + 2)
+                                 : p.workspace + ((row * Hq + hq) * L.splits + split) * (kD + 2);
       if (d == 0) {
         part[0] = M;
         part[1] = lsum;
@@ -117,6 +129,59 @@ __device__ __forceinline__ void merge_warps(const DecodeLaunch& L, int64_t b, in
       part[2 + d] = o;
     }
   }
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The float at `p` (this block's shared memory) in the shared memory of block `rank` of the cluster.
+__device__ __forceinline__ float load_cluster(const float* p, uint32_t rank) {
+  uint32_t a;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+  return v;
+}
+#endif
+
+// The splits' partials (merge_warps' cluster_part, at the same place in every block of the
+// cluster: block `split` is the cluster's rank `split`) merged in split order, as
+// decode_combine_kernel does from the workspace: block s writes elements s, s + S, ... of the
+// R x kD outputs. Every thread of every block of the cluster calls it.
+template <DType kDType, int kD>
+__device__ __forceinline__ void merge_cluster(const DecodeLaunch& L, int64_t b, int32_t h, int32_t r0, int32_t R,
+                                              int32_t split, const float* part) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const DecodeParams& p = L.p;
+  const int S = L.splits;
+  cluster_sync();  // every split's partials are in its shared memory
+  const float vscale = read_scale(p.v_scale);
+  for (int idx = split * kDecodeThreads + threadIdx.x; idx < R * kD; idx += S * kDecodeThreads) {
+    const int r = idx / kD, d = idx % kD;
+    const float* at = part + r * (kD + 2);
+    float m[kMaxClusterSplits], l[kMaxClusterSplits], v[kMaxClusterSplits];  // all loads in flight
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      m[s] = s < S ? load_cluster(at, s) : -INFINITY;
+      l[s] = s < S ? load_cluster(at + 1, s) : 0.0f;
+      v[s] = s < S ? load_cluster(at + 2 + d, s) : 0.0f;
+    }
+    float M = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) M = fmaxf(M, m[s]);
+    float lsum = 0.0f, o = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      const float c = m[s] == -INFINITY ? 0.0f : __expf(m[s] - M);
+      lsum += l[s] * c;
+      o += v[s] * c;
+    }
+    const int32_t rr = r0 + r, g = rr / p.q_len, i = rr % p.q_len;
+    store_result<kDType>(p, b * p.q_len + i, int64_t{h} * p.group + g, d, o, lsum, M, vscale);
+  }
+  cluster_sync();  // no block leaves while another reads its shared memory
+#endif
 }
 
 // kRowsPerBlock: 1, 2, 4 or 8 query rows per block (the smallest power of two that holds the
@@ -452,10 +517,15 @@ template <int kD, int kN>
 __host__ __device__ constexpr size_t mma_query_bytes() {
   return size_t{kMmaRowsPerTile} * kN * kD * 4;
 }
+// The merge: the warps' outputs, then a split's partial where the splits merge in their cluster.
+template <int kD, int kN>
+__host__ __device__ constexpr size_t mma_merge_bytes() {
+  return size_t{kDecodeWarps} * kMmaRowsPerTile * kN * kD * 4;
+}
 template <int kD, int kTiles, int kN>
 __host__ __device__ constexpr size_t mma_smem_bytes() {
   const size_t used = mma_query_bytes<kD, kN>() + size_t{kDecodeWarps} * kMmaStages * MmaStage<kD, kTiles>::kBytes;
-  const size_t merge = size_t{kDecodeWarps} * kMmaRowsPerTile * kN * kD * 4;
+  const size_t merge = mma_merge_bytes<kD, kN>() + size_t{kMmaRowsPerTile} * kN * (kD + 2) * 4;
   return used > merge ? used : merge;
 }
 
@@ -1025,10 +1095,14 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
       }
     }
   __syncthreads();
-  if (p.dtype == DType::kFloat16)
-    merge_warps<DType::kFloat16, kD, kRows>(L, b, h, r0, R, split, m_s, l_s, acc_s);
-  else
-    merge_warps<DType::kBFloat16, kD, kRows>(L, b, h, r0, R, split, m_s, l_s, acc_s);
+  float* const part = L.cluster ? reinterpret_cast<float*>(smem + mma_merge_bytes<kD, kN>()) : nullptr;
+  if (p.dtype == DType::kFloat16) {
+    merge_warps<DType::kFloat16, kD, kRows>(L, b, h, r0, R, split, m_s, l_s, acc_s, part);
+    if (L.cluster) merge_cluster<DType::kFloat16, kD>(L, b, h, r0, R, split, part);
+  } else {
+    merge_warps<DType::kBFloat16, kD, kRows>(L, b, h, r0, R, split, m_s, l_s, acc_s, part);
+    if (L.cluster) merge_cluster<DType::kBFloat16, kD>(L, b, h, r0, R, split, part);
+  }
 }
 
 // Merges the splits of one (row, query head). The (max, denominator) of every split are loaded
@@ -1084,10 +1158,7 @@ __global__ void __launch_bounds__(kD * kCombineGroups) decode_combine_kernel(con
   for (int g = 0; g < kCombineGroups; ++g) o += o_s[g][d];
   float lsum = 0.0f;
   for (int s = 0; s < splits; ++s) lsum += l_s[s] * c_s[s];
-  const float out = !(lsum <= 0.0f) ? o / lsum * read_scale(p.v_scale) : 0.0f;  // NaN stays NaN
-  store_out<kDType>(p.out, row * p.out_stride[0] + hq * p.out_stride[1] + d, out);
-  if (p.lse && d == 0)
-    p.lse[row * p.lse_stride[0] + hq * p.lse_stride[1]] = !(lsum <= 0.0f) ? M + logf(lsum) : -INFINITY;
+  store_result<kDType>(p, row, hq, d, o, lsum, M, read_scale(p.v_scale));
 }
 
 // n-tiles of query rows per block of the tensor-core reader: two where a block has more than 8
@@ -1102,7 +1173,7 @@ cudaError_t launch_mma(const DecodeLaunch& L, dim3 grid, int device, cudaStream_
   constexpr size_t smem = mma_smem_bytes<kD, kTiles, kN>();
   const cudaError_t err = allow_shared_memory<kernel, smem>(device);
   if (err != cudaSuccess) return err;
-  return launch_pdl(kernel, grid, dim3(kDecodeThreads), device, stream, L, smem);
+  return launch_pdl(kernel, grid, dim3(kDecodeThreads), device, stream, L, smem, L.cluster ? L.splits : 1);
 }
 
 template <DType kDType, int kD>
@@ -1130,7 +1201,7 @@ cudaError_t launch_decode(DecodeLaunch& L, DecodeKernel kind, int device, cudaSt
       err = launch_pdl(lanes, grid, dim3(kDecodeThreads), device, stream, L);
     if (err != cudaSuccess) return err;
   }
-  if (L.splits > 1) {
+  if (L.splits > 1 && !L.cluster) {
     const int64_t units = p.B * p.q_len * int64_t{p.H} * p.group;
     // One block per (row, query head): splits > 1 only where B * H is small (decode_splits).
     const cudaError_t err =
@@ -1193,6 +1264,7 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
                         : rows <= 4                ? 4
                                                    : kMaxRows;  // as launch_decode
   L.chunks = (rows + per_block - 1) / per_block;
+  L.cluster = decode_cluster_merge(kind, L.splits, int64_t{L.splits} * p.H * L.chunks * p.B, device_info(device));
   const cudaError_t err = p.dtype == DType::kFloat16 ? decode_dtype<DType::kFloat16>(L, kind, device, stream)
                                                      : decode_dtype<DType::kBFloat16>(L, kind, device, stream);
   if (err != cudaSuccess) *message = check_kernel_image(err);

@@ -119,6 +119,11 @@ int64_t gather_pages_blocks_per_seq(const GatherShape& s, const PagesPlan& pages
   return std::max<int64_t>(1, per_seq);
 }
 
+bool decode_cluster_merge(DecodeKernel kind, int64_t splits, int64_t blocks, const DeviceInfo& d) {
+  return kind == DecodeKernel::kMma && splits > 1 && splits <= kMaxClusterSplits && blocks <= d.sm_count &&
+         d.cc_major >= 9;
+}
+
 DecodeKernel select_decode_kernel(const DecodeShape& s) {
   const bool head_ok = s.D == 64 || s.D == 128 || s.D == 256;
   return head_ok && s.T % 16 == 0 && s.aligned16 && !s.k_interleaved && s.small_pages ? DecodeKernel::kMma

@@ -113,4 +113,12 @@ struct DecodeShape {
 
 DecodeKernel select_decode_kernel(const DecodeShape& s);
 
+// "the fixed cost of a block": where a sequence has at most kMaxClusterSplits splits and the
+// whole grid is at most one block per SM (short sequences: a latency-bound call), the
+// tensor-core reader launches each sequence's splits as one thread-block cluster (sm_90+) and
+// merges them there, without the second kernel; otherwise decode_combine_kernel merges them from
+// the workspace (clusters of 4 in a full grid were 17-29 % slower on the H200).
+constexpr int kMaxClusterSplits = 8;  // the portable cluster size
+bool decode_cluster_merge(DecodeKernel kind, int64_t splits, int64_t blocks, const DeviceInfo& d);
+
 }  // namespace nvfp4kv

@@ -162,6 +162,15 @@ void test_decode() {
   CHECK(select_decode_kernel({16, 96, true, false, true}) == DecodeKernel::kLanes, "D 96");
   CHECK(select_decode_kernel({16, 128, true, true, true}) == DecodeKernel::kLanes, "K scales interleaved");
   CHECK(select_decode_kernel({16, 128, true, false, false}) == DecodeKernel::kLanes, "2^31 pages or more, or larger strides");
+
+  // 1 x 1024 (Hkv 8, 64 columns): 8 splits, 64 blocks; 16 x 4096: 4 splits, 512 blocks.
+  CHECK(decode_cluster_merge(DecodeKernel::kMma, 8, 64, kH200), "8 splits, 64 blocks merge in their clusters on sm_90");
+  CHECK(decode_cluster_merge(DecodeKernel::kMma, 2, 132, kH200), "one block per SM");
+  CHECK(!decode_cluster_merge(DecodeKernel::kMma, 4, 512, kH200), "a full grid merges in the second kernel");
+  CHECK(!decode_cluster_merge(DecodeKernel::kMma, 1, 8, kH200), "one split: nothing to merge");
+  CHECK(!decode_cluster_merge(DecodeKernel::kMma, 16, 128, kH200), "more splits than a portable cluster");
+  CHECK(!decode_cluster_merge(DecodeKernel::kMma, 8, 64, kA100), "no clusters before sm_90");
+  CHECK(!decode_cluster_merge(DecodeKernel::kLanes, 8, 64, kH200), "the lane reader merges from the workspace");
 }
 
 int main() {

@@ -103,6 +103,22 @@ def test_cuda_split_kv_is_deterministic_and_needs_its_workspace():
         nv.decode_attention(q.cuda(), kv.cuda(), bt.cuda(), sl.cuda(), 0.03, 0.05)
 
 
+@pytest.mark.parametrize("B,L,H,D", [
+    (1, 1024, 1, 128),  # 8 splits in 8 blocks: merged inside their thread-block cluster (sm_90+)
+    (1, 300, 2, 256),   # 2 splits, 4 blocks: a cluster of 2
+    (40, 256, 4, 64),   # 2 splits in 320 blocks: merged by the second kernel from the workspace
+])
+def test_cuda_split_merges_equal_cpu_and_are_deterministic(B, L, H, D):
+    kv, bt, sl, q = make(B, L, H, 4, D, 16, seed=B + L, lens=[L - 3 * i for i in range(B)])
+    for kw in ({}, {"window_left": 200}, {"logits_soft_cap": 30.0}):
+        want, want_lse = run(kv, bt, sl, q, "cpu", **kw)
+        got, got_lse = run(kv, bt, sl, q, "cuda", **kw)
+        again, again_lse = run(kv, bt, sl, q, "cuda", **kw)
+        assert torch.equal(got, again) and torch.equal(got_lse, again_lse), kw
+        assert close(got, want) <= REL_L2, kw
+        assert torch.allclose(got_lse, want_lse, atol=1e-4, rtol=0), kw
+
+
 def test_cuda_graph_with_changing_lengths():
     kv, bt, sl, q = make(4, 512, 2, 4, 128, 16, seed=6)
     kv, bt, q = kv.cuda(), bt.cuda(), q.cuda()
