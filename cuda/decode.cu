@@ -4,8 +4,9 @@
 // chunk of query rows, z = sequence. A block of kDecodeWarps warps walks its split's tokens; the
 // softmax is online per warp (running max and denominator per query row); the warps merge in
 // shared memory, in warp order, and a split either writes the output or its partial (max,
-// denominator, unnormalized output) to the workspace, which decode_combine_kernel merges in split
-// order: the same inputs give the same bits on every run. The global scales are applied to the
+// denominator, unnormalized output), merged in split order: by decode_combine_kernel from the
+// workspace, or, for short calls on sm_90+, inside the thread-block cluster of the sequence's
+// splits (merge_cluster). The same inputs give the same bits on every run. The global scales are applied to the
 // logits (k_scale * sm_scale) and to the output (v_scale), so K and V are read as e2m1 x e4m3.
 // - decode_mma_kernel, the tensor-core reader, for block sizes that are multiples of 16 (below).
 // - decode_kernel, the lane-per-token reader in fp32, for the other block sizes: for the logits
