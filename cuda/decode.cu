@@ -507,8 +507,9 @@ struct MmaStage {
   static_assert(kBytes % 16 == 0, "16-byte aligned stages");
 };
 // Stages per warp: the step it computes and the one in flight. With 2, a block of 4 warps at D
-// 128 needs 41 KB and 4 blocks fit an SM (registers allow 4): 16 warps, each with a step in
-// flight, against 12 warps with 3 stages ("Decode attention: the tensor-core reader").
+// 128 needs 44 KB with its query rows and 4 blocks fit an SM (registers allow 4): 16 warps, each
+// with a step in flight, against 12 warps with 3 stages ("Decode attention: the tensor-core
+// reader").
 constexpr int kMmaStages = 2;
 
 // The block's dynamic shared memory: the query rows (fp32), then the warps' stages; the merge
