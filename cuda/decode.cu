@@ -6,8 +6,9 @@
 // shared memory, in warp order, and a split either writes the output or its partial (max,
 // denominator, unnormalized output), merged in split order: by decode_combine_kernel from the
 // workspace, or, for short calls on sm_90+, inside the thread-block cluster of the sequence's
-// splits (merge_cluster). The same inputs give the same bits on every run. The global scales are applied to the
-// logits (k_scale * sm_scale) and to the output (v_scale), so K and V are read as e2m1 x e4m3.
+// splits (merge_cluster). The same inputs give the same bits on every run. The global scales
+// are applied to the logits (k_scale * sm_scale) and to the output (v_scale), so K and V are
+// read as e2m1 x e4m3.
 // - decode_mma_kernel, the tensor-core reader, for block sizes that are multiples of 16 (below).
 // - decode_kernel, the lane-per-token reader in fp32, for the other block sizes: for the logits
 //   each lane takes one token, for the output each lane takes Dv/32 elements of every token.
@@ -54,6 +55,19 @@ __device__ __forceinline__ void row_range(const DecodeParams& p, int64_t len, in
   first = p.window_left >= 0 ? max64(0, last - p.window_left) : 0;
 }
 
+// Query row rr (= g * q_len + i) of KV head h of sequence b: its row of query, out and lse
+// (b * q_len + i) and its query head (h * group + g).
+struct QueryRow {
+  int64_t row, hq;
+};
+__device__ __forceinline__ QueryRow query_row(const DecodeParams& p, int64_t b, int32_t h, int32_t rr) {
+  return {b * p.q_len + rr % p.q_len, int64_t{h} * p.group + rr / p.q_len};
+}
+
+// Weight of a partial softmax with maximum m in a merge whose maximum is M (0 for a partial that
+// saw no token).
+__device__ __forceinline__ float merge_weight(float m, float M) { return m == -INFINITY ? 0.0f : __expf(m - M); }
+
 template <DType kDType>
 __device__ __forceinline__ float load_q(const void* base, int64_t idx) {
   const uint16_t h = static_cast<const uint16_t*>(base)[idx];
@@ -81,9 +95,10 @@ __device__ __forceinline__ void store_result(const DecodeParams& p, int64_t row,
 // The block's result from its warps' (max, denominator, unnormalized output) per row, merged in
 // warp order (m_s in natural-log units, acc_s times the value scale's 1): the output where the
 // sequence has one split, else this split's partial: in the workspace, or in cluster_part
-// ([row][kD + 2] in shared memory) where the splits merge in their cluster (merge_cluster). Each row's weights are
-// computed once (thread r), in place of its maxima and denominators: w_s[w][r] = e^(m_w - M),
-// l_s[0][r] = the merged denominator, l_s[1][r] = M; then every element is a weighted sum.
+// ([row][kD + 2] in shared memory) where the splits merge in their cluster (merge_cluster).
+// Each row's weights are computed once (thread r), in place of its maxima and denominators:
+// w_s[w][r] = e^(m_w - M), l_s[0][r] = the merged denominator, l_s[1][r] = M; then every
+// element is a weighted sum.
 template <DType kDType, int kD, int kRows>
 __device__ __forceinline__ void merge_warps(const DecodeLaunch& L, int64_t b, int32_t h, int32_t r0, int32_t R,
                                             int32_t split, float (&m_s)[kDecodeWarps][kRows],
@@ -98,7 +113,7 @@ __device__ __forceinline__ void merge_warps(const DecodeLaunch& L, int64_t b, in
     for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, m_s[w][r]);
     float lsum = 0.0f;
     for (int w = 0; w < kDecodeWarps; ++w) {
-      const float c = m_s[w][r] == -INFINITY ? 0.0f : __expf(m_s[w][r] - M);
+      const float c = merge_weight(m_s[w][r], M);
       lsum += l_s[w][r] * c;
       m_s[w][r] = c;
     }
@@ -114,15 +129,14 @@ __device__ __forceinline__ void merge_warps(const DecodeLaunch& L, int64_t b, in
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) o += acc_s[w][r][d] * w_s[w][r];
     const float lsum = l_s[0][r], M = l_s[1][r];
-    const int32_t rr = r0 + r, g = rr / p.q_len, i = rr % p.q_len;
-    const int64_t row = b * p.q_len + i, hq = int64_t{h} * p.group + g;
+    const QueryRow q = query_row(p, b, h, r0 + r);
     if (L.splits == 1) {
-      store_result<kDType>(p, row, hq, d, o, lsum, M, vscale);
+      store_result<kDType>(p, q.row, q.hq, d, o, lsum, M, vscale);
     } else {
       // Partial of this split: [row][hq][split] -> (M, l, Dv outputs).
       const int64_t Hq = int64_t{p.H} * p.group;
       float* part = cluster_part ? cluster_part + r * (kD + 2)
-                                 : p.workspace + ((row * Hq + hq) * L.splits + split) * (kD + 2);
+                                 : p.workspace + ((q.row * Hq + q.hq) * L.splits + split) * (kD + 2);
       if (d == 0) {
         part[0] = M;
         part[1] = lsum;
@@ -174,12 +188,12 @@ __device__ __forceinline__ void merge_cluster(const DecodeLaunch& L, int64_t b, 
     float lsum = 0.0f, o = 0.0f;
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) {
-      const float c = m[s] == -INFINITY ? 0.0f : __expf(m[s] - M);
+      const float c = merge_weight(m[s], M);
       lsum += l[s] * c;
       o += v[s] * c;
     }
-    const int32_t rr = r0 + r, g = rr / p.q_len, i = rr % p.q_len;
-    store_result<kDType>(p, b * p.q_len + i, int64_t{h} * p.group + g, d, o, lsum, M, vscale);
+    const QueryRow q = query_row(p, b, h, r0 + r);
+    store_result<kDType>(p, q.row, q.hq, d, o, lsum, M, vscale);
   }
   cluster_sync();  // no block leaves while another reads its shared memory
 #endif
@@ -210,13 +224,13 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   const int64_t len = load_index(p.seq_lens, b);
   const float kq = read_scale(p.k_scale) * p.sm_scale;
 
-  // Query rows of this chunk: row r = g * q_len + i (query head h * group + g, token i).
+  // Query rows of this chunk (query_row).
   for (int idx = threadIdx.x; idx < kRowsPerBlock * kD; idx += kDecodeThreads) {
     const int r = idx / kD, d = idx % kD;
     float v = 0.0f;
     if (r < R) {
-      const int32_t rr = r0 + r, g = rr / p.q_len, i = rr % p.q_len;
-      v = load_q<kDType>(p.query, (b * p.q_len + i) * p.q_stride[0] + (int64_t{h} * p.group + g) * p.q_stride[1] + d);
+      const QueryRow q = query_row(p, b, h, r0 + r);
+      v = load_q<kDType>(p.query, q.row * p.q_stride[0] + q.hq * p.q_stride[1] + d);
     }
     q_s[r][d] = v;
   }
@@ -633,9 +647,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     const int idx = threadIdx.x + c * kDecodeThreads, r = idx / (kD / 8), d = 8 * (idx % (kD / 8));
     q_raw[c] = make_uint4(0u, 0u, 0u, 0u);
     if (idx < kQChunks && r < R) {
-      const int32_t rr = r0 + r, gq = rr / p.q_len, i = rr % p.q_len;
-      const uint16_t* src = static_cast<const uint16_t*>(p.query) + (b * p.q_len + i) * p.q_stride[0] +
-                            (int64_t{h} * p.group + gq) * p.q_stride[1] + d;
+      const QueryRow q = query_row(p, b, h, r0 + r);
+      const uint16_t* src = static_cast<const uint16_t*>(p.query) + q.row * p.q_stride[0] + q.hq * p.q_stride[1] + d;
       if (L.q_vec) {
         q_raw[c] = __ldg(reinterpret_cast<const uint4*>(src));
       } else {
@@ -1144,7 +1157,7 @@ __global__ void __launch_bounds__(kD * kCombineGroups) decode_combine_kernel(con
   float M = -INFINITY;
 #pragma unroll 16
   for (int s = 0; s < kDecodeMaxSplits; ++s) M = fmaxf(M, m_s[s]);
-  if (tid < kDecodeMaxSplits) c_s[tid] = m_s[tid] == -INFINITY ? 0.0f : __expf(m_s[tid] - M);
+  if (tid < kDecodeMaxSplits) c_s[tid] = merge_weight(m_s[tid], M);
   __syncthreads();
   float o = 0.0f;
 #pragma unroll
