@@ -161,7 +161,9 @@ struct DecodeParams {
 // and the merge, not on reading). More splits shorten the last partial wave of blocks but cost
 // each split's setup and merge: "Decode attention: the tensor-core reader" has the measurement.
 // Each split leaves, per query row and query head, its max logit, its softmax denominator and
-// its Dv unnormalized outputs in the workspace, merged in split order (deterministic).
+// its Dv unnormalized outputs in the workspace, merged in split order (deterministic); short
+// calls on sm_90+ merge inside a thread-block cluster instead and leave the workspace unused
+// (cuda/plan.h, decode_cluster_merge).
 constexpr int64_t kDecodeTargetBlocks = 512;
 constexpr int64_t kDecodeMaxSplits = 64;
 constexpr int64_t kDecodeMinSplitBlocks = 8;
