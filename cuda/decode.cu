@@ -602,8 +602,6 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   const uint32_t adv_blocks = kAdvance / p.T, adv_pos = kAdvance % p.T;
   const uint8_t* bt_base = static_cast<const uint8_t*>(bt_row.ptr);
   uint32_t bt_at[kTiles], bt_pos[kTiles];  // byte offset of the entry (a row is below 4 GiB: small_pages)
-  int32_t left = static_cast<int32_t>(hi_cols - first_s0);  // from the next prefetched step's first token to the
-                                                             // split's last column (the sequence may end before)
 #pragma unroll
   for (int u = 0; u < kTiles; ++u) {
     const uint32_t rel = warp * kStep + 16 * u;
@@ -611,7 +609,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     bt_pos[u] = rel - rb * p.T;
     bt_at[u] = static_cast<uint32_t>((lo_blk + rb) * bt_bytes);
   }
-  const auto prefetch = [&]() {
+  // `left`: tokens from the prefetched step's first to the end of what it may read.
+  const auto prefetch = [&](int32_t left) {
 #pragma unroll
     for (int u = 0; u < kTiles; ++u) {
       next_lo[u] = next_hi[u] = 0xFFFFFFFFu;  // -1: no page
@@ -632,10 +631,11 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
         bt_at[u] += static_cast<uint32_t>(bt_bytes);
       }
     }
-    left -= kAdvance;
   };
 
-  prefetch();  // the first step's entries load while the query rows are read
+  // The first step's entries load while the query rows are read, up to the split's last column:
+  // the loads need not wait for the sequence's length (later steps stop at the sequence's end).
+  prefetch(static_cast<int32_t>(hi_cols - first_s0));
 
   // The query rows' 16-byte chunks (8 elements), all loads in flight at once; they become the
   // mma fragment once step 0's copies have started (build_query, in the pipeline below).
@@ -820,7 +820,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     }
     const uint32_t mask = ((1u << kTiles) - 1u) << (st * kTiles);
     valid = (valid & ~mask) | (vbits << (st * kTiles));
-    prefetch();
+    prefetch(togo);
   };
 
   // Computes step n from stage st. kFull: every token of the step exists, its pages are valid and

@@ -6,7 +6,8 @@ alike); prints each case's median over the rounds per build.
 
 Usage: python tools/ab_builds.py NAME=PKG_DIR [NAME=PKG_DIR ...] [--rounds 3] [--decode BxL,...]
 (PKG_DIR: a `pip install --target` directory; "installed" for the environment's own nvfp4kv;
-a decode case ending in "g" is timed per call inside a CUDA graph).
+a decode case ending in "g" is timed per call inside a CUDA graph; a bench_decode.py variant
+name, such as d256 or q4, is that variant of 16x4096).
 """
 import argparse
 import json
@@ -43,13 +44,18 @@ from nvfp4kv import bench
 import bench_decode as bd
 out = {}
 for c in cases:
-    graph = c.endswith("g")
-    B, L = (int(x) for x in c.rstrip("g").split("x"))
-    case = bd.make_case(bd.Spec(B=B, L=L))
+    if c in bd.VARIANTS:  # a variant of 16x4096 (bench_decode.py --variants names)
+        spec = bd.Spec(**bd.VARIANTS[c][1])
+        graph = spec.graph
+    else:
+        graph = c.endswith("g")
+        B, L = (int(x) for x in c.rstrip("g").split("x"))
+        spec = bd.Spec(B=B, L=L)
+    case = bd.make_case(spec)
     if graph:
         out[f"decode {c}"] = bench._graph_per_call(torch, case["ours"], bd.GRAPH_CALLS, 5)
     else:
-        out[f"decode {c}"] = bench._queued_per_call(torch, case["ours"], bench._calls(bd.nvfp4_bytes(bd.Spec(B=B, L=L))), 5)
+        out[f"decode {c}"] = bench._queued_per_call(torch, case["ours"], bench._calls(bd.nvfp4_bytes(spec)), 5)
     del case
     torch.cuda.empty_cache()
 out["_file"] = nvfp4kv.__file__
