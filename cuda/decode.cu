@@ -672,9 +672,14 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   uint32_t qb[kN][kD / 8];
   float kq[kN][2];
   const auto build_query = [&]() {
+    // Each query row is scaled by a power of two that brings its largest element to [2^13, 2^14):
+    // exact, and inside fp16's range whatever the query's dtype (bf16 reaches 2^127). A row's
+    // chunks sit on kD / 8 neighbouring lanes of one warp, so their maximum takes shuffles, not
+    // a barrier and a second pass over the rows.
 #pragma unroll
     for (int c = 0; c < kQPerThread; ++c) {
       const int idx = threadIdx.x + c * kDecodeThreads, r = idx / (kD / 8), d = 8 * (idx % (kD / 8));
+      float mx = 0.0f;
       if (idx < kQChunks) {
         const uint32_t w[4] = {q_raw[c].x, q_raw[c].y, q_raw[c].z, q_raw[c].w};
         float v[8];
@@ -682,24 +687,20 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
         for (int k = 0; k < 8; ++k) {
           const uint16_t e = static_cast<uint16_t>(w[k / 2] >> (16 * (k % 2)));
           v[k] = p.dtype == DType::kFloat16 ? f16_to_float(e) : bf16_to_float(e);
+          mx = fmaxf(mx, fabsf(v[k]));
         }
         *reinterpret_cast<float4*>(&q_s[r][d]) = make_float4(v[0], v[1], v[2], v[3]);
         *reinterpret_cast<float4*>(&q_s[r][d + 4]) = make_float4(v[4], v[5], v[6], v[7]);
       }
-    }
-    __syncthreads();
-    // Each query row is scaled by a power of two that brings its largest element to [2^13, 2^14):
-    // exact, and inside fp16's range whatever the query's dtype (bf16 reaches 2^127).
-    for (int r = warp; r < kRows; r += kDecodeWarps) {
-      float mx = 0.0f;
-      for (int d = lane; d < kD; d += 32) mx = fmaxf(mx, fabsf(q_s[r][d]));
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      int e = 0;
-      frexpf(mx, &e);
-      // The exponent is clamped so that the factor stays finite for rows of subnormal size (their
-      // logits are then below 2^-100 of the rest, as they should be).
-      if (lane == 0) qf_s[r] = mx > 0.0f && isfinite(mx) ? ldexpf(1.0f, min(14 - e, 126)) : 1.0f;
+      for (int o = kD / 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      if (idx < kQChunks && d == 0) {
+        int e = 0;
+        frexpf(mx, &e);
+        // The exponent is clamped so that the factor stays finite for rows of subnormal size
+        // (their logits are then below 2^-100 of the rest, as they should be).
+        qf_s[r] = mx > 0.0f && isfinite(mx) ? ldexpf(1.0f, min(14 - e, 126)) : 1.0f;
+      }
     }
     __syncthreads();
 #pragma unroll
