@@ -93,42 +93,31 @@ __device__ __forceinline__ void store_result(const DecodeParams& p, int64_t row,
 }
 
 // The block's result from its warps' (max, denominator, unnormalized output) per row, merged in
-// warp order (m_s in natural-log units, acc_s times the value scale's 1): the output where the
-// sequence has one split, else this split's partial: in the workspace, or in cluster_part
-// ([row][kD + 2] in shared memory) where the splits merge in their cluster (merge_cluster).
-// Each row's weights are computed once (thread r), in place of its maxima and denominators:
-// w_s[w][r] = e^(m_w - M), l_s[0][r] = the merged denominator, l_s[1][r] = M; then every
-// element is a weighted sum.
+// warp order (m_s in natural-log units; acc: warp w's [kRows][kD] outputs at acc + w *
+// acc_stride floats, times the value scale's 1): the output where the sequence has one split,
+// else this split's partial: in the workspace, or in cluster_part ([row][kD + 2] in shared
+// memory) where the splits merge in their cluster (merge_cluster). Each thread computes the
+// weights e^(m_w - M) of its elements' rows itself (4 exponentials per element), with no barrier
+// between the weights and the sums (design notes: "the fixed cost of a block").
 template <DType kDType, int kD, int kRows>
 __device__ __forceinline__ void merge_warps(const DecodeLaunch& L, int64_t b, int32_t h, int32_t r0, int32_t R,
-                                            int32_t split, float (&m_s)[kDecodeWarps][kRows],
-                                            float (&l_s)[kDecodeWarps][kRows],
-                                            const float (&acc_s)[kDecodeWarps][kRows][kD],
+                                            int32_t split, const float (&m_s)[kDecodeWarps][kRows],
+                                            const float (&l_s)[kDecodeWarps][kRows], const float* acc, int acc_stride,
                                             float* cluster_part = nullptr) {
-  static_assert(kDecodeWarps >= 2, "l_s holds the merged denominator and maximum");
   const DecodeParams& p = L.p;
-  if (threadIdx.x < R) {
-    const int r = threadIdx.x;
-    float M = -INFINITY;
-    for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, m_s[w][r]);
-    float lsum = 0.0f;
-    for (int w = 0; w < kDecodeWarps; ++w) {
-      const float c = merge_weight(m_s[w][r], M);
-      lsum += l_s[w][r] * c;
-      m_s[w][r] = c;
-    }
-    l_s[0][r] = lsum;
-    l_s[1][r] = M;
-  }
-  __syncthreads();
-  const auto& w_s = m_s;
   const float vscale = read_scale(p.v_scale);
   for (int idx = threadIdx.x; idx < R * kD; idx += kDecodeThreads) {
     const int r = idx / kD, d = idx % kD;
-    float o = 0.0f;
+    float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) o += acc_s[w][r][d] * w_s[w][r];
-    const float lsum = l_s[0][r], M = l_s[1][r];
+    for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, m_s[w][r]);
+    float o = 0.0f, lsum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float c = merge_weight(m_s[w][r], M);
+      lsum += l_s[w][r] * c;
+      o += acc[w * acc_stride + r * kD + d] * c;
+    }
     const QueryRow q = query_row(p, b, h, r0 + r);
     if (L.splits == 1) {
       store_result<kDType>(p, q.row, q.hq, d, o, lsum, M, vscale);
@@ -371,7 +360,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
     for (int e = 0; e < kE; ++e) acc_s[warp][r][lane * kE + e] = acc[r][e];
   }
   __syncthreads();
-  merge_warps<kDType, kD, kRowsPerBlock>(L, b, h, r0, R, split, m_s, l_s, acc_s);
+  merge_warps<kDType, kD, kRowsPerBlock>(L, b, h, r0, R, split, m_s, l_s, &acc_s[0][0][0], kRowsPerBlock * kD);
 }
 
 // ---- The tensor-core reader (T % 16 == 0) ------------------------------------------------------
@@ -526,23 +515,24 @@ struct MmaStage {
 // reader").
 constexpr int kMmaStages = 2;
 
-// The block's dynamic shared memory: the query rows (fp32), then the warps' stages; the merge
-// reuses it from the start. The query rows have their own place so that step 0's copies start
-// before the query is read (design notes: "the fixed cost of a block").
+// The block's dynamic shared memory: the query rows (fp32), the warps' stages (each warp's
+// outputs go over its own stages for the merge), and a split's partial where the splits merge in
+// their cluster. The query rows and the partial have their own places so that step 0's copies
+// start before the query is read and that no warp waits for another before writing its outputs
+// (design notes: "the fixed cost of a block").
 template <int kD, int kN>
 __host__ __device__ constexpr size_t mma_query_bytes() {
   return size_t{kMmaRowsPerTile} * kN * kD * 4;
 }
-// The merge: the warps' outputs, then a split's partial where the splits merge in their cluster.
-template <int kD, int kN>
-__host__ __device__ constexpr size_t mma_merge_bytes() {
-  return size_t{kDecodeWarps} * kMmaRowsPerTile * kN * kD * 4;
+template <int kD, int kTiles>
+__host__ __device__ constexpr size_t mma_warp_bytes() {  // one warp's stages
+  return size_t{kMmaStages} * MmaStage<kD, kTiles>::kBytes;
 }
 template <int kD, int kTiles, int kN>
 __host__ __device__ constexpr size_t mma_smem_bytes() {
-  const size_t used = mma_query_bytes<kD, kN>() + size_t{kDecodeWarps} * kMmaStages * MmaStage<kD, kTiles>::kBytes;
-  const size_t merge = mma_merge_bytes<kD, kN>() + size_t{kMmaRowsPerTile} * kN * (kD + 2) * 4;
-  return used > merge ? used : merge;
+  static_assert(mma_query_bytes<kD, kN>() <= mma_warp_bytes<kD, kTiles>(), "a warp's outputs fit its stages");
+  return mma_query_bytes<kD, kN>() + kDecodeWarps * mma_warp_bytes<kD, kTiles>() +
+         size_t{kMmaRowsPerTile} * kN * (kD + 2) * 4;
 }
 
 // Blocks per SM that the kernel's registers must allow: 4 with one n-tile at D <= 128 (16
@@ -755,9 +745,9 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   }
 
   constexpr uint32_t kStages = static_cast<uint32_t>(mma_query_bytes<kD, kN>());
-  const uint32_t stages = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + kStages +
-                          static_cast<uint32_t>(warp * kMmaStages * St::kBytes);
-  const uint8_t* stages_p = smem + kStages + warp * kMmaStages * St::kBytes;
+  constexpr uint32_t kWarpBytes = static_cast<uint32_t>(mma_warp_bytes<kD, kTiles>());
+  const uint32_t stages = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + kStages + warp * kWarpBytes;
+  const uint8_t* stages_p = smem + kStages + warp * kWarpBytes;
   const int64_t nsteps = hi > first_s0 ? (hi - first_s0 + kDecodeWarps * kStep - 1) / (kDecodeWarps * kStep) : 0;
   uint32_t valid = 0;  // bit st * kTiles + u: tile u of the step in stage st has a valid page
 
@@ -1092,8 +1082,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
         l_s[warp][8 * n + 2 * t + j] = l[n][j];
       }
     }
-  __syncthreads();  // every warp is done with its stages: the merge reuses them
-  auto& acc_s = *reinterpret_cast<float(*)[kDecodeWarps][kRows][kD]>(smem);
+  __syncwarp();  // every lane is done with the warp's stages (all its copies landed): its outputs go there
+  auto& acc_s = *reinterpret_cast<float(*)[kRows][kD]>(smem + kStages + threadIdx.x / 32 * kWarpBytes);
   // The V loop's C fragments: tile 4w + mi holds element 8w + 2mi of lane g's slice in c0, c1 and
   // 8w + 2mi + 1 in c2, c3 (rows 8n + 2t, 8n + 2t + 1).
 #pragma unroll
@@ -1106,17 +1096,18 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const bool nan = (vnan[n][j] >> k) & 1u;
-        acc_s[warp][8 * n + 2 * t + j][d] = nan ? quiet_nan() : o[n][i][j] * kUnpackScale;
-        acc_s[warp][8 * n + 2 * t + j][d + 1] = nan ? quiet_nan() : o[n][i][2 + j] * kUnpackScale;
+        acc_s[8 * n + 2 * t + j][d] = nan ? quiet_nan() : o[n][i][j] * kUnpackScale;
+        acc_s[8 * n + 2 * t + j][d + 1] = nan ? quiet_nan() : o[n][i][2 + j] * kUnpackScale;
       }
     }
   __syncthreads();
-  float* const part = L.cluster ? reinterpret_cast<float*>(smem + mma_merge_bytes<kD, kN>()) : nullptr;
+  float* const part = L.cluster ? reinterpret_cast<float*>(smem + kStages + kDecodeWarps * kWarpBytes) : nullptr;
+  const float* acc = reinterpret_cast<const float*>(smem + kStages);
   if (p.dtype == DType::kFloat16) {
-    merge_warps<DType::kFloat16, kD, kRows>(L, b, h, r0, R, split, m_s, l_s, acc_s, part);
+    merge_warps<DType::kFloat16, kD, kRows>(L, b, h, r0, R, split, m_s, l_s, acc, kWarpBytes / 4, part);
     if (L.cluster) merge_cluster<DType::kFloat16, kD>(L, b, h, r0, R, split, part);
   } else {
-    merge_warps<DType::kBFloat16, kD, kRows>(L, b, h, r0, R, split, m_s, l_s, acc_s, part);
+    merge_warps<DType::kBFloat16, kD, kRows>(L, b, h, r0, R, split, m_s, l_s, acc, kWarpBytes / 4, part);
     if (L.cluster) merge_cluster<DType::kBFloat16, kD>(L, b, h, r0, R, split, part);
   }
 }
