@@ -118,6 +118,12 @@ struct PageOffsets {
   }
 };
 
+// The shared-memory address of a pointer into shared memory (the operand of asynchronous copies,
+// mbarriers and cluster loads).
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 // Makes `device` current for the launch and restores the caller's device afterwards, so tensors
 // on cuda:1 work whatever the current device is.
 class DeviceGuard {

@@ -142,7 +142,7 @@ __device__ __forceinline__ void cluster_sync() {
 // The float at `p` (this block's shared memory) in the shared memory of block `rank` of the cluster.
 __device__ __forceinline__ float load_cluster(const float* p, uint32_t rank) {
   uint32_t a;
-  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))), "r"(rank));
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_u32(p)), "r"(rank));
   float v;
   asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
   return v;
@@ -746,7 +746,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
 
   constexpr uint32_t kStages = static_cast<uint32_t>(mma_query_bytes<kD, kN>());
   constexpr uint32_t kWarpBytes = static_cast<uint32_t>(mma_warp_bytes<kD, kTiles>());
-  const uint32_t stages = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + kStages + warp * kWarpBytes;
+  const uint32_t stages = smem_u32(smem) + kStages + warp * kWarpBytes;
   const uint8_t* stages_p = smem + kStages + warp * kWarpBytes;
   const int64_t nsteps = hi > first_s0 ? (hi - first_s0 + kDecodeWarps * kStep - 1) / (kDecodeWarps * kStep) : 0;
   uint32_t valid = 0;  // bit st * kTiles + u: tile u of the step in stage st has a valid page

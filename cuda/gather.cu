@@ -219,10 +219,6 @@ struct GatherPagesLaunch {
 };
 
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 template <DType kDType>
 __global__ void __launch_bounds__(kPageThreads, 4) gather_pages_kernel(const __grid_constant__ GatherPagesLaunch L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
