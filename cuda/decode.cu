@@ -530,6 +530,7 @@ __host__ __device__ constexpr size_t mma_warp_bytes() {  // one warp's stages
 }
 template <int kD, int kTiles, int kN>
 __host__ __device__ constexpr size_t mma_smem_bytes() {
+  // A warp's outputs (kRows x kD floats, the size of the query rows) go over its own stages.
   static_assert(mma_query_bytes<kD, kN>() <= mma_warp_bytes<kD, kTiles>(), "a warp's outputs fit its stages");
   return mma_query_bytes<kD, kN>() + kDecodeWarps * mma_warp_bytes<kD, kTiles>() +
          size_t{kMmaRowsPerTile} * kN * (kD + 2) * 4;
@@ -744,10 +745,13 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     for (int i = 0; i < kM; ++i) o[n][i][0] = o[n][i][1] = o[n][i][2] = o[n][i][3] = 0.0f;
   }
 
-  constexpr uint32_t kStages = static_cast<uint32_t>(mma_query_bytes<kD, kN>());
+  // Where the warps' stages start (after the query rows), and where the cluster partial does
+  // (after every warp's stages): mma_smem_bytes' layout.
+  constexpr uint32_t kStagesAt = static_cast<uint32_t>(mma_query_bytes<kD, kN>());
   constexpr uint32_t kWarpBytes = static_cast<uint32_t>(mma_warp_bytes<kD, kTiles>());
-  const uint32_t stages = smem_u32(smem) + kStages + warp * kWarpBytes;
-  const uint8_t* stages_p = smem + kStages + warp * kWarpBytes;
+  constexpr uint32_t kPartAt = kStagesAt + kDecodeWarps * kWarpBytes;
+  const uint32_t stages = smem_u32(smem) + kStagesAt + warp * kWarpBytes;
+  const uint8_t* stages_p = smem + kStagesAt + warp * kWarpBytes;
   const int64_t nsteps = hi > first_s0 ? (hi - first_s0 + kDecodeWarps * kStep - 1) / (kDecodeWarps * kStep) : 0;
   uint32_t valid = 0;  // bit st * kTiles + u: tile u of the step in stage st has a valid page
 
@@ -1083,7 +1087,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
       }
     }
   __syncwarp();  // every lane is done with the warp's stages (all its copies landed): its outputs go there
-  auto& acc_s = *reinterpret_cast<float(*)[kRows][kD]>(smem + kStages + threadIdx.x / 32 * kWarpBytes);
+  auto& acc_s = *reinterpret_cast<float(*)[kRows][kD]>(smem + kStagesAt + warp * kWarpBytes);
   // The V loop's C fragments: tile 4w + mi holds element 8w + 2mi of lane g's slice in c0, c1 and
   // 8w + 2mi + 1 in c2, c3 (rows 8n + 2t, 8n + 2t + 1).
 #pragma unroll
@@ -1101,8 +1105,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
       }
     }
   __syncthreads();
-  float* const part = L.cluster ? reinterpret_cast<float*>(smem + kStages + kDecodeWarps * kWarpBytes) : nullptr;
-  const float* acc = reinterpret_cast<const float*>(smem + kStages);
+  float* const part = L.cluster ? reinterpret_cast<float*>(smem + kPartAt) : nullptr;
+  const float* acc = reinterpret_cast<const float*>(smem + kStagesAt);
   if (p.dtype == DType::kFloat16) {
     merge_warps<DType::kFloat16, kD, kRows>(L, b, h, r0, R, split, m_s, l_s, acc, kWarpBytes / 4, part);
     if (L.cluster) merge_cluster<DType::kFloat16, kD>(L, b, h, r0, R, split, part);
