@@ -907,14 +907,18 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
       }
 
     // Online softmax per row (log2 domain); rows 8n + 2t + j of this lane, tokens over g and tiles.
+    // The probabilities are taken against the running maximum m as it stands while no logit of
+    // the warp exceeds it by more than kSlack (they reach at most 2^kSlack, well inside fp16):
+    // no reduction over the lanes waits between the logits and the exponentials. Otherwise (the
+    // first steps, typically; a NaN, or a row that has seen nothing yet) m moves to the step's
+    // maximum, as the classic online softmax does.
+    constexpr float kSlack = 8.0f;
     float pr[kTiles][kN][4];
-    bool moved = false;
-    float corr[kN][2];
+    bool slow = false;
 #pragma unroll
     for (int n = 0; n < kN; ++n)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        float mx = -INFINITY;
+      for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int u = 0; u < kTiles; ++u)
 #pragma unroll
@@ -926,38 +930,68 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
               x = n_ok[u] > 0 && e >= lo_e[n][j] && e < hi_e[n][j] ? x : -INFINITY;
             }
             sc[u][n][2 * a + j] = x;
-            mx = fmaxf(mx, x);
+            const float d = x - m[n][j];
+            slow |= !(d <= kSlack);  // also NaN: -inf - -inf, a NaN logit
+            pr[u][n][2 * a + j] = d;
           }
-#pragma unroll
-        for (int o_ = 4; o_ < 32; o_ <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o_));
-        const float m_new = fmaxf(m[n][j], mx);
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        corr[n][j] = exp2_ftz(m[n][j] - m_use);
-        moved |= m_new != m[n][j];
-        float sum = 0.0f;
-#pragma unroll
-        for (int u = 0; u < kTiles; ++u)
-#pragma unroll
-          for (int a = 0; a < 2; ++a) {
-            const float e = exp2_ftz(sc[u][n][2 * a + j] - m_use);
-            pr[u][n][2 * a + j] = e;
-            sum += e;
-          }
-        l[n][j] = l[n][j] * corr[n][j] + sum;
-        m[n][j] = m_new;
-      }
-    // Once the running maxima settle (after the first steps, typically) the outputs need no
-    // rescaling: skip its D/4 multiplies per lane and n-tile when no row of the warp moved.
-    if (__any_sync(0xffffffffu, moved)) {
+    if (!__any_sync(0xffffffffu, slow)) {
 #pragma unroll
       for (int n = 0; n < kN; ++n)
 #pragma unroll
-        for (int i = 0; i < kM; ++i) {
-          o[n][i][0] *= corr[n][0];
-          o[n][i][1] *= corr[n][1];
-          o[n][i][2] *= corr[n][0];
-          o[n][i][3] *= corr[n][1];
+        for (int j = 0; j < 2; ++j) {
+          float sum = 0.0f;
+#pragma unroll
+          for (int u = 0; u < kTiles; ++u)
+#pragma unroll
+            for (int a = 0; a < 2; ++a) {
+              const float e = exp2_ftz(pr[u][n][2 * a + j]);
+              pr[u][n][2 * a + j] = e;
+              sum += e;
+            }
+          l[n][j] += sum;
         }
+    } else {
+      float corr[kN][2];
+      bool moved = false;
+#pragma unroll
+      for (int n = 0; n < kN; ++n)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int u = 0; u < kTiles; ++u)
+#pragma unroll
+            for (int a = 0; a < 2; ++a) mx = fmaxf(mx, sc[u][n][2 * a + j]);
+#pragma unroll
+          for (int o_ = 4; o_ < 32; o_ <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o_));
+          const float m_new = fmaxf(m[n][j], mx);
+          const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+          corr[n][j] = exp2_ftz(m[n][j] - m_use);
+          moved |= m_new != m[n][j];
+          float sum = 0.0f;
+#pragma unroll
+          for (int u = 0; u < kTiles; ++u)
+#pragma unroll
+            for (int a = 0; a < 2; ++a) {
+              const float e = exp2_ftz(sc[u][n][2 * a + j] - m_use);
+              pr[u][n][2 * a + j] = e;
+              sum += e;
+            }
+          l[n][j] = l[n][j] * corr[n][j] + sum;
+          m[n][j] = m_new;
+        }
+      // A step that moved no row's maximum (a NaN, rows that have seen nothing) rescales nothing.
+      if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+        for (int n = 0; n < kN; ++n)
+#pragma unroll
+          for (int i = 0; i < kM; ++i) {
+            o[n][i][0] *= corr[n][0];
+            o[n][i][1] *= corr[n][1];
+            o[n][i][2] *= corr[n][0];
+            o[n][i][3] *= corr[n][1];
+          }
+      }
     }
 
     // Output: O^T[element][row] += V^T P^T per tile.

@@ -218,6 +218,24 @@ def test_fp64_long_sequences(D, T):
     check_gpu(cache, q, bt, sl)
 
 
+@pytest.mark.parametrize("sm_scale", [None, 1.5])
+def test_fp64_rising_logits(sm_scale):
+    """Each warp walks 8 steps (one split per sequence) over pages ordered by query head 0's
+    largest logit, so that its running maximum keeps rising: at the default scale by about 11.5
+    (log2) over its steps, mostly by less than the reader's slack of 8 per step (probabilities up
+    to 2^8 against a stale maximum); at sm_scale 1.5 by more than 8 on almost every step."""
+    B, L, T = 64, 1024, 16
+    cache, q, bt, sl = setup(N=B * L // T, T=T, H=8, D=64, B=B, group=2, seq_lens=[L] * B, seed=31)
+    kd, _ = nv.dequantize(cache.kv_cache, 0.02, 0.03, value_cache=cache.value_cache, dtype="float32")
+    k0 = kd.numpy()[:, :, 0].astype(np.float64)  # (N, T, D) of KV head 0
+    bt = bt.numpy().copy()
+    for b in range(B):
+        pages = bt[b, : L // T]
+        top = np.einsum("ptd,d->pt", k0[pages], q[b, 0].double().numpy()).max(axis=1)
+        bt[b, : L // T] = pages[np.argsort(top)]
+    check_gpu(cache, q, torch.from_numpy(bt), sl, sm_scale=sm_scale)
+
+
 def test_fp64_short_empty_and_masked():
     lens = [0, 1, 3, 16, 17, 37, -5]
     cache, q, bt, sl = setup(B=len(lens), N=40, q_len=2, group=4, seq_lens=lens, seed=11)
