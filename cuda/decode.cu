@@ -93,8 +93,8 @@ __device__ __forceinline__ void store_result(const DecodeParams& p, int64_t row,
 }
 
 // The block's result from its warps' (max, denominator, unnormalized output) per row, merged in
-// warp order (m_s in natural-log units; acc: warp w's [kRows][kD] outputs at acc + w *
-// acc_stride floats, times the value scale's 1): the output where the sequence has one split,
+// warp order (m_s in natural-log units; acc: warp w's kRows rows of kD outputs at acc + w *
+// acc_stride floats, acc_row floats apart, times the value scale's 1): the output where the sequence has one split,
 // else this split's partial: in the workspace, or in cluster_part ([row][kD + 2] in shared
 // memory) where the splits merge in their cluster (merge_cluster). Thread r < R computes row r's
 // weights e^(m_w - M) once, into m_s (l_s[0] and l_s[1] take the merged denominator and
@@ -104,7 +104,7 @@ template <DType kDType, int kD, int kRows>
 __device__ __forceinline__ void merge_warps(const DecodeLaunch& L, int64_t b, int32_t h, int32_t r0, int32_t R,
                                             int32_t split, float (&m_s)[kDecodeWarps][kRows],
                                             float (&l_s)[kDecodeWarps][kRows], const float* acc, int acc_stride,
-                                            float* cluster_part = nullptr) {
+                                            int acc_row, float* cluster_part = nullptr) {
   static_assert(kDecodeWarps >= 2, "l_s holds the merged denominator and maximum");
   const DecodeParams& p = L.p;
   if (threadIdx.x < R) {
@@ -128,7 +128,7 @@ __device__ __forceinline__ void merge_warps(const DecodeLaunch& L, int64_t b, in
     const int r = idx / kD, d = idx % kD;
     float o = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) o += acc[w * acc_stride + r * kD + d] * m_s[w][r];
+    for (int w = 0; w < kDecodeWarps; ++w) o += acc[w * acc_stride + r * acc_row + d] * m_s[w][r];
     const float lsum = l_s[0][r], M = l_s[1][r];
     const QueryRow q = query_row(p, b, h, r0 + r);
     if (L.splits == 1) {
@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
     for (int e = 0; e < kE; ++e) acc_s[warp][r][lane * kE + e] = acc[r][e];
   }
   __syncthreads();
-  merge_warps<kDType, kD, kRowsPerBlock>(L, b, h, r0, R, split, m_s, l_s, &acc_s[0][0][0], kRowsPerBlock * kD);
+  merge_warps<kDType, kD, kRowsPerBlock>(L, b, h, r0, R, split, m_s, l_s, &acc_s[0][0][0], kRowsPerBlock * kD, kD);
 }
 
 // ---- The tensor-core reader (T % 16 == 0) ------------------------------------------------------
@@ -532,9 +532,24 @@ constexpr int kMmaStages = 2;
 // their cluster. The query rows and the partial have their own places so that step 0's copies
 // start before the query is read and that no warp waits for another before writing its outputs
 // (design notes: "the fixed cost of a block").
+// Both are padded so that the lanes of one 16-byte shared-memory access hit distinct banks (ncu
+// counted 32 wavefronts per query-fragment load and 16 per output store, against 4; design
+// notes: "the fixed cost of a block"):
+// - a query row takes 4 more floats after every 32 (element d at d + 4 (d / 32)), and at D 256
+//   16 more at its end: the fragment's lanes (g, t) read rows g at 32t (D 64: 16t);
+// - a warp's output row takes 4 more floats: lanes (g, t) write rows 2t and 2t + 1 at 16g.
+template <int kD>
+__host__ __device__ constexpr int mma_q_row() {  // floats
+  return kD + kD / 8 + (kD % 256 == 0 ? 16 : 0);
+}
+__host__ __device__ constexpr int mma_q_at(int d) { return d + 4 * (d / 32); }
+template <int kD>
+__host__ __device__ constexpr int mma_out_row() {  // floats
+  return kD + 4;
+}
 template <int kD, int kN>
 __host__ __device__ constexpr size_t mma_query_bytes() {
-  return size_t{kMmaRowsPerTile} * kN * kD * 4;
+  return size_t{kMmaRowsPerTile} * kN * mma_q_row<kD>() * 4;
 }
 template <int kD, int kTiles>
 __host__ __device__ constexpr size_t mma_warp_bytes() {  // one warp's stages
@@ -542,8 +557,8 @@ __host__ __device__ constexpr size_t mma_warp_bytes() {  // one warp's stages
 }
 template <int kD, int kTiles, int kN>
 __host__ __device__ constexpr size_t mma_smem_bytes() {
-  // A warp's outputs (kRows x kD floats, the size of the query rows) go over its own stages.
-  static_assert(mma_query_bytes<kD, kN>() <= mma_warp_bytes<kD, kTiles>(), "a warp's outputs fit its stages");
+  static_assert(size_t{kMmaRowsPerTile} * kN * mma_out_row<kD>() * 4 <= mma_warp_bytes<kD, kTiles>(),
+                "a warp's outputs fit its stages");
   return mma_query_bytes<kD, kN>() + kDecodeWarps * mma_warp_bytes<kD, kTiles>() +
          size_t{kMmaRowsPerTile} * kN * (kD + 2) * 4;
 }
@@ -580,7 +595,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   // The query rows, then the warps' stages, then the merge over both: one region of dynamic
   // shared memory (static arrays would add to it and cost a resident block).
   extern __shared__ __align__(16) uint8_t smem[];
-  auto& q_s = *reinterpret_cast<float(*)[kRows][kD]>(smem);
+  auto& q_s = *reinterpret_cast<float(*)[kRows][mma_q_row<kD>()]>(smem);  // element d at mma_q_at(d)
   __shared__ float qf_s[kRows];  // the query rows' power-of-two scale
   __shared__ float m_s[kDecodeWarps][kRows], l_s[kDecodeWarps][kRows];
 
@@ -692,8 +707,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
           v[k] = p.dtype == DType::kFloat16 ? f16_to_float(e) : bf16_to_float(e);
           mx = fmaxf(mx, fabsf(v[k]));
         }
-        *reinterpret_cast<float4*>(&q_s[r][d]) = make_float4(v[0], v[1], v[2], v[3]);
-        *reinterpret_cast<float4*>(&q_s[r][d + 4]) = make_float4(v[4], v[5], v[6], v[7]);
+        *reinterpret_cast<float4*>(&q_s[r][mma_q_at(d)]) = make_float4(v[0], v[1], v[2], v[3]);
+        *reinterpret_cast<float4*>(&q_s[r][mma_q_at(d) + 4]) = make_float4(v[4], v[5], v[6], v[7]);  // d % 8 == 0
       }
 #pragma unroll
       for (int o = kD / 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -712,7 +727,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
       const float f = qf_s[r];
 #pragma unroll
       for (int i = 0; i < kD / 8; ++i) {
-        const int d = 2 * k_byte(i / 4);
+        const int d = mma_q_at(2 * k_byte(i / 4));  // 8 elements that do not cross a 32
         qb[n][i] = pack_f16x2(q_s[r][d + kcode_lo(i % 4)] * f, q_s[r][d + kcode_hi(i % 4)] * f);
       }
     }
@@ -1133,7 +1148,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
       }
     }
   __syncwarp();  // every lane is done with the warp's stages (all its copies landed): its outputs go there
-  auto& acc_s = *reinterpret_cast<float(*)[kRows][kD]>(smem + kStagesAt + warp * kWarpBytes);
+  auto& acc_s = *reinterpret_cast<float(*)[kRows][mma_out_row<kD>()]>(smem + kStagesAt + warp * kWarpBytes);
   // The V loop's C fragments: tile 4w + mi holds element 8w + 2mi of lane g's slice in c0, c1 and
   // 8w + 2mi + 1 in c2, c3 (rows 8n + 2t, 8n + 2t + 1).
 #pragma unroll
@@ -1154,10 +1169,12 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   float* const part = L.cluster ? reinterpret_cast<float*>(smem + kPartAt) : nullptr;
   const float* acc = reinterpret_cast<const float*>(smem + kStagesAt);
   if (p.dtype == DType::kFloat16) {
-    merge_warps<DType::kFloat16, kD, kRows>(L, b, h, r0, R, split, m_s, l_s, acc, kWarpBytes / 4, part);
+    merge_warps<DType::kFloat16, kD, kRows>(L, b, h, r0, R, split, m_s, l_s, acc, kWarpBytes / 4, mma_out_row<kD>(),
+                                            part);
     if (L.cluster) merge_cluster<DType::kFloat16, kD>(L, b, h, r0, R, split, part);
   } else {
-    merge_warps<DType::kBFloat16, kD, kRows>(L, b, h, r0, R, split, m_s, l_s, acc, kWarpBytes / 4, part);
+    merge_warps<DType::kBFloat16, kD, kRows>(L, b, h, r0, R, split, m_s, l_s, acc, kWarpBytes / 4, mma_out_row<kD>(),
+                                             part);
     if (L.cluster) merge_cluster<DType::kBFloat16, kD>(L, b, h, r0, R, split, part);
   }
 }
