@@ -1239,14 +1239,43 @@ __global__ void __launch_bounds__(kD * kCombineGroups) decode_combine_kernel(con
 // rows (q_len 2-8 times the GQA group) and D <= 128 has the registers for them.
 inline int mma_row_tiles(int D, int rows) { return rows > kMmaRowsPerTile && D <= 128 ? 2 : 1; }
 
+// Whether a cluster of `size` blocks of `kernel` can be resident on this device (asked once per
+// device and size): a GPU whose partition or sharing leaves no room for one merges the splits in
+// the second kernel instead of failing the launch.
+template <auto kernel, size_t kSmem>
+bool cluster_fits(int device, int size) {
+  static std::atomic<uint8_t> known[64][kMaxClusterSplits + 1];  // 0: not asked, 1: fits, 2: does not
+  const bool keep = device >= 0 && device < 64 && size >= 1 && size <= kMaxClusterSplits;
+  if (keep) {
+    const uint8_t k = known[device][size].load(std::memory_order_relaxed);
+    if (k != 0) return k == 1;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(size));
+  config.blockDim = dim3(kDecodeThreads);
+  config.dynamicSmemBytes = kSmem;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(size);
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  int clusters = 0;
+  const bool fits = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0;
+  if (!fits) (void)cudaGetLastError();  // the query's own error: the launch goes without a cluster
+  if (keep) known[device][size].store(fits ? 1 : 2, std::memory_order_relaxed);
+  return fits;
+}
+
 template <int kD, int kN, bool kCapped>
-cudaError_t launch_mma(const DecodeLaunch& L, dim3 grid, int device, cudaStream_t stream) {
+cudaError_t launch_mma(DecodeLaunch& L, dim3 grid, int device, cudaStream_t stream) {
   // Two tiles per step halve the per-step overhead; D 256 has the registers for one.
   constexpr int kTiles = kD >= 256 ? 1 : 2;
   constexpr auto kernel = decode_mma_kernel<kD, kTiles, kN, kCapped>;
   constexpr size_t smem = mma_smem_bytes<kD, kTiles, kN>();
   const cudaError_t err = allow_shared_memory<kernel, smem>(device);
   if (err != cudaSuccess) return err;
+  if (L.cluster && !cluster_fits<kernel, smem>(device, L.splits)) L.cluster = false;  // launch_decode then combines
   return launch_pdl(kernel, grid, dim3(kDecodeThreads), device, stream, L, smem, L.cluster ? L.splits : 1);
 }
 
