@@ -94,12 +94,13 @@ __device__ __forceinline__ void store_result(const DecodeParams& p, int64_t row,
 
 // The block's result from its warps' (max, denominator, unnormalized output) per row, merged in
 // warp order (m_s in natural-log units; acc: warp w's kRows rows of kD outputs at acc + w *
-// acc_stride floats, acc_row floats apart, times the value scale's 1): the output where the sequence has one split,
-// else this split's partial: in the workspace, or in cluster_part ([row][kD + 2] in shared
-// memory) where the splits merge in their cluster (merge_cluster). Thread r < R computes row r's
-// weights e^(m_w - M) once, into m_s (l_s[0] and l_s[1] take the merged denominator and
-// maximum); one barrier, then every thread sums its elements: faster than each thread computing
-// its rows' weights without the barrier (design notes: "the fixed cost of a block").
+// acc_stride floats, acc_row floats apart, times the value scale's 1): the output where the
+// sequence has one split, else this split's partial: in the workspace, or in cluster_part
+// ([row][kD + 2] in shared memory) where the splits merge in their cluster (merge_cluster).
+// Thread r < R computes row r's weights e^(m_w - M) once, into m_s (l_s[0] and l_s[1] take the
+// merged denominator and maximum); one barrier, then every thread sums its elements: faster than
+// each thread computing its rows' weights without the barrier (design notes: "the fixed cost of
+// a block").
 template <DType kDType, int kD, int kRows>
 __device__ __forceinline__ void merge_warps(const DecodeLaunch& L, int64_t b, int32_t h, int32_t r0, int32_t R,
                                             int32_t split, float (&m_s)[kDecodeWarps][kRows],
@@ -727,7 +728,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
       const float f = qf_s[r];
 #pragma unroll
       for (int i = 0; i < kD / 8; ++i) {
-        const int d = mma_q_at(2 * k_byte(i / 4));  // 8 elements that do not cross a 32
+        const int d = mma_q_at(2 * k_byte(i / 4));  // its 8 elements lie in one run of 32
         qb[n][i] = pack_f16x2(q_s[r][d + kcode_lo(i % 4)] * f, q_s[r][d + kcode_hi(i % 4)] * f);
       }
     }
