@@ -96,7 +96,8 @@ __device__ __forceinline__ void store_result(const DecodeParams& p, int64_t row,
 // warp order (m_s in natural-log units; acc: warp w's kRows rows of kD outputs at acc + w *
 // acc_stride floats, acc_row floats apart, times the value scale's 1): the output where the
 // sequence has one split, else this split's partial: in the workspace, or in cluster_part
-// ([row][kD + 2] in shared memory) where the splits merge in their cluster (merge_cluster).
+// ([row][decode_partial_floats(kD)] in shared memory) where the splits merge in their cluster
+// (merge_cluster).
 // Thread r < R computes row r's weights e^(m_w - M) once, into m_s (l_s[0] and l_s[1] take the
 // merged denominator and maximum); one barrier, then every thread sums its elements: faster than
 // each thread computing its rows' weights without the barrier (design notes: "the fixed cost of
@@ -137,8 +138,9 @@ __device__ __forceinline__ void merge_warps(const DecodeLaunch& L, int64_t b, in
     } else {
       // Partial of this split: [row][hq][split] -> (M, l, Dv outputs).
       const int64_t Hq = int64_t{p.H} * p.group;
-      float* part = cluster_part ? cluster_part + r * (kD + 2)
-                                 : p.workspace + ((q.row * Hq + q.hq) * L.splits + split) * (kD + 2);
+      constexpr int kPart = decode_partial_floats(kD);
+      float* part = cluster_part ? cluster_part + r * kPart
+                                 : p.workspace + ((q.row * Hq + q.hq) * L.splits + split) * kPart;
       if (d == 0) {
         part[0] = M;
         part[1] = lsum;
@@ -176,7 +178,7 @@ __device__ __forceinline__ void merge_cluster(const DecodeLaunch& L, int64_t b, 
   const float vscale = read_scale(p.v_scale);
   for (int idx = split * kDecodeThreads + threadIdx.x; idx < R * kD; idx += S * kDecodeThreads) {
     const int r = idx / kD, d = idx % kD;
-    const float* at = part + r * (kD + 2);
+    const float* at = part + r * decode_partial_floats(kD);
     float m[kMaxClusterSplits], l[kMaxClusterSplits], v[kMaxClusterSplits];  // all loads in flight
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) {
@@ -561,7 +563,7 @@ __host__ __device__ constexpr size_t mma_smem_bytes() {
   static_assert(size_t{kMmaRowsPerTile} * kN * mma_out_row<kD>() * 4 <= mma_warp_bytes<kD, kTiles>(),
                 "a warp's outputs fit its stages");
   return mma_query_bytes<kD, kN>() + kDecodeWarps * mma_warp_bytes<kD, kTiles>() +
-         size_t{kMmaRowsPerTile} * kN * (kD + 2) * 4;
+         size_t{kMmaRowsPerTile} * kN * decode_partial_floats(kD) * 4;
 }
 
 // Blocks per SM that the kernel's registers must allow: 4 with one n-tile at D <= 128 (16
@@ -1200,18 +1202,19 @@ __global__ void __launch_bounds__(kD * kCombineGroups) decode_combine_kernel(con
   const int64_t Hq = int64_t{p.H} * p.group;
   const int64_t unit = blockIdx.x;  // row * Hq + hq
   const int64_t row = unit / Hq, hq = unit % Hq;
-  const float* part = p.workspace + unit * L.splits * (kD + 2);
+  constexpr int kPart = decode_partial_floats(kD);
+  const float* part = p.workspace + unit * L.splits * kPart;
   const int tid = threadIdx.x, q = tid / kD, d = tid % kD;
   const int splits = L.splits;
   if (tid < kDecodeMaxSplits) {
-    m_s[tid] = tid < splits ? part[tid * (kD + 2)] : -INFINITY;
-    l_s[tid] = tid < splits ? part[tid * (kD + 2) + 1] : 0.0f;
+    m_s[tid] = tid < splits ? part[tid * kPart] : -INFINITY;
+    l_s[tid] = tid < splits ? part[tid * kPart + 1] : 0.0f;
   }
   float v[kPerGroup];  // loaded with the maxima: one cache latency, not two
 #pragma unroll
   for (int k = 0; k < kPerGroup; ++k) {
     const int s = q + kCombineGroups * k;
-    v[k] = s < splits ? part[s * (kD + 2) + 2 + d] : 0.0f;
+    v[k] = s < splits ? part[s * kPart + 2 + d] : 0.0f;
   }
   __syncthreads();
   float M = -INFINITY;

@@ -447,7 +447,7 @@ int64_t decode_workspace_bytes(int64_t B, int64_t q_len, int64_t Hq, int64_t H, 
          static_cast<long long>(max_blocks));
   const int64_t splits = decode_splits(B, H, max_blocks);
   if (splits <= 1) return 0;
-  int64_t bytes = 4 * q_len * (Dv + 2) * splits;  // at most 4 * 8 * 258 * 64
+  int64_t bytes = 4 * q_len * decode_partial_floats(Dv) * splits;  // at most 4 * 8 * 258 * 64
   if (__builtin_mul_overflow(bytes, Hq, &bytes) || __builtin_mul_overflow(bytes, B, &bytes) ||
       bytes > (int64_t{1} << 62))
     fail(NVFP4KV_ERROR_INVALID_VALUE, "num_seqs: %lld sequences need a workspace past 2^62 bytes",

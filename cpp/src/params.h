@@ -177,10 +177,14 @@ NVFP4KV_HD int64_t decode_splits(int64_t B, int64_t H, int64_t max_blocks) {
   return s > 1 ? s : 1;
 }
 
-// Floats of the decode workspace: rows * Hq * splits * (Dv + 2) where more than one split runs,
+// Floats of one split's partial of one query row and head: its maximum (natural log), its
+// softmax denominator, then its Dv unnormalized outputs.
+NVFP4KV_HD constexpr int64_t decode_partial_floats(int64_t Dv) { return Dv + 2; }
+
+// Floats of the decode workspace: rows * Hq * splits partials where more than one split runs,
 // else none.
 NVFP4KV_HD int64_t decode_workspace_floats(int64_t rows, int64_t Hq, int64_t Dv, int64_t splits) {
-  return splits > 1 ? rows * Hq * splits * (Dv + 2) : 0;
+  return splits > 1 ? rows * Hq * splits * decode_partial_floats(Dv) : 0;
 }
 
 // Row b of the block table as an index vector over its blocks (entries [0, max_blocks)).
