@@ -41,6 +41,7 @@ struct DecodeLaunch {
   int64_t b0;              // first sequence of this launch
   bool q_vec;              // query rows 16-byte aligned (vector loads)
   bool cluster;            // the splits of a sequence are one thread-block cluster and merge there
+  FastDiv q_len;           // query_row's divisor
 };
 
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -56,12 +57,14 @@ __device__ __forceinline__ void row_range(const DecodeParams& p, int64_t len, in
 }
 
 // Query row rr (= g * q_len + i) of KV head h of sequence b: its row of query, out and lse
-// (b * q_len + i) and its query head (h * group + g).
+// (b * q_len + i) and its query head (h * group + g). The merges call it per element, on the
+// chain of instructions that ends a short call: a multiply-high, not a division.
 struct QueryRow {
   int64_t row, hq;
 };
-__device__ __forceinline__ QueryRow query_row(const DecodeParams& p, int64_t b, int32_t h, int32_t rr) {
-  return {b * p.q_len + rr % p.q_len, int64_t{h} * p.group + rr / p.q_len};
+__device__ __forceinline__ QueryRow query_row(const DecodeLaunch& L, int64_t b, int32_t h, int32_t rr) {
+  const int32_t g = static_cast<int32_t>(L.q_len.div(static_cast<uint32_t>(rr)));
+  return {b * L.p.q_len + (rr - g * L.p.q_len), int64_t{h} * L.p.group + g};
 }
 
 // Weight of a partial softmax with maximum m in a merge whose maximum is M (0 for a partial that
@@ -132,7 +135,7 @@ __device__ __forceinline__ void merge_warps(const DecodeLaunch& L, int64_t b, in
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) o += acc[w * acc_stride + r * acc_row + d] * m_s[w][r];
     const float lsum = l_s[0][r], M = l_s[1][r];
-    const QueryRow q = query_row(p, b, h, r0 + r);
+    const QueryRow q = query_row(L, b, h, r0 + r);
     if (L.splits == 1) {
       store_result<kDType>(p, q.row, q.hq, d, o, lsum, M, vscale);
     } else {
@@ -196,7 +199,7 @@ __device__ __forceinline__ void merge_cluster(const DecodeLaunch& L, int64_t b, 
       lsum += l[s] * c;
       o += v[s] * c;
     }
-    const QueryRow q = query_row(p, b, h, r0 + r);
+    const QueryRow q = query_row(L, b, h, r0 + r);
     store_result<kDType>(p, q.row, q.hq, d, o, lsum, M, vscale);
   }
   cluster_sync();  // no block leaves while another reads its shared memory
@@ -233,7 +236,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
     const int r = idx / kD, d = idx % kD;
     float v = 0.0f;
     if (r < R) {
-      const QueryRow q = query_row(p, b, h, r0 + r);
+      const QueryRow q = query_row(L, b, h, r0 + r);
       v = load_q<kDType>(p.query, q.row * p.q_stride[0] + q.hq * p.q_stride[1] + d);
     }
     q_s[r][d] = v;
@@ -668,7 +671,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     const int idx = threadIdx.x + c * kDecodeThreads, r = idx / (kD / 8), d = 8 * (idx % (kD / 8));
     q_raw[c] = make_uint4(0u, 0u, 0u, 0u);
     if (idx < kQChunks && r < R) {
-      const QueryRow q = query_row(p, b, h, r0 + r);
+      const QueryRow q = query_row(L, b, h, r0 + r);
       const uint16_t* src = static_cast<const uint16_t*>(p.query) + q.row * p.q_stride[0] + q.hq * p.q_stride[1] + d;
       if (L.q_vec) {
         q_raw[c] = __ldg(reinterpret_cast<const uint4*>(src));
@@ -1356,6 +1359,7 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
   L.off[0] = SideOffsets::make(p.k, p.layout, p.H, p.T);
   L.off[1] = SideOffsets::make(p.v, p.layout, p.H, p.T);
   L.block_size = FastDiv(static_cast<uint32_t>(p.T));
+  L.q_len = FastDiv(static_cast<uint32_t>(p.q_len));
   L.q_vec = aligned(16, p.query, {p.q_stride[0] * 2, p.q_stride[1] * 2});
   constexpr double k2G = 2147483648.0, k4G = 4294967296.0;
   const auto d = [](int64_t x) { return static_cast<double>(x); };
