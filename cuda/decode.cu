@@ -71,10 +71,14 @@ __device__ __forceinline__ QueryRow query_row(const DecodeLaunch& L, int64_t b, 
 // saw no token).
 __device__ __forceinline__ float merge_weight(float m, float M) { return m == -INFINITY ? 0.0f : __expf(m - M); }
 
+// A query element's 16 bits (fp16 or bf16) as a float.
+__device__ __forceinline__ float query_to_float(DType dtype, uint16_t h) {
+  return dtype == DType::kFloat16 ? f16_to_float(h) : bf16_to_float(h);
+}
+
 template <DType kDType>
 __device__ __forceinline__ float load_q(const void* base, int64_t idx) {
-  const uint16_t h = static_cast<const uint16_t*>(base)[idx];
-  return kDType == DType::kFloat16 ? f16_to_float(h) : bf16_to_float(h);
+  return query_to_float(kDType, static_cast<const uint16_t*>(base)[idx]);
 }
 
 template <DType kDType>
@@ -710,7 +714,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
           const uint16_t e = static_cast<uint16_t>(w[k / 2] >> (16 * (k % 2)));
-          v[k] = p.dtype == DType::kFloat16 ? f16_to_float(e) : bf16_to_float(e);
+          v[k] = query_to_float(p.dtype, e);
           mx = fmaxf(mx, fabsf(v[k]));
         }
         *reinterpret_cast<float4*>(&q_s[r][mma_q_at(d)]) = make_float4(v[0], v[1], v[2], v[3]);
