@@ -58,7 +58,8 @@ __device__ __forceinline__ void row_range(const DecodeParams& p, int64_t len, in
 
 // Query row rr (= g * q_len + i) of KV head h of sequence b: its row of query, out and lse
 // (b * q_len + i) and its query head (h * group + g). The merges call it per element, on the
-// chain of instructions that ends a short call: a multiply-high, not a division.
+// chain of instructions that ends a short call: a multiply-high, not a division (design notes:
+// "the fixed cost of a block").
 struct QueryRow {
   int64_t row, hq;
 };
