@@ -41,31 +41,40 @@ struct DecodeLaunch {
   int64_t b0;              // first sequence of this launch
   bool q_vec;              // query rows 16-byte aligned (vector loads)
   bool cluster;            // the splits of a sequence are one thread-block cluster and merge there
-  FastDiv q_len;           // query_row's divisor
+  FastDiv q_len;           // row_pos: query rows by q_len
 };
 
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// The token range [first, last] that query row rr (= g * q_len + i) of a sequence of length len
-// attends: causal at the end of the sequence (last = len - q_len + i), window_left tokens back
-// at most; last is -1 (nothing) for an empty sequence.
-__device__ __forceinline__ void row_range(const DecodeParams& p, int64_t len, int32_t rr, int64_t& first,
-                                          int64_t& last) {
-  last = len > 0 ? len - p.q_len + rr % p.q_len : -1;
-  first = p.window_left >= 0 ? max64(0, last - p.window_left) : 0;
+// Query row rr of a KV head is query position i of its group member g: rr = g * q_len + i. The
+// merges decompose it per element, on the chain of instructions that ends a short call: a
+// multiply-high, not a division (design notes: "the fixed cost of a block").
+struct RowPos {
+  int32_t g, i;
+};
+__device__ __forceinline__ RowPos row_pos(const DecodeLaunch& L, int32_t rr) {
+  const int32_t g = static_cast<int32_t>(L.q_len.div(static_cast<uint32_t>(rr)));
+  return {g, rr - g * static_cast<int32_t>(L.q_len.d)};
 }
 
-// Query row rr (= g * q_len + i) of KV head h of sequence b: its row of query, out and lse
-// (b * q_len + i) and its query head (h * group + g). The merges call it per element, on the
-// chain of instructions that ends a short call: a multiply-high, not a division (design notes:
-// "the fixed cost of a block").
+// The token range [first, last] that query row rr of a sequence of length len attends: causal
+// at the end of the sequence (last = len - q_len + i), window_left tokens back at most; last is
+// -1 (nothing) for an empty sequence.
+__device__ __forceinline__ void row_range(const DecodeLaunch& L, int64_t len, int32_t rr, int64_t& first,
+                                          int64_t& last) {
+  last = len > 0 ? len - L.p.q_len + row_pos(L, rr).i : -1;
+  first = L.p.window_left >= 0 ? max64(0, last - L.p.window_left) : 0;
+}
+
+// Query row rr of KV head h of sequence b: its row of query, out and lse (b * q_len + i) and its
+// query head (h * group + g).
 struct QueryRow {
   int64_t row, hq;
 };
 __device__ __forceinline__ QueryRow query_row(const DecodeLaunch& L, int64_t b, int32_t h, int32_t rr) {
-  const int32_t g = static_cast<int32_t>(L.q_len.div(static_cast<uint32_t>(rr)));
-  return {b * L.p.q_len + (rr - g * L.p.q_len), int64_t{h} * L.p.group + g};
+  const RowPos r = row_pos(L, rr);
+  return {b * L.p.q_len + r.i, int64_t{h} * L.p.group + r.g};
 }
 
 // Weight of a partial softmax with maximum m in a merge whose maximum is M (0 for a partial that
@@ -252,7 +261,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   int64_t first[kRowsPerBlock], last[kRowsPerBlock];
 #pragma unroll
   for (int r = 0; r < kRowsPerBlock; ++r) {
-    row_range(p, r < R ? len : 0, r0 + r, first[r], last[r]);
+    row_range(L, r < R ? len : 0, r0 + r, first[r], last[r]);
   }
   const int64_t lo = split * L.cols_per_split * p.T;
   const int64_t hi = min64(min64((split + 1) * L.cols_per_split, p.max_blocks) * p.T, len);
@@ -755,13 +764,13 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int r = 8 * n + 2 * t + j;
-      row_range(p, r < R ? len : 0, r0 + r, first[n][j], last[n][j]);
+      row_range(L, r < R ? len : 0, r0 + r, first[n][j], last[n][j]);
     }
   // Tokens every real row attends to: [first_all, last_all]; a step inside it needs no mask.
   int64_t first_all = 0, last_all = len - 1;
   for (int r = 0; r < R; ++r) {
     int64_t f, la;
-    row_range(p, len, r0 + r, f, la);
+    row_range(L, len, r0 + r, f, la);
     first_all = max64(first_all, f);
     last_all = min64(last_all, la);
   }
