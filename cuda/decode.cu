@@ -37,7 +37,7 @@ struct DecodeLaunch {
   FastDiv block_size;      // T
   int64_t cols_per_split;  // block-table columns of one split
   int32_t splits;
-  int32_t chunks;          // chunks of kRowsPerBlock query rows per KV head
+  FastDiv chunks;          // chunks of kRowsPerBlock query rows per KV head (grid y = head x chunk)
   int64_t b0;              // first sequence of this launch
   bool q_vec;              // query rows 16-byte aligned (vector loads)
   bool cluster;            // the splits of a sequence are one thread-block cluster and merge there
@@ -58,13 +58,17 @@ __device__ __forceinline__ RowPos row_pos(const DecodeLaunch& L, int32_t rr) {
   return {g, rr - g * static_cast<int32_t>(L.q_len.d)};
 }
 
-// The token range [first, last] that query row rr of a sequence of length len attends: causal
-// at the end of the sequence (last = len - q_len + i), window_left tokens back at most; last is
-// -1 (nothing) for an empty sequence.
+// The token range [first, last] that a query row at position i of a sequence of length len
+// attends: causal at the end of the sequence (last = len - q_len + i), window_left tokens back at
+// most; last is -1 (nothing) for an empty sequence. Both grow with i.
+__device__ __forceinline__ void pos_range(const DecodeParams& p, int64_t len, int32_t i, int64_t& first,
+                                          int64_t& last) {
+  last = len > 0 ? len - p.q_len + i : -1;
+  first = p.window_left >= 0 ? max64(0, last - p.window_left) : 0;
+}
 __device__ __forceinline__ void row_range(const DecodeLaunch& L, int64_t len, int32_t rr, int64_t& first,
                                           int64_t& last) {
-  last = len > 0 ? len - L.p.q_len + row_pos(L, rr).i : -1;
-  first = L.p.window_left >= 0 ? max64(0, last - L.p.window_left) : 0;
+  pos_range(L.p, len, row_pos(L, rr).i, first, last);
 }
 
 // Query row rr of KV head h of sequence b: its row of query, out and lse (b * q_len + i) and its
@@ -227,8 +231,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   constexpr int kE = kD / 32;  // output elements per lane
   const DecodeParams& p = L.p;
   const int64_t b = L.b0 + blockIdx.z;
-  const int32_t h = static_cast<int32_t>(blockIdx.y) / L.chunks;
-  const int32_t chunk = static_cast<int32_t>(blockIdx.y) % L.chunks;
+  const int32_t h = static_cast<int32_t>(L.chunks.div(blockIdx.y));
+  const int32_t chunk = static_cast<int32_t>(blockIdx.y - h * L.chunks.d);
   const int32_t split = static_cast<int32_t>(blockIdx.x);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t rows_total = p.group * p.q_len;
@@ -604,8 +608,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   constexpr int kM = kD / 16;                     // mma tiles along the head dimension
   const DecodeParams& p = L.p;
   const int64_t b = L.b0 + blockIdx.z;
-  const int32_t h = static_cast<int32_t>(blockIdx.y) / L.chunks;
-  const int32_t chunk = static_cast<int32_t>(blockIdx.y) % L.chunks;
+  const int32_t h = static_cast<int32_t>(L.chunks.div(blockIdx.y));
+  const int32_t chunk = static_cast<int32_t>(blockIdx.y - h * L.chunks.d);
   const int32_t split = static_cast<int32_t>(blockIdx.x);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int32_t rows_total = p.group * p.q_len;
@@ -616,7 +620,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   // shared memory (static arrays would add to it and cost a resident block).
   extern __shared__ __align__(16) uint8_t smem[];
   auto& q_s = *reinterpret_cast<float(*)[kRows][mma_q_row<kD>()]>(smem);  // element d at mma_q_at(d)
-  __shared__ float qf_s[kRows];  // the query rows' power-of-two scale
+  __shared__ float qf_s[kRows], qi_s[kRows];  // the query rows' power-of-two scale, its inverse
   __shared__ float m_s[kDecodeWarps][kRows], l_s[kDecodeWarps][kRows];
 
   wait_for_prior_grids();
@@ -637,7 +641,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   uint32_t next_lo[kTiles], next_hi[kTiles], next_pos[kTiles];
   constexpr int kAdvance = kDecodeWarps * kStep;
   const int64_t bt_bytes = bt_row.stride * (bt_row.is_int64 ? 8 : 4);  // between block-table columns
-  const uint32_t adv_blocks = kAdvance / p.T, adv_pos = kAdvance % p.T;
+  const uint32_t adv_blocks = L.block_size.div(kAdvance), adv_pos = kAdvance - adv_blocks * p.T;
   const uint8_t* bt_base = static_cast<const uint8_t*>(bt_row.ptr);
   uint32_t bt_at[kTiles], bt_pos[kTiles];  // byte offset of the entry (a row is below 4 GiB: small_pages)
 #pragma unroll
@@ -737,7 +741,9 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
         frexpf(mx, &e);
         // The exponent is clamped so that the factor stays finite for rows of subnormal size
         // (their logits are then below 2^-100 of the rest, as they should be).
-        qf_s[r] = mx > 0.0f && isfinite(mx) ? ldexpf(1.0f, min(14 - e, 126)) : 1.0f;
+        const int k = mx > 0.0f && isfinite(mx) ? min(14 - e, 126) : 0;
+        qf_s[r] = ldexpf(1.0f, k);
+        qi_s[r] = ldexpf(1.0f, -k);  // exact (k <= 126): a multiply, not a division, in kq
       }
     }
     __syncthreads();
@@ -755,7 +761,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
 #pragma unroll
     for (int n = 0; n < kN; ++n)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) kq[n][j] = kq0 / qf_s[8 * n + 2 * t + j] * (kCapped ? 1.0f : kLog2e);
+      for (int j = 0; j < 2; ++j) kq[n][j] = kq0 * qi_s[8 * n + 2 * t + j] * (kCapped ? 1.0f : kLog2e);
   };
 
   int64_t first[kN][2], last[kN][2];
@@ -767,12 +773,14 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
       row_range(L, r < R ? len : 0, r0 + r, first[n][j], last[n][j]);
     }
   // Tokens every real row attends to: [first_all, last_all]; a step inside it needs no mask.
-  int64_t first_all = 0, last_all = len - 1;
-  for (int r = 0; r < R; ++r) {
-    int64_t f, la;
-    row_range(L, len, r0 + r, f, la);
-    first_all = max64(first_all, f);
-    last_all = min64(last_all, la);
+  // The block's rows r0 .. r0 + R - 1 hold positions i0 .. i0 + R - 1, or every position where
+  // they wrap past q_len; the bounds come from the lowest and highest (pos_range grows with i).
+  int64_t first_all, last_all, unused;
+  {
+    const int32_t i0 = row_pos(L, r0).i, q_len = L.p.q_len;
+    const bool all = i0 + R > q_len;
+    pos_range(p, len, all ? q_len - 1 : i0 + R - 1, first_all, unused);
+    pos_range(p, len, all ? 0 : i0, unused, last_all);
   }
 
   PageOffsets kat, vat;  // this KV head's rows, group 0
@@ -1310,7 +1318,7 @@ cudaError_t launch_decode(DecodeLaunch& L, DecodeKernel kind, int device, cudaSt
                                  : decode_kernel<kDType, kD, kMaxRows>;
   for (int64_t b0 = 0; b0 < p.B; b0 += 65535) {
     L.b0 = b0;
-    const dim3 grid(static_cast<unsigned>(L.splits), static_cast<unsigned>(p.H * L.chunks),
+    const dim3 grid(static_cast<unsigned>(L.splits), static_cast<unsigned>(p.H * L.chunks.d),
                     static_cast<unsigned>(std::min<int64_t>(65535, p.B - b0)));
     cudaError_t err;
     if (kind == DecodeKernel::kMma) {
@@ -1388,8 +1396,8 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
                         : rows <= 2                ? 2
                         : rows <= 4                ? 4
                                                    : kMaxRows;  // as launch_decode
-  L.chunks = (rows + per_block - 1) / per_block;
-  L.cluster = decode_cluster_merge(kind, L.splits, int64_t{L.splits} * p.H * L.chunks * p.B, device_info(device));
+  L.chunks = FastDiv(static_cast<uint32_t>((rows + per_block - 1) / per_block));
+  L.cluster = decode_cluster_merge(kind, L.splits, int64_t{L.splits} * p.H * L.chunks.d * p.B, device_info(device));
   const cudaError_t err = p.dtype == DType::kFloat16 ? decode_dtype<DType::kFloat16>(L, kind, device, stream)
                                                      : decode_dtype<DType::kBFloat16>(L, kind, device, stream);
   if (err != cudaSuccess) *message = check_kernel_image(err);
