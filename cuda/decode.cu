@@ -37,7 +37,7 @@ struct DecodeLaunch {
   FastDiv block_size;      // T
   int64_t cols_per_split;  // block-table columns of one split
   int32_t splits;
-  FastDiv chunks;          // chunks of kRowsPerBlock query rows per KV head (grid y = head x chunk)
+  FastDiv chunks;          // chunks of kRowsPerBlock query rows per KV head (block_head)
   int64_t b0;              // first sequence of this launch
   bool q_vec;              // query rows 16-byte aligned (vector loads)
   bool cluster;            // the splits of a sequence are one thread-block cluster and merge there
@@ -79,6 +79,14 @@ struct QueryRow {
 __device__ __forceinline__ QueryRow query_row(const DecodeLaunch& L, int64_t b, int32_t h, int32_t rr) {
   const RowPos r = row_pos(L, rr);
   return {b * L.p.q_len + r.i, int64_t{h} * L.p.group + r.g};
+}
+
+// This block's KV head and chunk of query rows: grid y = head x chunk.
+__device__ __forceinline__ int32_t block_head(const DecodeLaunch& L) {
+  return static_cast<int32_t>(L.chunks.div(blockIdx.y));
+}
+__device__ __forceinline__ int32_t block_chunk(const DecodeLaunch& L, int32_t h) {
+  return static_cast<int32_t>(blockIdx.y - h * L.chunks.d);
 }
 
 // Weight of a partial softmax with maximum m in a merge whose maximum is M (0 for a partial that
@@ -231,8 +239,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   constexpr int kE = kD / 32;  // output elements per lane
   const DecodeParams& p = L.p;
   const int64_t b = L.b0 + blockIdx.z;
-  const int32_t h = static_cast<int32_t>(L.chunks.div(blockIdx.y));
-  const int32_t chunk = static_cast<int32_t>(blockIdx.y - h * L.chunks.d);
+  const int32_t h = block_head(L), chunk = block_chunk(L, h);
   const int32_t split = static_cast<int32_t>(blockIdx.x);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t rows_total = p.group * p.q_len;
@@ -608,8 +615,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   constexpr int kM = kD / 16;                     // mma tiles along the head dimension
   const DecodeParams& p = L.p;
   const int64_t b = L.b0 + blockIdx.z;
-  const int32_t h = static_cast<int32_t>(L.chunks.div(blockIdx.y));
-  const int32_t chunk = static_cast<int32_t>(blockIdx.y - h * L.chunks.d);
+  const int32_t h = block_head(L), chunk = block_chunk(L, h);
   const int32_t split = static_cast<int32_t>(blockIdx.x);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int32_t rows_total = p.group * p.q_len;
