@@ -534,6 +534,37 @@ template <int kN>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kN) : "memory");
 }
+// 16 bytes of shared memory, stored and loaded in program order (volatile: a value loaded this
+// way is neither recomputed by the compiler nor hoisted out of a loop). No other access needs
+// ordering against them: a thread reads back only what it stored.
+__device__ __forceinline__ void st_shared16(uint32_t a, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
+__device__ __forceinline__ uint4 ld_shared16(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint4 addr_pair(uint64_t x, uint64_t y) {
+  return make_uint4(static_cast<uint32_t>(x), static_cast<uint32_t>(x >> 32), static_cast<uint32_t>(y),
+                    static_cast<uint32_t>(y >> 32));
+}
+__device__ __forceinline__ uint64_t addr_of(uint32_t lo, uint32_t hi) { return (uint64_t{hi} << 32) | lo; }
+__device__ __forceinline__ uint64_t addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
+// A block-table entry: 8 bytes where `w64`, 4 (the low word) where `w32`, else nothing; read-only
+// path, predicated rather than branched around.
+__device__ __forceinline__ void load_entry(const void* at, bool w64, bool w32, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .pred p, q;\n setp.ne.u32 p, %2, 0;\n setp.ne.u32 q, %3, 0;\n"
+      " @p ld.global.nc.v2.u32 {%0, %1}, [%4];\n @q ld.global.nc.u32 %0, [%4];\n}"
+      : "+r"(lo), "+r"(hi)
+      : "r"(static_cast<uint32_t>(w64)), "r"(static_cast<uint32_t>(w32)), "l"(at));
+}
+// base + page * stride + off as a pointer: a 32 x 32 -> 64-bit multiply-add, no 64-bit multiply.
+__device__ __forceinline__ const uint8_t* page_at(uint64_t base, uint32_t page, uint32_t stride, uint32_t off) {
+  uint64_t r;
+  asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(r) : "r"(page), "r"(stride), "l"(base));
+  return reinterpret_cast<const uint8_t*>(r + off);
+}
 
 // One warp's stage in shared memory: the K and V code rows and scale bytes of kTiles tiles of 16
 // tokens. Row strides are chosen so that the lanes' reads hit distinct banks: a K row of 64 bytes
@@ -586,12 +617,19 @@ template <int kD, int kTiles>
 __host__ __device__ constexpr size_t mma_warp_bytes() {  // one warp's stages
   return size_t{kMmaStages} * MmaStage<kD, kTiles>::kBytes;
 }
+// Each thread's copy constants, 32 bytes, kept in shared memory where the registers are capped at
+// 128 (D <= 128; decode_mma_kernel's issue).
+template <int kD>
+__host__ __device__ constexpr bool mma_lane_smem() {
+  return kD <= 128;
+}
 template <int kD, int kTiles, int kN>
 __host__ __device__ constexpr size_t mma_smem_bytes() {
   static_assert(size_t{kMmaRowsPerTile} * kN * mma_out_row<kD>() * 4 <= mma_warp_bytes<kD, kTiles>(),
                 "a warp's outputs fit its stages");
   return mma_query_bytes<kD, kN>() + kDecodeWarps * mma_warp_bytes<kD, kTiles>() +
-         size_t{kMmaRowsPerTile} * kN * decode_partial_floats(kD) * 4;
+         size_t{kMmaRowsPerTile} * kN * decode_partial_floats(kD) * 4 +
+         (mma_lane_smem<kD>() ? 32 * kDecodeThreads : 0);
 }
 
 // Blocks per SM that the kernel's registers must allow: 4 with one n-tile at D <= 128 (16
@@ -661,17 +699,13 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   const auto prefetch = [&](int32_t left) {
 #pragma unroll
     for (int u = 0; u < kTiles; ++u) {
-      next_lo[u] = next_hi[u] = 0xFFFFFFFFu;  // -1: no page
+      // Predicated loads, no branch: -1 (no page) where nothing is loaded; an int32 entry's high
+      // word is 0 (a negative entry is >= 2^31 > N as unsigned).
+      const bool load = left > 16 * u;
+      next_lo[u] = 0xFFFFFFFFu;
+      next_hi[u] = load && !bt_row.is_int64 ? 0u : 0xFFFFFFFFu;
       next_pos[u] = bt_pos[u];
-      if (left > 16 * u) {
-        if (bt_row.is_int64) {
-          const uint2 w = __ldg(reinterpret_cast<const uint2*>(bt_base + bt_at[u]));
-          next_lo[u] = w.x, next_hi[u] = w.y;
-        } else {
-          next_lo[u] = __ldg(reinterpret_cast<const uint32_t*>(bt_base + bt_at[u]));
-          next_hi[u] = 0u;  // a negative entry is >= 2^31 > N as unsigned
-        }
-      }
+      load_entry(bt_base + bt_at[u], load && bt_row.is_int64, load && !bt_row.is_int64, next_lo[u], next_hi[u]);
       bt_pos[u] += adv_pos;
       bt_at[u] += adv_blocks * static_cast<uint32_t>(bt_bytes);
       if (bt_pos[u] >= static_cast<uint32_t>(p.T)) {
@@ -743,13 +777,13 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
 #pragma unroll
       for (int o = kD / 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
       if (idx < kQChunks && d == 0) {
-        int e = 0;
-        frexpf(mx, &e);
-        // The exponent is clamped so that the factor stays finite for rows of subnormal size
-        // (their logits are then below 2^-100 of the rest, as they should be).
-        const int k = mx > 0.0f && isfinite(mx) ? min(14 - e, 126) : 0;
-        qf_s[r] = ldexpf(1.0f, k);
-        qi_s[r] = ldexpf(1.0f, -k);  // exact (k <= 126): a multiply, not a division, in kq
+        // k = 14 - e for mx = m 2^e, m in [0.5, 1), from the exponent field E (e = E - 126),
+        // clamped so that the factor stays finite for rows of subnormal size (E 0: their logits
+        // are then below 2^-100 of the rest, as they should be); 0 for a zero, infinite or NaN row.
+        const uint32_t bits = __float_as_uint(mx), E = bits >> 23;  // mx >= 0 or NaN
+        const int k = bits == 0u || E >= 255u ? 0 : min(140 - static_cast<int>(E), 126);
+        qf_s[r] = __uint_as_float(static_cast<uint32_t>(127 + k) << 23);  // 2^k, k in [-114, 126]
+        qi_s[r] = __uint_as_float(static_cast<uint32_t>(127 - k) << 23);  // 2^-k: kq's multiply
       }
     }
     __syncthreads();
@@ -818,15 +852,15 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
 
   // The lane's share of a tile's code rows: 16-byte chunk `ch` of rows e_l + i * kRowStep
   // (i < kPerLane), at page-relative offsets that move by a constant per row (K and V have the
-  // same geometry: one data_pos).
+  // same geometry: one data_pos). Each copy instruction of the warp reads whole rows, 32
+  // neighbouring chunks where rows are contiguous.
   constexpr int kChunks = kD / 32;         // 16-byte chunks of a code row
   constexpr int kRowStep = 32 / kChunks;   // rows between a lane's chunks
   constexpr int kPerLane = 16 / kRowStep;  // chunks of a lane per tile and side
   const int ch = lane % kChunks, e_l = lane / kChunks;
-  const uint32_t k_src = kat.data0 + e_l * kat.data_pos + 16 * ch, v_src = vat.data0 + e_l * vat.data_pos + 16 * ch;
-  const uint32_t data_pos = kat.data_pos, row_step = kRowStep * data_pos;
-  const uint32_t k_dst = stages + St::kK + e_l * St::kKRow + 16 * ch;
-  const uint32_t v_dst = stages + St::kV + e_l * St::kVRow + 16 * ch;
+  const uint32_t lane_src = e_l * kat.data_pos + 16 * ch;
+  const uint64_t k_from = addr(p.k.base) + kat.data0 + lane_src;
+  const uint32_t k_dst = stages + St::kK + e_l * St::kKRow + 16 * ch;  // V: at St::kV, rows of kVRow
   // Scale bytes: one copy instruction for both sides, K on lanes 0-15 and V on 16-31, kS bytes
   // each. A tile's (pos0 % 16 == 0) K scales, linear, are kS bytes per token at a stride of
   // scale_pos; its interleaved V scales are one run of 16 kS bytes (FORMAT.md §4: blocks of 4
@@ -839,9 +873,29 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   const uint32_t s_src = (k_lane ? kat : vat).scale0 + e_s * s_step;
   const int s_tok = k_lane || !vat.interleaved ? e_s : e_s & ~3;  // the token whose existence decides the copy
   const uint32_t s_dst = stages + (k_lane ? St::kKs : St::kVs) + e_s * St::kS;
-  const uint8_t* s_base = k_lane ? p.k.base : p.v.base;
-  const uint32_t s_page = static_cast<uint32_t>(k_lane ? p.k.page_stride : p.v.page_stride);
+  const uint64_t s_from = addr(k_lane ? p.k.base : p.v.base) + s_src;
+  // Each issue reads these lane constants back from shared memory (two 16-byte loads), where
+  // the compiler otherwise recomputed them from the thread index in every step, for want of
+  // registers through the compute (design notes: "the copies' lane constants"). V's addresses
+  // are K's plus a block constant (the same data_pos on both sides), the scales' stride and
+  // page stride the K or V side's.
+  constexpr uint32_t kLaneAt = kPartAt + static_cast<uint32_t>(kMmaRowsPerTile * kN * decode_partial_floats(kD) * 4);
+  const uint32_t lane_c = smem_u32(smem) + kLaneAt + 16 * threadIdx.x;
+  constexpr uint32_t kLaneStride = 16 * kDecodeThreads;
+  const uint4 lane0 = addr_pair(k_from, s_from);
+  const uint4 lane1 = make_uint4(k_dst, s_dst, static_cast<uint32_t>(e_l), static_cast<uint32_t>(s_tok));
+  // D 256 has registers to spare and one block of 4 warps per SM, where the loads' latency at
+  // every step is not hidden: it keeps them in registers.
+  constexpr bool kLaneSmem = mma_lane_smem<kD>();
+  if constexpr (kLaneSmem) {
+    st_shared16(lane_c, lane0);
+    st_shared16(lane_c + kLaneStride, lane1);
+  }
+  const uint64_t v_delta = (addr(p.v.base) + vat.data0) - (addr(p.k.base) + kat.data0);  // modulo 2^64
+  const uint32_t ks_step = kat.scale_pos, vs_step = vat.interleaved ? St::kS : vat.scale_pos;
   const uint32_t k_page = static_cast<uint32_t>(p.k.page_stride), v_page = static_cast<uint32_t>(p.v.page_stride);
+  const uint32_t data_pos = kat.data_pos;
+  const uint64_t row_step = uint64_t{kRowStep} * data_pos;
 
   // Starts the copies of step n into stage st; tokens past the end of the split or in a masked
   // page are filled with zeros, never read. Then loads the block-table entries of step n + 1.
@@ -849,10 +903,17 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   // (select_decode_kernel): 32-bit products and counts.
   int32_t togo = static_cast<int32_t>(hi - first_s0);  // tokens from the issued step's first to the end
   const uint32_t n_pages = static_cast<uint32_t>(p.N);
-  const auto issue = [&](int st) {
+  // The first issue takes the lane constants as computed (no store and load on the setup's
+  // chain); the loop's read them back.
+  const auto issue = [&](int st, const uint4 c0, const uint4 c1) {
     const int32_t rem = min(togo, kStep);  // tokens of the step that exist
     togo -= kAdvance;
     const uint32_t at = st * St::kBytes;
+    const uint64_t k_base = addr_of(c0.x, c0.y), v_base = k_base + v_delta, s_base = addr_of(c0.z, c0.w);
+    const uint32_t kd = c1.x + at, sd = c1.y + at, row = c1.z, stok = c1.w;
+    const uint32_t vd = kd + (St::kV - St::kK) + row * (St::kVRow - St::kKRow);
+    const bool k_scales = row < 16u / kChunks;  // lanes 0-15 copy the K scales
+    const uint32_t s_page = k_scales ? k_page : v_page, s_step = k_scales ? ks_step : vs_step;
     uint32_t vbits = 0;
 #pragma unroll
     for (int u = 0; u < kTiles; ++u) {
@@ -860,19 +921,16 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
       vbits |= ok_page ? 1u << u : 0u;
       const int32_t n_ok = ok_page ? min(max(rem - 16 * u, 0), 16) : 0;
       const uint32_t page = ok_page ? next_lo[u] : 0u;
-      const uint8_t* kpg = p.k.base + uint64_t{page} * k_page;
-      const uint8_t* vpg = p.v.base + uint64_t{page} * v_page;
       const uint32_t pos0 = next_pos[u];
-      const uint32_t rows = pos0 * data_pos;
+      const uint8_t* kp = page_at(k_base, page, k_page, pos0 * data_pos);
+      const uint8_t* vp = page_at(v_base, page, v_page, pos0 * data_pos);
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
-        const bool ok = e_l + kRowStep * i < n_ok;
-        const uint32_t off = rows + i * row_step;
-        cp_async<16>(k_dst + at + (16 * u + kRowStep * i) * St::kKRow, kpg + k_src + off, ok);
-        cp_async<16>(v_dst + at + (16 * u + kRowStep * i) * St::kVRow, vpg + v_src + off, ok);
+        const bool ok = static_cast<int32_t>(row) + kRowStep * i < n_ok;
+        cp_async<16>(kd + (16 * u + kRowStep * i) * St::kKRow, kp + i * row_step, ok);
+        cp_async<16>(vd + (16 * u + kRowStep * i) * St::kVRow, vp + i * row_step, ok);
       }
-      cp_async<St::kS>(s_dst + at + 16 * u * St::kS, s_base + uint64_t{page} * s_page + s_src + pos0 * s_step,
-                       s_tok < n_ok);
+      cp_async<St::kS>(sd + 16 * u * St::kS, page_at(s_base, page, s_page, pos0 * s_step), static_cast<int32_t>(stok) < n_ok);
     }
     const uint32_t mask = ((1u << kTiles) - 1u) << (st * kTiles);
     valid = (valid & ~mask) | (vbits << (st * kTiles));
@@ -1149,11 +1207,16 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   const int32_t n0 = static_cast<int32_t>(max64(n0_full, 0));
   const int32_t n1 = static_cast<int32_t>(max64(min64(n1_full, nsteps), 0));
   const int32_t steps = static_cast<int32_t>(nsteps);
-  if (steps > 0) issue(0);
+  if (steps > 0) issue(0, lane0, lane1);
   cp_async_commit();
   build_query();
   for (int32_t i = 1; i < steps + kMmaStages - 1; ++i) {
-    if (i < steps) issue(i % kMmaStages);
+    if (i < steps) {
+      if constexpr (kLaneSmem)
+        issue(i % kMmaStages, ld_shared16(lane_c), ld_shared16(lane_c + kLaneStride));
+      else
+        issue(i % kMmaStages, lane0, lane1);
+    }
     cp_async_commit();  // possibly empty: the wait below counts groups
     const int32_t n = i - (kMmaStages - 1);
     if (n < 0) continue;
