@@ -5,6 +5,11 @@ Usage: cuobjdump --dump-sass -arch sm_90 lib.so | python3 tools/sass_stats.py SU
 Prints the opcode histogram of the first function whose mangled name contains SUBSTRING and of
 its innermost loop (the span between the last backward branch and its target), and writes the
 function's SASS to OUT if given.
+
+For the decode reader (SUBSTRING e.g. decode_mma_kernelILi128ELi2ELi1ELb0) it also prints its step
+loop (the shortest loop that holds both an mma and the copies' LDGDEPBAR: full and partial steps
+together) and the copies' issue, from the loop's head to that LDGDEPBAR (design notes: "the
+copies' lane constants").
 """
 import collections
 import re
@@ -33,3 +38,14 @@ if loops:
     inner = [o for x, o in zip(addr, ops) if lo <= x <= hi]
     print(f"  loop 0x{lo:x}..0x{hi:x}: {len(inner)} instructions")
     print("  loop:", collections.Counter(inner).most_common(25))
+steps = []
+for (a, _, op, rest) in ins:
+    m = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+    if m and int(m.group(1), 16) < int(a, 16):
+        lo, hi = int(m.group(1), 16), int(a, 16)
+        span = [o for x, o in zip(addr, ops) if lo <= x <= hi]
+        if "HMMA" in span and "LDGDEPBAR" in span[1:]:
+            steps.append((len(span), lo, hi, span))
+if steps:
+    n, lo, hi, span = min(steps)
+    print(f"  step loop 0x{lo:x}..0x{hi:x}: {n} instructions; issue (head to LDGDEPBAR): {span.index('LDGDEPBAR') + 1}")
