@@ -617,19 +617,27 @@ template <int kD, int kTiles>
 __host__ __device__ constexpr size_t mma_warp_bytes() {  // one warp's stages
   return size_t{kMmaStages} * MmaStage<kD, kTiles>::kBytes;
 }
-// Each thread's copy constants, 32 bytes, kept in shared memory where the registers are capped at
-// 128 (D <= 128; decode_mma_kernel's issue).
+template <int kD, int kN>
+__host__ __device__ constexpr size_t mma_part_bytes() {  // the block's partial where splits merge in a cluster
+  return size_t{kMmaRowsPerTile} * kN * decode_partial_floats(kD) * 4;
+}
+// Each thread's copy constants, two 16-byte words, kept in shared memory where the registers are
+// capped at 128 (D <= 128; decode_mma_kernel's issue).
 template <int kD>
 __host__ __device__ constexpr bool mma_lane_smem() {
   return kD <= 128;
 }
+template <int kD>
+__host__ __device__ constexpr size_t mma_lane_bytes() {
+  return mma_lane_smem<kD>() ? 2 * 16 * kDecodeThreads : 0;
+}
+// Shared memory of a block: query rows, the warps' stages, the cluster partial, the lane constants.
 template <int kD, int kTiles, int kN>
 __host__ __device__ constexpr size_t mma_smem_bytes() {
   static_assert(size_t{kMmaRowsPerTile} * kN * mma_out_row<kD>() * 4 <= mma_warp_bytes<kD, kTiles>(),
                 "a warp's outputs fit its stages");
-  return mma_query_bytes<kD, kN>() + kDecodeWarps * mma_warp_bytes<kD, kTiles>() +
-         size_t{kMmaRowsPerTile} * kN * decode_partial_floats(kD) * 4 +
-         (mma_lane_smem<kD>() ? 32 * kDecodeThreads : 0);
+  return mma_query_bytes<kD, kN>() + kDecodeWarps * mma_warp_bytes<kD, kTiles>() + mma_part_bytes<kD, kN>() +
+         mma_lane_bytes<kD>();
 }
 
 // Blocks per SM that the kernel's registers must allow: 4 with one n-tile at D <= 128 (16
@@ -840,11 +848,12 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     for (int i = 0; i < kM; ++i) o[n][i][0] = o[n][i][1] = o[n][i][2] = o[n][i][3] = 0.0f;
   }
 
-  // Where the warps' stages start (after the query rows), and where the cluster partial does
-  // (after every warp's stages): mma_smem_bytes' layout.
+  // Where the warps' stages start (after the query rows), the cluster partial (after every
+  // warp's stages) and the lane constants (after it): mma_smem_bytes' layout.
   constexpr uint32_t kStagesAt = static_cast<uint32_t>(mma_query_bytes<kD, kN>());
   constexpr uint32_t kWarpBytes = static_cast<uint32_t>(mma_warp_bytes<kD, kTiles>());
   constexpr uint32_t kPartAt = kStagesAt + kDecodeWarps * kWarpBytes;
+  constexpr uint32_t kLaneAt = kPartAt + static_cast<uint32_t>(mma_part_bytes<kD, kN>());
   const uint32_t stages = smem_u32(smem) + kStagesAt + warp * kWarpBytes;
   const uint8_t* stages_p = smem + kStagesAt + warp * kWarpBytes;
   const int64_t nsteps = hi > first_s0 ? (hi - first_s0 + kDecodeWarps * kStep - 1) / (kDecodeWarps * kStep) : 0;
@@ -879,7 +888,6 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   // registers through the compute (design notes: "the copies' lane constants"). V's addresses
   // are K's plus a block constant (the same data_pos on both sides), the scales' stride and
   // page stride the K or V side's.
-  constexpr uint32_t kLaneAt = kPartAt + static_cast<uint32_t>(kMmaRowsPerTile * kN * decode_partial_floats(kD) * 4);
   const uint32_t lane_c = smem_u32(smem) + kLaneAt + 16 * threadIdx.x;
   constexpr uint32_t kLaneStride = 16 * kDecodeThreads;
   const uint4 lane0 = addr_pair(k_from, s_from);
