@@ -1285,20 +1285,27 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
 }
 
 // Merges the splits of one (row, query head). The (max, denominator) of every split are loaded
-// at once (thread s takes split s); then kCombineGroups threads per output element each sum a
-// fixed residue class of the splits (s = q mod kCombineGroups, in increasing order) with all of
-// their loads in flight, and the groups are added in group order: the same bits on every run. A
-// loop that waits for one load per split costs a cache latency per split (about 30 us at 64
-// splits, measured on the H200); 8 loads in flight per thread still took 8 latencies at 64.
-constexpr int kCombineGroups = 4;
+// at once (thread s takes split s) and reduced by warp shuffles in a fixed order; kCombineGroups
+// threads per output element each sum a fixed residue class of the splits (s = q mod
+// kCombineGroups, in increasing order) with all of their loads in flight, and the groups are
+// added in group order: the same bits on every run. A loop that waits for one load per split
+// costs a cache latency per split (about 30 us at 64 splits, measured on the H200); the chain
+// from the reader's end to the output is what this kernel's time is (design notes: "the split
+// merge's chain").
+constexpr int kCombineGroups = 2;
 
 template <DType kDType, int kD>
 __global__ void __launch_bounds__(kD * kCombineGroups) decode_combine_kernel(const __grid_constant__ DecodeLaunch L) {
-  static_assert(kD * kCombineGroups >= kDecodeMaxSplits, "one thread per split for the maxima");
+  static_assert(kD * kCombineGroups >= kDecodeMaxSplits && kDecodeMaxSplits % 32 == 0, "whole warps of splits");
   constexpr int kPerGroup = kDecodeMaxSplits / kCombineGroups;
+  constexpr int kSplitWarps = kDecodeMaxSplits / 32;
   const DecodeParams& p = L.p;
-  __shared__ float m_s[kDecodeMaxSplits], l_s[kDecodeMaxSplits], c_s[kDecodeMaxSplits];
+  __shared__ float c_s[kDecodeMaxSplits], max_s[kSplitWarps], sum_s[kSplitWarps];
   __shared__ float o_s[kCombineGroups][kD];
+  // The value scale is read before the wait: the reader, the only grid this one can overlap,
+  // does not write it, and every grid before the reader has completed once this one starts (the
+  // reader's blocks allow it only after their own wait).
+  const float vscale = read_scale(p.v_scale);
   wait_for_prior_grids();
   allow_next_grids();
   const int64_t Hq = int64_t{p.H} * p.group;
@@ -1306,23 +1313,35 @@ __global__ void __launch_bounds__(kD * kCombineGroups) decode_combine_kernel(con
   const int64_t row = unit / Hq, hq = unit % Hq;
   constexpr int kPart = decode_partial_floats(kD);
   const float* part = p.workspace + unit * L.splits * kPart;
-  const int tid = threadIdx.x, q = tid / kD, d = tid % kD;
+  const int tid = threadIdx.x, q = tid / kD, d = tid % kD, lane = tid % 32;
   const int splits = L.splits;
-  if (tid < kDecodeMaxSplits) {
-    m_s[tid] = tid < splits ? part[tid * kPart] : -INFINITY;
-    l_s[tid] = tid < splits ? part[tid * kPart + 1] : 0.0f;
-  }
+  const bool has_split = tid < splits;  // threads below kDecodeMaxSplits: split tid
+  const float m = has_split ? part[tid * kPart] : -INFINITY;
+  const float l = has_split ? part[tid * kPart + 1] : 0.0f;
   float v[kPerGroup];  // loaded with the maxima: one cache latency, not two
 #pragma unroll
   for (int k = 0; k < kPerGroup; ++k) {
     const int s = q + kCombineGroups * k;
     v[k] = s < splits ? part[s * kPart + 2 + d] : 0.0f;
   }
+  float M = m;
+  if (tid < kDecodeMaxSplits) {
+#pragma unroll
+    for (int o_ = 1; o_ < 32; o_ <<= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o_));
+    if (lane == 0) max_s[tid / 32] = M;
+  }
   __syncthreads();
-  float M = -INFINITY;
-#pragma unroll 16
-  for (int s = 0; s < kDecodeMaxSplits; ++s) M = fmaxf(M, m_s[s]);
-  if (tid < kDecodeMaxSplits) c_s[tid] = merge_weight(m_s[tid], M);
+  M = max_s[0];
+#pragma unroll
+  for (int w = 1; w < kSplitWarps; ++w) M = fmaxf(M, max_s[w]);
+  if (tid < kDecodeMaxSplits) {
+    const float c = merge_weight(m, M);
+    c_s[tid] = c;
+    float sum = l * c;
+#pragma unroll
+    for (int o_ = 16; o_ > 0; o_ >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o_);
+    if (lane == 0) sum_s[tid / 32] = sum;
+  }
   __syncthreads();
   float o = 0.0f;
 #pragma unroll
@@ -1337,8 +1356,9 @@ __global__ void __launch_bounds__(kD * kCombineGroups) decode_combine_kernel(con
 #pragma unroll
   for (int g = 0; g < kCombineGroups; ++g) o += o_s[g][d];
   float lsum = 0.0f;
-  for (int s = 0; s < splits; ++s) lsum += l_s[s] * c_s[s];
-  store_result<kDType>(p, row, hq, d, o, lsum, M, read_scale(p.v_scale));
+#pragma unroll
+  for (int w = 0; w < kSplitWarps; ++w) lsum += sum_s[w];
+  store_result<kDType>(p, row, hq, d, o, lsum, M, vscale);
 }
 
 // n-tiles of query rows per block of the tensor-core reader: two where a block has more than 8

@@ -95,10 +95,10 @@ rep('''    if (L.cluster) merge_cluster<DType::kBFloat16, kD>(L, b, h, r0, R, sp
 #endif
 }
 ''')
-rep('''  __shared__ float o_s[kCombineGroups][kD];
+rep('''  const float vscale = read_scale(p.v_scale);
   wait_for_prior_grids();
   allow_next_grids();
-''', '''  __shared__ float o_s[kCombineGroups][kD];
+''', '''  const float vscale = read_scale(p.v_scale);
 #ifdef NVFP4KV_DECODE_TIMELINE
   const unsigned long long c0 = gtimer();
 #endif
@@ -108,9 +108,9 @@ rep('''  __shared__ float o_s[kCombineGroups][kD];
   const unsigned long long c1 = gtimer();
 #endif
 ''')
-rep('''  store_result<kDType>(p, row, hq, d, o, lsum, M, read_scale(p.v_scale));
+rep('''  store_result<kDType>(p, row, hq, d, o, lsum, M, vscale);
 }
-''', '''  store_result<kDType>(p, row, hq, d, o, lsum, M, read_scale(p.v_scale));
+''', '''  store_result<kDType>(p, row, hq, d, o, lsum, M, vscale);
 #ifdef NVFP4KV_DECODE_TIMELINE
   if (d == 0 && blockIdx.x < 8192) g_tl_comb[blockIdx.x][0] = c0, g_tl_comb[blockIdx.x][1] = c1, g_tl_comb[blockIdx.x][2] = gtimer();
 #endif
