@@ -878,7 +878,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   // end); a linear row only where its token exists.
   const int e_s = lane & 15;
   const bool k_lane = lane < 16;
-  const uint32_t s_step = k_lane || !vat.interleaved ? (k_lane ? kat : vat).scale_pos : St::kS;  // bytes per token
+  const uint32_t ks_step = kat.scale_pos, vs_step = vat.interleaved ? St::kS : vat.scale_pos;  // bytes per token
+  const uint32_t s_step = k_lane ? ks_step : vs_step;
   const uint32_t s_src = (k_lane ? kat : vat).scale0 + e_s * s_step;
   const int s_tok = k_lane || !vat.interleaved ? e_s : e_s & ~3;  // the token whose existence decides the copy
   const uint32_t s_dst = stages + (k_lane ? St::kKs : St::kVs) + e_s * St::kS;
@@ -900,7 +901,6 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     st_shared16(lane_c + kLaneStride, lane1);
   }
   const uint64_t v_delta = (addr(p.v.base) + vat.data0) - (addr(p.k.base) + kat.data0);  // modulo 2^64
-  const uint32_t ks_step = kat.scale_pos, vs_step = vat.interleaved ? St::kS : vat.scale_pos;
   const uint32_t k_page = static_cast<uint32_t>(p.k.page_stride), v_page = static_cast<uint32_t>(p.v.page_stride);
   const uint32_t data_pos = kat.data_pos;
   const uint64_t row_step = uint64_t{kRowStep} * data_pos;
@@ -1401,7 +1401,11 @@ cudaError_t launch_mma(DecodeLaunch& L, dim3 grid, int device, cudaStream_t stre
   constexpr size_t smem = mma_smem_bytes<kD, kTiles, kN>();
   const cudaError_t err = allow_shared_memory<kernel, smem>(device);
   if (err != cudaSuccess) return err;
-  if (L.cluster && !cluster_fits<kernel, smem>(device, L.splits)) L.cluster = false;  // launch_decode then combines
+  // The splits merge in their cluster where the plan says so and the device can hold such a
+  // cluster; otherwise launch_decode launches the second kernel.
+  const int64_t blocks = int64_t{L.splits} * L.p.H * L.chunks.d * L.p.B;
+  L.cluster = decode_cluster_merge(DecodeKernel::kMma, L.splits, blocks, device_info(device)) &&
+              cluster_fits<kernel, smem>(device, L.splits);
   return launch_pdl(kernel, grid, dim3(kDecodeThreads), device, stream, L, smem, L.cluster ? L.splits : 1);
 }
 
@@ -1494,7 +1498,7 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
                         : rows <= 4                ? 4
                                                    : kMaxRows;  // as launch_decode
   L.chunks = FastDiv(static_cast<uint32_t>((rows + per_block - 1) / per_block));
-  L.cluster = decode_cluster_merge(kind, L.splits, int64_t{L.splits} * p.H * L.chunks.d * p.B, device_info(device));
+  L.cluster = false;  // the tensor-core reader's launch decides (launch_mma)
   const cudaError_t err = p.dtype == DType::kFloat16 ? decode_dtype<DType::kFloat16>(L, kind, device, stream)
                                                      : decode_dtype<DType::kBFloat16>(L, kind, device, stream);
   if (err != cudaSuccess) *message = check_kernel_image(err);
