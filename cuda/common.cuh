@@ -236,7 +236,8 @@ const char* check_kernel_image(cudaError_t err);
 // that it may start while the kernel before it in the stream finishes, and lets the kernel after
 // it start early. A kernel does only parameter arithmetic before wait_for_prior_grids() (which
 // returns once every earlier grid of the stream has completed and its writes are visible, or at
-// once when launched without the attribute), and calls allow_next_grids() once its own blocks
+// once when launched without the attribute; one exception, decode_combine_kernel, reads a global
+// scale there and says why it may), and calls allow_next_grids() once its own blocks
 // are all resident: a grid launched after it with the attribute may then be scheduled, and it
 // waits in turn before touching memory. Kernels launched without the attribute (torch's, most
 // attention kernels) are serialized as usual. Inside a CUDA graph the same holds through

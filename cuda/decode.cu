@@ -919,7 +919,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     const uint32_t at = st * St::kBytes;
     const uint64_t k_base = addr_of(c0.x, c0.y), v_base = k_base + v_delta, s_base = addr_of(c0.z, c0.w);
     const uint32_t kd = c1.x + at, sd = c1.y + at, row = c1.z, stok = c1.w;
-    const uint32_t vd = kd + (St::kV - St::kK) + row * (St::kVRow - St::kKRow);
+    const uint32_t vd = kd + (St::kV - St::kK) + row * static_cast<uint32_t>(St::kVRow - St::kKRow);  // modulo 2^32
     const bool k_scales = row < 16u / kChunks;  // lanes 0-15 copy the K scales
     const uint32_t s_page = k_scales ? k_page : v_page, s_step = k_scales ? ks_step : vs_step;
     uint32_t vbits = 0;
