@@ -61,14 +61,16 @@ __device__ __forceinline__ RowPos row_pos(const DecodeLaunch& L, int32_t rr) {
 // The token range [first, last] that a query row at position i of a sequence of length len
 // attends: causal at the end of the sequence (last = len - q_len + i), window_left tokens back at
 // most; last is -1 (nothing) for an empty sequence. Both grow with i.
-__device__ __forceinline__ void pos_range(const DecodeParams& p, int64_t len, int32_t i, int64_t& first,
-                                          int64_t& last) {
-  last = len > 0 ? len - p.q_len + i : -1;
-  first = p.window_left >= 0 ? max64(0, last - p.window_left) : 0;
+__device__ __forceinline__ int64_t pos_last(const DecodeParams& p, int64_t len, int32_t i) {
+  return len > 0 ? len - p.q_len + i : -1;
+}
+__device__ __forceinline__ int64_t pos_first(const DecodeParams& p, int64_t last) {
+  return p.window_left >= 0 ? max64(0, last - p.window_left) : 0;
 }
 __device__ __forceinline__ void row_range(const DecodeLaunch& L, int64_t len, int32_t rr, int64_t& first,
                                           int64_t& last) {
-  pos_range(L.p, len, row_pos(L, rr).i, first, last);
+  last = pos_last(L.p, len, row_pos(L, rr).i);
+  first = pos_first(L.p, last);
 }
 
 // Query row rr of KV head h of sequence b: its row of query, out and lse (b * q_len + i) and its
@@ -822,13 +824,13 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     }
   // Tokens every real row attends to: [first_all, last_all]; a step inside it needs no mask.
   // The block's rows r0 .. r0 + R - 1 hold positions i0 .. i0 + R - 1, or every position where
-  // they wrap past q_len; the bounds come from the lowest and highest (pos_range grows with i).
-  int64_t first_all, last_all, unused;
+  // they wrap past q_len; the bounds come from the lowest and highest (a row's range grows with i).
+  int64_t first_all, last_all;
   {
     const int32_t i0 = row_pos(L, r0).i, q_len = L.p.q_len;
     const bool all = i0 + R > q_len;
-    pos_range(p, len, all ? q_len - 1 : i0 + R - 1, first_all, unused);
-    pos_range(p, len, all ? 0 : i0, unused, last_all);
+    first_all = pos_first(p, pos_last(p, len, all ? q_len - 1 : i0 + R - 1));
+    last_all = pos_last(p, len, all ? 0 : i0);
   }
 
   PageOffsets kat, vat;  // this KV head's rows, group 0
@@ -1049,23 +1051,10 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
             slow |= !(d <= kSlack);  // also NaN: -inf - -inf, a NaN logit
             pr[u][n][2 * a + j] = d;
           }
-    if (!__any_sync(0xffffffffu, slow)) {
-#pragma unroll
-      for (int n = 0; n < kN; ++n)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          float sum = 0.0f;
-#pragma unroll
-          for (int u = 0; u < kTiles; ++u)
-#pragma unroll
-            for (int a = 0; a < 2; ++a) {
-              const float e = exp2_ftz(pr[u][n][2 * a + j]);
-              pr[u][n][2 * a + j] = e;
-              sum += e;
-            }
-          l[n][j] += sum;
-        }
-    } else {
+    // A step that breaks the slack first moves each row's maximum to the step's, as the classic
+    // online softmax does, and rescales what the row has summed; then every step takes its
+    // exponentials against m as it stands.
+    if (__any_sync(0xffffffffu, slow)) {
       float corr[kN][2];
       bool moved = false;
 #pragma unroll
@@ -1080,19 +1069,14 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
 #pragma unroll
           for (int o_ = 4; o_ < 32; o_ <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o_));
           const float m_new = fmaxf(m[n][j], mx);
-          const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+          const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row that has seen nothing: p = 0
           corr[n][j] = exp2_ftz(m[n][j] - m_use);
           moved |= m_new != m[n][j];
-          float sum = 0.0f;
 #pragma unroll
           for (int u = 0; u < kTiles; ++u)
 #pragma unroll
-            for (int a = 0; a < 2; ++a) {
-              const float e = exp2_ftz(sc[u][n][2 * a + j] - m_use);
-              pr[u][n][2 * a + j] = e;
-              sum += e;
-            }
-          l[n][j] = l[n][j] * corr[n][j] + sum;
+            for (int a = 0; a < 2; ++a) pr[u][n][2 * a + j] = sc[u][n][2 * a + j] - m_use;
+          l[n][j] *= corr[n][j];
           m[n][j] = m_new;
         }
       // A step that moved no row's maximum (a NaN, rows that have seen nothing) rescales nothing.
@@ -1108,6 +1092,21 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
           }
       }
     }
+#pragma unroll
+    for (int n = 0; n < kN; ++n)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int u = 0; u < kTiles; ++u)
+#pragma unroll
+          for (int a = 0; a < 2; ++a) {
+            const float e = exp2_ftz(pr[u][n][2 * a + j]);
+            pr[u][n][2 * a + j] = e;
+            sum += e;
+          }
+        l[n][j] += sum;
+      }
 
     // Output: O^T[element][row] += V^T P^T per tile.
 #pragma unroll
@@ -1402,7 +1401,9 @@ cudaError_t launch_mma(DecodeLaunch& L, dim3 grid, int device, cudaStream_t stre
   const cudaError_t err = allow_shared_memory<kernel, smem>(device);
   if (err != cudaSuccess) return err;
   // The splits merge in their cluster where the plan says so and the device can hold such a
-  // cluster; otherwise launch_decode launches the second kernel.
+  // cluster; otherwise launch_decode launches the second kernel. The plan counts the blocks of
+  // the whole call, not of this launch's 65535 sequences: every launch of a call must decide
+  // alike, since the second kernel runs once for all of them.
   const int64_t blocks = int64_t{L.splits} * L.p.H * L.chunks.d * L.p.B;
   L.cluster = decode_cluster_merge(DecodeKernel::kMma, L.splits, blocks, device_info(device)) &&
               cluster_fits<kernel, smem>(device, L.splits);
