@@ -1051,9 +1051,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
             slow |= !(d <= kSlack);  // also NaN: -inf - -inf, a NaN logit
             pr[u][n][2 * a + j] = d;
           }
-    // A step that breaks the slack first moves each row's maximum to the step's, as the classic
-    // online softmax does, and rescales what the row has summed; then every step takes its
-    // exponentials against m as it stands.
+    // A step that breaks the slack first moves each row's maximum and rescales what the row has
+    // summed; then both kinds of step take their exponentials against m as it stands.
     if (__any_sync(0xffffffffu, slow)) {
       float corr[kN][2];
       bool moved = false;
