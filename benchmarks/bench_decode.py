@@ -13,7 +13,7 @@ Two tables (issue #23, point 4):
 - main cases: Hq 32, Hkv 8, D 128, T 16, bf16, q_len 1, HND at each B×L of CASES; the small ones
   also inside a CUDA graph (µs per call, ours and SDPA's);
 - variants (VARIANTS): one thing changed from 16×4096 each (q_len, GQA group, head size, fp16,
-  NHD), and 1×1024 timed inside a CUDA graph.
+  NHD, block sizes 8 and 1), and 1×1024 timed inside a CUDA graph.
 
 The SDPA baseline: K/V [B, Hkv, L, D] contiguous per sequence (its best case), enable_gqa. For
 q_len 1 no mask. For q_len > 1 the q_len queries of a sequence are its last q_len positions,
@@ -50,8 +50,8 @@ class Spec:
 
     @property
     def scale_layout(self):
-        # "vllm" interleaves the V scales by 4 tokens within a head, which needs HND rows.
-        return "vllm" if self.layout == "HND" else "linear"
+        # "vllm" interleaves the V scales by 4 tokens within a head, which needs HND rows and T % 4 == 0.
+        return "vllm" if self.layout == "HND" and self.T % 4 == 0 else "linear"
 
 
 # name (for --variants) -> (label, what changes from Spec()).
@@ -65,6 +65,8 @@ VARIANTS = {
     "d256": ("D 256", dict(D=256)),
     "fp16": ("fp16", dict(dtype="float16")),
     "nhd": ("NHD (linear scales)", dict(layout="NHD")),
+    "t8": ("T 8", dict(T=8)),
+    "t1": ("T 1 (linear scales)", dict(T=1)),
     "graph": ("1x1024 in a CUDA graph", dict(B=1, L=1024, graph=True)),
 }
 

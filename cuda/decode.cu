@@ -9,7 +9,8 @@
 // splits (merge_cluster). The same inputs give the same bits on every run. The global scales
 // are applied to the logits (k_scale * sm_scale) and to the output (v_scale), so K and V are
 // read as e2m1 x e4m3.
-// - decode_mma_kernel, the tensor-core reader, for block sizes that are multiples of 16 (below).
+// - decode_mma_kernel, the tensor-core reader, for block sizes that are multiples or divisors of
+//   16 (below).
 // - decode_kernel, the lane-per-token reader in fp32, for the other block sizes: for the logits
 //   each lane takes one token, for the output each lane takes Dv/32 elements of every token.
 #include <cuda_bf16.h>
@@ -650,7 +651,10 @@ constexpr int mma_min_blocks() {
   return kD > 128 ? 1 : kN == 1 ? 4 : kD == 64 ? 3 : 2;
 }
 
-template <int kD, int kTiles, int kN, bool kCapped>
+// kShort: pages of fewer than 16 tokens (T = 1, 2, 4 or 8: every tile spans 16 / T pages), each
+// token's page found on its own (design notes: "Decode attention: pages shorter than a tile");
+// otherwise T is a multiple of 16 and a tile lies in one page.
+template <int kD, int kTiles, int kN, bool kCapped, bool kShort>
 __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) decode_mma_kernel(
     const __grid_constant__ DecodeLaunch L) {
   using St = MmaStage<kD, kTiles>;
@@ -698,15 +702,26 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   const uint32_t adv_blocks = L.block_size.div(kAdvance), adv_pos = kAdvance - adv_blocks * p.T;
   const uint8_t* bt_base = static_cast<const uint8_t*>(bt_row.ptr);
   uint32_t bt_at[kTiles], bt_pos[kTiles];  // byte offset of the entry (a row is below 4 GiB: small_pages)
+  // Short pages: lane l holds the entry of token l % kStep of the step (every step starts at a
+  // multiple of 16 tokens, hence of T: plan_decode_split), in next_lo[0] / next_hi[0].
+  const uint32_t short_tok = static_cast<uint32_t>(lane % kStep);
 #pragma unroll
   for (int u = 0; u < kTiles; ++u) {
-    const uint32_t rel = warp * kStep + 16 * u;
+    const uint32_t rel = warp * kStep + (kShort ? short_tok : 16 * u);
     const uint32_t rb = L.block_size.div(rel);
     bt_pos[u] = rel - rb * p.T;
     bt_at[u] = static_cast<uint32_t>((lo_blk + rb) * bt_bytes);
   }
   // `left`: tokens from the prefetched step's first to the end of what it may read.
   const auto prefetch = [&](int32_t left) {
+    if constexpr (kShort) {  // kAdvance is a multiple of T: the entry moves by whole columns
+      const bool load = left > static_cast<int32_t>(short_tok);
+      next_lo[0] = 0xFFFFFFFFu;
+      next_hi[0] = load && !bt_row.is_int64 ? 0u : 0xFFFFFFFFu;
+      load_entry(bt_base + bt_at[0], load && bt_row.is_int64, load && !bt_row.is_int64, next_lo[0], next_hi[0]);
+      bt_at[0] += adv_blocks * static_cast<uint32_t>(bt_bytes);
+      return;
+    }
 #pragma unroll
     for (int u = 0; u < kTiles; ++u) {
       // Predicated loads, no branch: -1 (no page) where nothing is loaded; an int32 entry's high
@@ -860,6 +875,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   const uint8_t* stages_p = smem + kStagesAt + warp * kWarpBytes;
   const int64_t nsteps = hi > first_s0 ? (hi - first_s0 + kDecodeWarps * kStep - 1) / (kDecodeWarps * kStep) : 0;
   uint32_t valid = 0;  // bit st * kTiles + u: tile u of the step in stage st has a valid page
+  uint64_t tok_valid = 0;  // short pages: bit 32 st + e, token e of the step in stage st has a valid page
 
   // The lane's share of a tile's code rows: 16-byte chunk `ch` of rows e_l + i * kRowStep
   // (i < kPerLane), at page-relative offsets that move by a constant per row (K and V have the
@@ -869,7 +885,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   constexpr int kRowStep = 32 / kChunks;   // rows between a lane's chunks
   constexpr int kPerLane = 16 / kRowStep;  // chunks of a lane per tile and side
   const int ch = lane % kChunks, e_l = lane / kChunks;
-  const uint32_t lane_src = e_l * kat.data_pos + 16 * ch;
+  const uint32_t lane_src = (kShort ? 0u : e_l * kat.data_pos) + 16 * ch;  // short pages: each row's own
   const uint64_t k_from = addr(p.k.base) + kat.data0 + lane_src;
   const uint32_t k_dst = stages + St::kK + e_l * St::kKRow + 16 * ch;  // V: at St::kV, rows of kVRow
   // Scale bytes: one copy instruction for both sides, K on lanes 0-15 and V on 16-31, kS bytes
@@ -882,7 +898,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   const bool k_lane = lane < 16;
   const uint32_t ks_step = kat.scale_pos, vs_step = vat.interleaved ? St::kS : vat.scale_pos;  // bytes per token
   const uint32_t s_step = k_lane ? ks_step : vs_step;
-  const uint32_t s_src = (k_lane ? kat : vat).scale0 + e_s * s_step;
+  const uint32_t s_src = (k_lane ? kat : vat).scale0 + (kShort ? 0u : e_s * s_step);
   const int s_tok = k_lane || !vat.interleaved ? e_s : e_s & ~3;  // the token whose existence decides the copy
   const uint32_t s_dst = stages + (k_lane ? St::kKs : St::kVs) + e_s * St::kS;
   const uint64_t s_from = addr(k_lane ? p.k.base : p.v.base) + s_src;
@@ -925,6 +941,34 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     const bool k_scales = row < 16u / kChunks;  // lanes 0-15 copy the K scales
     const uint32_t s_page = k_scales ? k_page : v_page, s_step = k_scales ? ks_step : vs_step;
     uint32_t vbits = 0;
+    if constexpr (kShort) {
+      // Each row's page from the lane that loaded its token's entry (lane 16u + token); a row's
+      // position in its page is its token's modulo T (a tile starts a page).
+      constexpr uint32_t kNoPage = 0xFFFFFFFFu;
+      const uint32_t mine = next_hi[0] == 0u && next_lo[0] < n_pages ? next_lo[0] : kNoPage;
+      const uint32_t tmask = static_cast<uint32_t>(p.T) - 1u, es = threadIdx.x & 15u;
+#pragma unroll
+      for (int u = 0; u < kTiles; ++u) {
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) {
+          const uint32_t r = row + kRowStep * i;
+          const uint32_t page = __shfl_sync(0xffffffffu, mine, 16 * u + r);
+          const bool ok = page != kNoPage && static_cast<int32_t>(r) < rem - 16 * u;
+          const uint32_t off = (r & tmask) * data_pos;
+          cp_async<16>(kd + (16 * u + kRowStep * i) * St::kKRow, page_at(k_base, ok ? page : 0u, k_page, off), ok);
+          cp_async<16>(vd + (16 * u + kRowStep * i) * St::kVRow, page_at(v_base, ok ? page : 0u, v_page, off), ok);
+        }
+        // The scale lane's bytes lie in the page of its token stok (an interleaved block of 4
+        // tokens lies in one page: T % 4 == 0), at byte es of the page's run like a linear row.
+        const uint32_t page = __shfl_sync(0xffffffffu, mine, 16 * u + stok);
+        const bool ok = page != kNoPage && static_cast<int32_t>(stok) < rem - 16 * u;
+        cp_async<St::kS>(sd + 16 * u * St::kS, page_at(s_base, ok ? page : 0u, s_page, (es & tmask) * s_step), ok);
+      }
+      const uint32_t vm = __ballot_sync(0xffffffffu, mine != kNoPage);
+      tok_valid = (tok_valid & ~(uint64_t{0xFFFFFFFFu} << (32 * st))) | (uint64_t{vm} << (32 * st));
+      prefetch(togo);
+      return;
+    }
 #pragma unroll
     for (int u = 0; u < kTiles; ++u) {
       const bool ok_page = next_hi[u] == 0u && next_lo[u] < n_pages;  // int64 entries: 0 <= raw < N
@@ -953,10 +997,23 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     constexpr bool kFull = decltype(full_tag)::value;
     const int64_t s0 = first_s0 + n * (kDecodeWarps * kStep);
     const uint8_t* sp = stages_p + st * St::kBytes;
+    // Tile u: n_ok[u] tokens exist and their page is valid (T >= 16), or (short pages) token e
+    // exists and its page is valid where bit e of okm[u] is set. tok_off(u, e): token e of tile u
+    // does not exist or is in a masked page.
     int32_t n_ok[kTiles];
+    uint32_t okm[kTiles];
 #pragma unroll
-    for (int u = 0; u < kTiles; ++u)
-      n_ok[u] = kFull ? 16 : (valid >> (st * kTiles + u)) & 1u ? static_cast<int32_t>(min64(16, hi - (s0 + 16 * u))) : 0;
+    for (int u = 0; u < kTiles; ++u) {
+      if constexpr (kShort) {
+        const int32_t exist = static_cast<int32_t>(max64(min64(16, hi - (s0 + 16 * u)), 0));
+        okm[u] = static_cast<uint32_t>(tok_valid >> (32 * st + 16 * u)) & ((1u << exist) - 1u);
+        n_ok[u] = 0;  // unused
+      } else {
+        n_ok[u] = kFull ? 16 : (valid >> (st * kTiles + u)) & 1u ? static_cast<int32_t>(min64(16, hi - (s0 + 16 * u))) : 0;
+        okm[u] = 0u;  // unused
+      }
+    }
+    const auto tok_off = [&](int u, int e) { return kShort ? ((okm[u] >> e) & 1u) == 0u : e >= n_ok[u]; };
 
     // Logits: S^T[token][row], lane (g, t) holds tokens g, g + 8 and rows 2t, 2t + 1.
     float sc[kTiles][kN][4];
@@ -1044,7 +1101,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
             if constexpr (kCapped) x = p.soft_cap * tanhf(x / p.soft_cap) * kLog2e;
             if (!kFull) {
               const int32_t e = 16 * u + g + 8 * a;
-              x = n_ok[u] > 0 && e >= lo_e[n][j] && e < hi_e[n][j] ? x : -INFINITY;
+              x = (kShort ? !tok_off(u, g + 8 * a) : n_ok[u] > 0) && e >= lo_e[n][j] && e < hi_e[n][j] ? x : -INFINITY;
             }
             sc[u][n][2 * a + j] = x;
             const float d = x - m[n][j];
@@ -1144,8 +1201,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
                              : sp[St::kVs + tok * St::kS + G] | static_cast<uint32_t>(sp[St::kVs + (tok + 1) * St::kS + G]) << 8;
           if (!kFull) {
             // Scale bytes of tokens past the end are not data: their V is 0.
-            if (e0 >= n_ok[u]) two &= 0xFF00u;
-            if (e0 + 1 >= n_ok[u]) two &= 0x00FFu;
+            if (tok_off(u, e0)) two &= 0xFF00u;
+            if (tok_off(u, e0 + 1)) two &= 0x00FFu;
             // A NaN group (scale byte 0x7F or 0xFF) must reach only the rows that attend its
             // token, but the product would carry 0 x NaN = NaN to the rows that mask it: its V
             // becomes 0 here, and the rows that attend it are marked below (vnan).
@@ -1229,7 +1286,10 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     const int st = n % kMmaStages;
     cp_async_wait<kMmaStages - 1>();  // step n's copies (this lane's) have landed
     __syncwarp();                     // and every lane's
-    const bool full = ((valid >> (st * kTiles)) & ((1u << kTiles) - 1)) == (1u << kTiles) - 1 && n >= n0 && n < n1;
+    constexpr uint32_t kStepBits = kStep == 32 ? 0xFFFFFFFFu : (1u << kStep) - 1u;  // short pages: every token's
+    const bool pages_ok = kShort ? (static_cast<uint32_t>(tok_valid >> (32 * st)) & kStepBits) == kStepBits
+                                 : ((valid >> (st * kTiles)) & ((1u << kTiles) - 1)) == (1u << kTiles) - 1;
+    const bool full = pages_ok && n >= n0 && n < n1;
     if (full)
       compute(n, st, std::true_type{});
     else
@@ -1391,11 +1451,11 @@ bool cluster_fits(int device, int size) {
   return fits;
 }
 
-template <int kD, int kN, bool kCapped>
+template <int kD, int kN, bool kCapped, bool kShort>
 cudaError_t launch_mma(DecodeLaunch& L, dim3 grid, int device, cudaStream_t stream) {
   // Two tiles per step halve the per-step overhead; D 256 has the registers for one.
   constexpr int kTiles = kD >= 256 ? 1 : 2;
-  constexpr auto kernel = decode_mma_kernel<kD, kTiles, kN, kCapped>;
+  constexpr auto kernel = decode_mma_kernel<kD, kTiles, kN, kCapped, kShort>;
   constexpr size_t smem = mma_smem_bytes<kD, kTiles, kN>();
   const cudaError_t err = allow_shared_memory<kernel, smem>(device);
   if (err != cudaSuccess) return err;
@@ -1407,6 +1467,17 @@ cudaError_t launch_mma(DecodeLaunch& L, dim3 grid, int device, cudaStream_t stre
   L.cluster = decode_cluster_merge(DecodeKernel::kMma, L.splits, blocks, device_info(device)) &&
               cluster_fits<kernel, smem>(device, L.splits);
   return launch_pdl(kernel, grid, dim3(kDecodeThreads), device, stream, L, smem, L.cluster ? L.splits : 1);
+}
+
+// The tensor-core reader's kernel for the block's query rows and the soft cap.
+template <int kD, bool kShort>
+cudaError_t launch_mma_rows(DecodeLaunch& L, int rows, dim3 grid, int device, cudaStream_t stream) {
+  const bool capped = L.p.soft_cap > 0.0f;
+  if (mma_row_tiles(kD, rows) == 2)
+    return capped ? launch_mma<kD, kD <= 128 ? 2 : 1, true, kShort>(L, grid, device, stream)
+                  : launch_mma<kD, kD <= 128 ? 2 : 1, false, kShort>(L, grid, device, stream);
+  return capped ? launch_mma<kD, 1, true, kShort>(L, grid, device, stream)
+                : launch_mma<kD, 1, false, kShort>(L, grid, device, stream);
 }
 
 template <DType kDType, int kD>
@@ -1422,14 +1493,9 @@ cudaError_t launch_decode(DecodeLaunch& L, DecodeKernel kind, int device, cudaSt
     const dim3 grid(static_cast<unsigned>(L.splits), static_cast<unsigned>(p.H * L.chunks.d),
                     static_cast<unsigned>(std::min<int64_t>(65535, p.B - b0)));
     cudaError_t err;
-    if (kind == DecodeKernel::kMma) {
-      const bool capped = p.soft_cap > 0.0f;
-      if (mma_row_tiles(kD, rows) == 2)
-        err = capped ? launch_mma<kD, kD <= 128 ? 2 : 1, true>(L, grid, device, stream)
-                     : launch_mma<kD, kD <= 128 ? 2 : 1, false>(L, grid, device, stream);
-      else
-        err = capped ? launch_mma<kD, 1, true>(L, grid, device, stream) : launch_mma<kD, 1, false>(L, grid, device, stream);
-    }
+    if (kind == DecodeKernel::kMma)
+      err = p.T < 16 ? launch_mma_rows<kD, true>(L, rows, grid, device, stream)
+                     : launch_mma_rows<kD, false>(L, rows, grid, device, stream);
     else
       err = launch_pdl(lanes, grid, dim3(kDecodeThreads), device, stream, L);
     if (err != cudaSuccess) return err;
@@ -1472,13 +1538,14 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   DecodeLaunch L;
   L.p = p;
-  L.splits = static_cast<int32_t>(decode_splits(p.B, p.H, p.max_blocks));
+  const DecodeSplit split = plan_decode_split(p.B, p.H, p.max_blocks, p.T);
+  L.splits = static_cast<int32_t>(split.splits);
   if (L.splits > 1 && (p.workspace == nullptr ||
                        p.workspace_floats < decode_workspace_floats(p.B * p.q_len, int64_t{p.H} * p.group, p.v.D, L.splits))) {
     *message = "decode_attention: this geometry splits each sequence and needs a workspace (nvfp4kv.decode_workspace)";
     return cudaErrorInvalidValue;
   }
-  L.cols_per_split = std::max<int64_t>(1, (p.max_blocks + L.splits - 1) / L.splits);
+  L.cols_per_split = split.cols;
   L.off[0] = SideOffsets::make(p.k, p.layout, p.H, p.T);
   L.off[1] = SideOffsets::make(p.v, p.layout, p.H, p.T);
   L.block_size = FastDiv(static_cast<uint32_t>(p.T));

@@ -97,7 +97,7 @@ int64_t gather_pages_blocks_per_seq(const GatherShape& s, const PagesPlan& pages
 // "Decode attention: the tensor-core reader": it copies 16-token tiles of one page with 16-byte
 // asynchronous copies; other block sizes or alignments take the lane-per-token reader.
 enum class DecodeKernel {
-  kMma,   // decode_mma_kernel: mma.sync tiles of 16 tokens
+  kMma,   // decode_mma_kernel: mma.sync tiles of 16 tokens (of one page, or of 16 / T short pages)
   kLanes  // decode_kernel: one lane per token, fp32 products
 };
 
@@ -112,6 +112,17 @@ struct DecodeShape {
 };
 
 DecodeKernel select_decode_kernel(const DecodeShape& s);
+
+// How a decode call splits each sequence's block-table columns (flash-decoding): `splits` blocks
+// of `cols` columns each. Pages of fewer than 16 tokens (T = 1, 2, 4, 8) are counted in columns
+// of 16 tokens, so that a split holds as many tokens as at T 16 (not 16 / T times fewer, each
+// paying a block's setup and merge) and starts at a multiple of 16 tokens, where the tensor-core
+// reader's tiles start. Never more splits than decode_splits(B, H, max_blocks), which sizes the
+// workspace from the geometry without T.
+struct DecodeSplit {
+  int64_t splits, cols;
+};
+DecodeSplit plan_decode_split(int64_t B, int64_t H, int64_t max_blocks, int32_t T);
 
 // "the fixed cost of a block": where a sequence has at most kMaxClusterSplits splits and the
 // whole grid is at most one block per SM (short sequences: a latency-bound call), the

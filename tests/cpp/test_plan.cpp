@@ -2,6 +2,9 @@
 // Each case states which kernel a call must get and why (the thresholds' design notes).
 #include <stdio.h>
 
+#include <initializer_list>
+
+#include "params.h"
 #include "plan.h"
 
 using namespace nvfp4kv;
@@ -152,16 +155,37 @@ static void test_gather() {
 }
 
 void test_decode() {
-  // The tensor-core reader takes 16-token tiles of one page with vector loads.
+  // The tensor-core reader takes 16-token tiles of one page, or of whole short pages, with
+  // vector loads.
   CHECK(select_decode_kernel({16, 128, true, false, true}) == DecodeKernel::kMma, "T 16");
   CHECK(select_decode_kernel({64, 64, true, false, true}) == DecodeKernel::kMma, "T 64, D 64");
   CHECK(select_decode_kernel({32, 256, true, false, true}) == DecodeKernel::kMma, "T 32, D 256");
-  CHECK(select_decode_kernel({8, 128, true, false, true}) == DecodeKernel::kLanes, "T 8");
+  for (int T : {1, 2, 4, 8}) CHECK(select_decode_kernel({T, 128, true, false, true}) == DecodeKernel::kMma, "T %d", T);
   CHECK(select_decode_kernel({24, 128, true, false, true}) == DecodeKernel::kLanes, "T 24");
+  CHECK(select_decode_kernel({12, 128, true, false, true}) == DecodeKernel::kLanes, "T 12");
+  CHECK(select_decode_kernel({3, 64, true, false, true}) == DecodeKernel::kLanes, "T 3");
   CHECK(select_decode_kernel({16, 128, false, false, true}) == DecodeKernel::kLanes, "unaligned sides");
   CHECK(select_decode_kernel({16, 96, true, false, true}) == DecodeKernel::kLanes, "D 96");
   CHECK(select_decode_kernel({16, 128, true, true, true}) == DecodeKernel::kLanes, "K scales interleaved");
   CHECK(select_decode_kernel({16, 128, true, false, false}) == DecodeKernel::kLanes, "2^31 pages or more, or larger strides");
+
+  // Splits: T 16 as decode_splits; short pages counted in 16-token columns, each split a whole
+  // number of them, never more splits than the workspace (decode_splits over the columns) holds.
+  DecodeSplit sp = plan_decode_split(1, 8, 64, 16);  // 1 x 1024
+  CHECK(sp.splits == 8 && sp.cols == 8, "1 x 1024, T 16: %lld x %lld", (long long)sp.splits, (long long)sp.cols);
+  sp = plan_decode_split(1, 8, 1024, 1);  // 1 x 1024 at T 1: the same 8 splits of 128 tokens
+  CHECK(sp.splits == 8 && sp.cols == 128, "1 x 1024, T 1: %lld x %lld", (long long)sp.splits, (long long)sp.cols);
+  sp = plan_decode_split(16, 8, 4096 / 16, 16);
+  CHECK(sp.splits == 4 && sp.cols == 64, "16 x 4096, T 16");
+  for (int T : {1, 2, 4, 8})
+    for (int64_t cols : {int64_t{1}, int64_t{3}, int64_t{17}, int64_t{100}, int64_t{1000}, int64_t{131072 / 4}, int64_t{131072} / T}) {
+      sp = plan_decode_split(1, 8, cols, T);
+      CHECK(sp.splits >= 1 && sp.splits <= decode_splits(1, 8, cols) && sp.splits * sp.cols >= cols &&
+                (sp.cols * T) % 16 == 0,
+            "T %d, %lld columns: %lld x %lld", T, (long long)cols, (long long)sp.splits, (long long)sp.cols);
+    }
+  sp = plan_decode_split(3, 2, 77, 12);  // T 12 (the lane reader): columns as they are
+  CHECK(sp.splits == decode_splits(3, 2, 77) && sp.splits * sp.cols >= 77, "T 12");
 
   // 1 x 1024 (Hkv 8, 64 columns): 8 splits, 64 blocks; 16 x 4096: 4 splits, 512 blocks.
   CHECK(decode_cluster_merge(DecodeKernel::kMma, 8, 64, kH200), "8 splits, 64 blocks merge in their clusters on sm_90");

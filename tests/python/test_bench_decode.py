@@ -52,7 +52,7 @@ def test_bytes_follow_the_cache_geometry(bd):
     specs = dict(bd.variant_specs(list(bd.VARIANTS)))
     by_label = {label: bd.nvfp4_bytes(s) for label, s in specs.items()}
     for label in ("q_len 2", "q_len 4", "q_len 8", "GQA group 1 (Hq 8)", "GQA group 8 (Hq 64)", "fp16",
-                  "NHD (linear scales)"):
+                  "NHD (linear scales)", "T 8", "T 1 (linear scales)"):
         assert by_label[label] == bd.nvfp4_bytes(base), label  # the cache read is the same
     assert by_label["D 64"] == bd.nvfp4_bytes(base) // 2
     assert by_label["D 256"] == 2 * bd.nvfp4_bytes(base)
@@ -68,6 +68,7 @@ def test_variants_change_one_thing(bd):
         assert s.Hq % s.H == 0 and 1 <= s.q_len <= 8 and s.D in (64, 128, 256)
     # Interleaved V scales need HND rows; the NHD variant reads linear scales.
     assert base.scale_layout == "vllm" and bd.Spec(layout="NHD").scale_layout == "linear"
+    assert bd.Spec(T=8).scale_layout == "vllm" and bd.Spec(T=1).scale_layout == "linear"  # T % 4 == 0 or not
 
 
 def test_rows_format(bd):

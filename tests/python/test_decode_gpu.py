@@ -67,14 +67,19 @@ def close(a, b, rel=REL_L2):
     (4, 64, 2, 4, 128, 16, 2),
     (2, 129, 2, 4, 64, 16, 4),
     (2, 70, 1, 2, 128, 16, 8),
-    (2, 77, 2, 4, 128, 12, 1),  # T 12: the lane-per-token reader (the tensor-core one needs T % 16 == 0)
-    (3, 90, 2, 4, 64, 8, 2),
+    (2, 77, 2, 4, 128, 12, 1),  # T 12: the lane-per-token reader (the tensor-core one: T % 16 == 0 or 16 % T == 0)
+    (3, 90, 2, 4, 64, 8, 2),    # T 8, 4, 2, 1: the tensor-core reader, 16 / T pages per tile
+    (2, 300, 2, 4, 128, 4, 1),
+    (2, 45, 1, 8, 256, 2, 2),
+    (2, 1000, 2, 4, 128, 1, 1),
+    (3, 24, 2, 16, 64, 1, 8),
 ])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_cuda_equals_cpu(B, L, H, group, D, T, q_len, dtype):
     kv, bt, sl, q = make(B, L, H, group, D, T, q_len=q_len, dtype=dtype, seed=B * L + D)
-    want, want_lse = run(kv, bt, sl, q, "cpu", q_len=q_len)
-    got, got_lse = run(kv, bt, sl, q, "cuda", q_len=q_len)
+    layout = "vllm" if T % 4 == 0 else "linear"  # interleaved V scales need T % 4 == 0
+    want, want_lse = run(kv, bt, sl, q, "cpu", q_len=q_len, scale_layout=layout)
+    got, got_lse = run(kv, bt, sl, q, "cuda", q_len=q_len, scale_layout=layout)
     assert close(got, want) <= REL_L2
     assert torch.allclose(got_lse, want_lse, atol=1e-4, rtol=0)
 
@@ -90,6 +95,40 @@ def test_cuda_masks_windows_caps(form, scale_layout):
         assert torch.equal(got_lse.isinf(), want_lse.isinf()), kw
         assert torch.allclose(got_lse[~want_lse.isinf()], want_lse[~want_lse.isinf()], atol=1e-4, rtol=0), kw
         assert torch.all(got[4:8] == 0)  # sequence 1 is empty: zeros, lse -inf
+
+
+@pytest.mark.parametrize("T", [1, 2, 4, 8])
+@pytest.mark.parametrize("form,scale_layout", [("5d", "vllm"), ("5d", "linear"), ("packed", "vllm")])
+def test_cuda_short_pages_masks_windows_caps(T, form, scale_layout):
+    """Pages of fewer than 16 tokens: each 16-token tile of the tensor-core reader spans 16 / T
+    pages, found token by token; masked entries (every third, every fifth) mask single pages
+    inside a tile. int64 entries at T 1, a sequence ending inside a tile and an empty one."""
+    if scale_layout == "vllm" and T % 4:
+        pytest.skip("interleaved V scales need T % 4 == 0")
+    kv, bt, sl, q = make(3, 200, 2, 4, 128, T, form=form, scale_layout=scale_layout, seed=T, bad_entries=True,
+                         lens=[200, 0, 37])
+    bt = bt.to(torch.int64) if T % 2 else bt
+    for kw in ({}, {"window_left": 29}, {"logits_soft_cap": 30.0}, {"q_len": 4}):
+        qq = q.repeat(kw.get("q_len", 1), 1, 1)  # 3 sequences of q_len query rows
+        want, want_lse = run(kv, bt, sl, qq, "cpu", scale_layout=scale_layout, **kw)
+        got, got_lse = run(kv, bt, sl, qq, "cuda", scale_layout=scale_layout, **kw)
+        assert close(got, want) <= REL_L2, kw
+        assert torch.equal(got_lse.isinf(), want_lse.isinf()), kw
+        assert torch.allclose(got_lse[~want_lse.isinf()], want_lse[~want_lse.isinf()], atol=1e-4, rtol=0), kw
+
+
+@pytest.mark.parametrize("T,L,B", [(1, 5000, 1), (4, 3000, 2), (1, 1024, 1)])
+def test_cuda_short_pages_split_kv(T, L, B):
+    """Short pages split by 16-token columns (T 1 at 5000 tokens: 39 splits merged from the
+    workspace; at 1024 tokens 8 splits, merged in their cluster on sm_90): equal to the CPU path,
+    the same bits on every run, within the workspace sized by decode_workspace."""
+    kv, bt, sl, q = make(B, L, 2, 4, 128, T, scale_layout="linear", seed=L + T, lens=[L - 7 * i for i in range(B)])
+    a, la = run(kv, bt, sl, q, "cuda", scale_layout="linear")
+    b, lb = run(kv, bt, sl, q, "cuda", scale_layout="linear")
+    assert torch.equal(a, b) and torch.equal(la, lb)
+    want, want_lse = run(kv, bt, sl, q, "cpu", scale_layout="linear")
+    assert close(a, want) <= REL_L2
+    assert torch.allclose(la, want_lse, atol=1e-4, rtol=0)
 
 
 def test_cuda_split_kv_is_deterministic_and_needs_its_workspace():
@@ -205,6 +244,15 @@ def test_fp64_cache_forms(view, layout, scale_layout):
     check_gpu(cache, q, bt, sl, q_len=2, scale_layout=scale_layout)
 
 
+@pytest.mark.parametrize("view,layout,scale_layout", view_combos())
+def test_fp64_short_pages_cache_forms(view, layout, scale_layout):
+    """Every cache form with pages of 4 tokens (interleaved V scales) or of 1 (linear)."""
+    T = 4 if scale_layout == "vllm" else 1
+    cache, q, bt, sl = setup(N=400 // T, T=T, view=view, layout=layout, scale_layout=scale_layout, q_len=2, group=4,
+                             seed=len(view) + len(layout) + T)
+    check_gpu(cache, q, bt, sl, q_len=2, scale_layout=scale_layout)
+
+
 @pytest.mark.parametrize("cap,window", [(0.0, 0), (0.0, 17), (30.0, -1), (5.0, 40)])
 def test_fp64_soft_cap_and_window(cap, window):
     cache, q, bt, sl = setup(N=40, B=2, q_len=4, group=4, seed=int(cap * 10) + window)
@@ -269,12 +317,12 @@ def test_cuda_nan_k_group_reaches_only_the_rows_that_see_it():
     assert torch.isfinite(out[2:].float()).all() and torch.isfinite(lse[2:]).all()
 
 
-@pytest.mark.parametrize("T,D,elem", [(16, 64, 5), (16, 128, 40), (16, 256, 20), (8, 128, 5)])
+@pytest.mark.parametrize("T,D,elem", [(16, 64, 5), (16, 128, 40), (16, 256, 20), (8, 128, 5), (12, 128, 5)])
 @pytest.mark.parametrize("slot,window", [(5, 16), (23, -1), (21, -1)])
 def test_cuda_v_nan_group_reaches_only_the_rows_that_attend_it(T, D, elem, slot, window):
     """A NaN V group of a token that some rows mask (window, causal end of the queries) reaches
-    only the rows that attend it, in that group's elements, in both readers (T 16: tensor cores,
-    T 8: lane per token), as on the CPU; everything else equals the CPU path."""
+    only the rows that attend it, in that group's elements, in both readers (T 16 and 8: tensor
+    cores, T 12: lane per token), as on the CPU; everything else equals the CPU path."""
     from test_decode import check_v_nan, v_nan_case
 
     cache, q, bt, sl, seeing = v_nan_case(T, D, slot, elem, window)
