@@ -94,8 +94,9 @@ int64_t gather_rows_blocks_per_seq(const GatherShape& s, int64_t tokens_per_bloc
 int64_t gather_pages_blocks_per_seq(const GatherShape& s, const PagesPlan& pages, int64_t resident);
 
 // ---- Decode attention --------------------------------------------------------------------------
-// "Decode attention: the tensor-core reader": it copies 16-token tiles of one page with 16-byte
-// asynchronous copies; other block sizes or alignments take the lane-per-token reader.
+// "Decode attention: the tensor-core reader": it copies 16-token tiles, of one page or of 16 / T
+// whole pages ("pages shorter than a tile"), with 16-byte asynchronous copies; other block sizes
+// or alignments take the lane-per-token reader.
 enum class DecodeKernel {
   kMma,   // decode_mma_kernel: mma.sync tiles of 16 tokens (of one page, or of 16 / T short pages)
   kLanes  // decode_kernel: one lane per token, fp32 products
