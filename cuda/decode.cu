@@ -1494,8 +1494,8 @@ cudaError_t launch_decode(DecodeLaunch& L, DecodeKernel kind, int device, cudaSt
                     static_cast<unsigned>(std::min<int64_t>(65535, p.B - b0)));
     cudaError_t err;
     if (kind == DecodeKernel::kMma)
-      err = p.T < 16 ? launch_mma_rows<kD, true>(L, rows, grid, device, stream)
-                     : launch_mma_rows<kD, false>(L, rows, grid, device, stream);
+      err = decode_short_pages(p.T) ? launch_mma_rows<kD, true>(L, rows, grid, device, stream)
+                                    : launch_mma_rows<kD, false>(L, rows, grid, device, stream);
     else
       err = launch_pdl(lanes, grid, dim3(kDecodeThreads), device, stream, L);
     if (err != cudaSuccess) return err;

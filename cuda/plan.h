@@ -114,6 +114,10 @@ struct DecodeShape {
 
 DecodeKernel select_decode_kernel(const DecodeShape& s);
 
+// Pages of fewer than 16 tokens that a 16-token tile holds whole (T = 1, 2, 4, 8): the tensor-core
+// reader's kShort kernels and plan_decode_split's 16-token columns.
+constexpr bool decode_short_pages(int64_t T) { return T > 0 && T < 16 && 16 % T == 0; }
+
 // How a decode call splits each sequence's block-table columns (flash-decoding): `splits` blocks
 // of `cols` columns each. Pages of fewer than 16 tokens (T = 1, 2, 4, 8) are counted in columns
 // of 16 tokens, so that a split holds as many tokens as at T 16 (not 16 / T times fewer, each
