@@ -523,11 +523,18 @@ __device__ __forceinline__ void v_interleave(uint32_t a, uint32_t b, uint32_t (&
 constexpr float kUnpackScale = static_cast<float>(1u << kUnpackExp);
 
 // Asynchronous copies global -> shared (sm_80+): `ok` false copies nothing and fills zeros.
-template <int kN>
+// kLine: L2 fetches the source's whole 128-byte line from DRAM, not only its sectors (design
+// notes: "Decode attention: pages shorter than a tile").
+template <int kN, bool kLine = false>
 __device__ __forceinline__ void cp_async(uint32_t dst, const void* src, bool ok) {
   static_assert(kN == 4 || kN == 8 || kN == 16, "cp.async sizes");
-  if constexpr (kN == 16)
+  if constexpr (kN == 16 && kLine)
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+  else if constexpr (kN == 16)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+  else if constexpr (kLine)
+    asm volatile("cp.async.ca.shared.global.L2::128B [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(kN), "r"(ok ? kN : 0)
+                 : "memory");
   else
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(kN), "r"(ok ? kN : 0)
                  : "memory");
@@ -955,14 +962,14 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
           const uint32_t page = __shfl_sync(0xffffffffu, mine, 16 * u + r);
           const bool ok = page != kNoPage && static_cast<int32_t>(r) < rem - 16 * u;
           const uint32_t off = (r & tmask) * data_pos;
-          cp_async<16>(kd + (16 * u + kRowStep * i) * St::kKRow, page_at(k_base, ok ? page : 0u, k_page, off), ok);
-          cp_async<16>(vd + (16 * u + kRowStep * i) * St::kVRow, page_at(v_base, ok ? page : 0u, v_page, off), ok);
+          cp_async<16, true>(kd + (16 * u + kRowStep * i) * St::kKRow, page_at(k_base, ok ? page : 0u, k_page, off), ok);
+          cp_async<16, true>(vd + (16 * u + kRowStep * i) * St::kVRow, page_at(v_base, ok ? page : 0u, v_page, off), ok);
         }
         // The scale lane's bytes lie in the page of its token stok (an interleaved block of 4
         // tokens lies in one page: T % 4 == 0), at byte es of the page's run like a linear row.
         const uint32_t page = __shfl_sync(0xffffffffu, mine, 16 * u + stok);
         const bool ok = page != kNoPage && static_cast<int32_t>(stok) < rem - 16 * u;
-        cp_async<St::kS>(sd + 16 * u * St::kS, page_at(s_base, ok ? page : 0u, s_page, (es & tmask) * s_step), ok);
+        cp_async<St::kS, true>(sd + 16 * u * St::kS, page_at(s_base, ok ? page : 0u, s_page, (es & tmask) * s_step), ok);
       }
       const uint32_t vm = __ballot_sync(0xffffffffu, mine != kNoPage);
       tok_valid = (tok_valid & ~(uint64_t{0xFFFFFFFFu} << (32 * st))) | (uint64_t{vm} << (32 * st));
