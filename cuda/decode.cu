@@ -9,10 +9,11 @@
 // splits (merge_cluster). The same inputs give the same bits on every run. The global scales
 // are applied to the logits (k_scale * sm_scale) and to the output (v_scale), so K and V are
 // read as e2m1 x e4m3.
-// - decode_mma_kernel, the tensor-core reader, for block sizes that are multiples or divisors of
-//   16 (below).
-// - decode_kernel, the lane-per-token reader in fp32, for the other block sizes: for the logits
-//   each lane takes one token, for the output each lane takes Dv/32 elements of every token.
+// - decode_mma_kernel, the tensor-core reader, for every block size (below).
+// - decode_kernel, the lane-per-token reader in fp32, for cache sides whose start or page stride
+//   is not a multiple of 16 bytes and caches beyond 32-bit offsets (select_decode_kernel): for
+//   the logits each lane takes one token, for the output each lane takes Dv/32 elements of every
+//   token.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -658,10 +659,10 @@ constexpr int mma_min_blocks() {
   return kD > 128 ? 1 : kN == 1 ? 4 : kD == 64 ? 3 : 2;
 }
 
-// kShort: pages of fewer than 16 tokens (T = 1, 2, 4 or 8: every tile spans 16 / T pages), each
-// token's page found on its own (design notes: "Decode attention: pages shorter than a tile");
-// otherwise T is a multiple of 16 and a tile lies in one page.
-template <int kD, int kTiles, int kN, bool kCapped, bool kShort>
+// kPerToken: T is not a multiple of 16, so a 16-token tile may hold tokens of several pages, and
+// each token's page and position are found on their own (design notes: "Decode attention: pages
+// shorter than a tile"); otherwise a tile lies in one page.
+template <int kD, int kTiles, int kN, bool kCapped, bool kPerToken>
 __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) decode_mma_kernel(
     const __grid_constant__ DecodeLaunch L) {
   using St = MmaStage<kD, kTiles>;
@@ -702,38 +703,31 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   // Block-table entries of the tiles of the step issued next, loaded one step ahead so that no
   // issue waits on them: the loaded words stay untouched until the next issue (even an int32's
   // sign extension would wait for the load), which checks them (a bad entry is never read through).
-  // The entry and position of each tile advance by kAdvance tokens per step (no division).
+  // The entry and position of each tile (or token) advance by kAdvance tokens per step (no division).
   uint32_t next_lo[kTiles], next_hi[kTiles], next_pos[kTiles];
   constexpr int kAdvance = kDecodeWarps * kStep;
   const int64_t bt_bytes = bt_row.stride * (bt_row.is_int64 ? 8 : 4);  // between block-table columns
   const uint32_t adv_blocks = L.block_size.div(kAdvance), adv_pos = kAdvance - adv_blocks * p.T;
   const uint8_t* bt_base = static_cast<const uint8_t*>(bt_row.ptr);
   uint32_t bt_at[kTiles], bt_pos[kTiles];  // byte offset of the entry (a row is below 4 GiB: small_pages)
-  // Short pages: lane l holds the entry of token l % kStep of the step (every step starts at a
-  // multiple of 16 tokens, hence of T: plan_decode_split), in next_lo[0] / next_hi[0].
-  const uint32_t short_tok = static_cast<uint32_t>(lane % kStep);
+  // kPerToken: lane l holds the entry and position of token l % kStep of the step in next_lo[0],
+  // next_hi[0] and next_pos[0] (a step starts at a multiple of 16 tokens: plan_decode_split).
+  constexpr int kEntries = kPerToken ? 1 : kTiles;  // entries of a lane per step
+  const uint32_t lane_tok = static_cast<uint32_t>(lane % kStep);
 #pragma unroll
-  for (int u = 0; u < kTiles; ++u) {
-    const uint32_t rel = warp * kStep + (kShort ? short_tok : 16 * u);
+  for (int u = 0; u < kEntries; ++u) {
+    const uint32_t rel = warp * kStep + (kPerToken ? lane_tok : 16 * u);
     const uint32_t rb = L.block_size.div(rel);
     bt_pos[u] = rel - rb * p.T;
     bt_at[u] = static_cast<uint32_t>((lo_blk + rb) * bt_bytes);
   }
   // `left`: tokens from the prefetched step's first to the end of what it may read.
   const auto prefetch = [&](int32_t left) {
-    if constexpr (kShort) {  // kAdvance is a multiple of T: the entry moves by whole columns
-      const bool load = left > static_cast<int32_t>(short_tok);
-      next_lo[0] = 0xFFFFFFFFu;
-      next_hi[0] = load && !bt_row.is_int64 ? 0u : 0xFFFFFFFFu;
-      load_entry(bt_base + bt_at[0], load && bt_row.is_int64, load && !bt_row.is_int64, next_lo[0], next_hi[0]);
-      bt_at[0] += adv_blocks * static_cast<uint32_t>(bt_bytes);
-      return;
-    }
 #pragma unroll
-    for (int u = 0; u < kTiles; ++u) {
+    for (int u = 0; u < kEntries; ++u) {
       // Predicated loads, no branch: -1 (no page) where nothing is loaded; an int32 entry's high
       // word is 0 (a negative entry is >= 2^31 > N as unsigned).
-      const bool load = left > 16 * u;
+      const bool load = left > static_cast<int32_t>(kPerToken ? lane_tok : 16 * u);
       next_lo[u] = 0xFFFFFFFFu;
       next_hi[u] = load && !bt_row.is_int64 ? 0u : 0xFFFFFFFFu;
       next_pos[u] = bt_pos[u];
@@ -882,7 +876,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   const uint8_t* stages_p = smem + kStagesAt + warp * kWarpBytes;
   const int64_t nsteps = hi > first_s0 ? (hi - first_s0 + kDecodeWarps * kStep - 1) / (kDecodeWarps * kStep) : 0;
   uint32_t valid = 0;  // bit st * kTiles + u: tile u of the step in stage st has a valid page
-  uint64_t tok_valid = 0;  // short pages: bit 32 st + e, token e of the step in stage st has a valid page
+  uint64_t tok_valid = 0;  // kPerToken: bit 32 st + e, token e of the step in stage st has a valid page
 
   // The lane's share of a tile's code rows: 16-byte chunk `ch` of rows e_l + i * kRowStep
   // (i < kPerLane), at page-relative offsets that move by a constant per row (K and V have the
@@ -892,7 +886,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   constexpr int kRowStep = 32 / kChunks;   // rows between a lane's chunks
   constexpr int kPerLane = 16 / kRowStep;  // chunks of a lane per tile and side
   const int ch = lane % kChunks, e_l = lane / kChunks;
-  const uint32_t lane_src = (kShort ? 0u : e_l * kat.data_pos) + 16 * ch;  // short pages: each row's own
+  const uint32_t lane_src = (kPerToken ? 0u : e_l * kat.data_pos) + 16 * ch;  // kPerToken: each row's own
   const uint64_t k_from = addr(p.k.base) + kat.data0 + lane_src;
   const uint32_t k_dst = stages + St::kK + e_l * St::kKRow + 16 * ch;  // V: at St::kV, rows of kVRow
   // Scale bytes: one copy instruction for both sides, K on lanes 0-15 and V on 16-31, kS bytes
@@ -905,7 +899,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   const bool k_lane = lane < 16;
   const uint32_t ks_step = kat.scale_pos, vs_step = vat.interleaved ? St::kS : vat.scale_pos;  // bytes per token
   const uint32_t s_step = k_lane ? ks_step : vs_step;
-  const uint32_t s_src = (k_lane ? kat : vat).scale0 + (kShort ? 0u : e_s * s_step);
+  const uint32_t s_src = (k_lane ? kat : vat).scale0 + (kPerToken ? 0u : e_s * s_step);
   const int s_tok = k_lane || !vat.interleaved ? e_s : e_s & ~3;  // the token whose existence decides the copy
   const uint32_t s_dst = stages + (k_lane ? St::kKs : St::kVs) + e_s * St::kS;
   const uint64_t s_from = addr(k_lane ? p.k.base : p.v.base) + s_src;
@@ -948,12 +942,11 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     const bool k_scales = row < 16u / kChunks;  // lanes 0-15 copy the K scales
     const uint32_t s_page = k_scales ? k_page : v_page, s_step = k_scales ? ks_step : vs_step;
     uint32_t vbits = 0;
-    if constexpr (kShort) {
-      // Each row's page from the lane that loaded its token's entry (lane 16u + token); a row's
-      // position in its page is its token's modulo T (a tile starts a page).
+    if constexpr (kPerToken) {
+      // Each row's page and position from the lane that loaded its token's entry (lane 16u + token).
       constexpr uint32_t kNoPage = 0xFFFFFFFFu;
       const uint32_t mine = next_hi[0] == 0u && next_lo[0] < n_pages ? next_lo[0] : kNoPage;
-      const uint32_t tmask = static_cast<uint32_t>(p.T) - 1u, es = threadIdx.x & 15u;
+      const uint32_t es = threadIdx.x & 15u;
 #pragma unroll
       for (int u = 0; u < kTiles; ++u) {
 #pragma unroll
@@ -961,15 +954,17 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
           const uint32_t r = row + kRowStep * i;
           const uint32_t page = __shfl_sync(0xffffffffu, mine, 16 * u + r);
           const bool ok = page != kNoPage && static_cast<int32_t>(r) < rem - 16 * u;
-          const uint32_t off = (r & tmask) * data_pos;
+          const uint32_t off = __shfl_sync(0xffffffffu, next_pos[0], 16 * u + r) * data_pos;
           cp_async<16, true>(kd + (16 * u + kRowStep * i) * St::kKRow, page_at(k_base, ok ? page : 0u, k_page, off), ok);
           cp_async<16, true>(vd + (16 * u + kRowStep * i) * St::kVRow, page_at(v_base, ok ? page : 0u, v_page, off), ok);
         }
         // The scale lane's bytes lie in the page of its token stok (an interleaved block of 4
-        // tokens lies in one page: T % 4 == 0), at byte es of the page's run like a linear row.
+        // tokens lies in one page: T % 4 == 0, and a tile starts at a multiple of 4 in its
+        // page), at token es's position of the page's run like a linear row.
         const uint32_t page = __shfl_sync(0xffffffffu, mine, 16 * u + stok);
+        const uint32_t pos = __shfl_sync(0xffffffffu, next_pos[0], 16 * u + es);
         const bool ok = page != kNoPage && static_cast<int32_t>(stok) < rem - 16 * u;
-        cp_async<St::kS, true>(sd + 16 * u * St::kS, page_at(s_base, ok ? page : 0u, s_page, (es & tmask) * s_step), ok);
+        cp_async<St::kS, true>(sd + 16 * u * St::kS, page_at(s_base, ok ? page : 0u, s_page, pos * s_step), ok);
       }
       const uint32_t vm = __ballot_sync(0xffffffffu, mine != kNoPage);
       tok_valid = (tok_valid & ~(uint64_t{0xFFFFFFFFu} << (32 * st))) | (uint64_t{vm} << (32 * st));
@@ -1004,14 +999,14 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     constexpr bool kFull = decltype(full_tag)::value;
     const int64_t s0 = first_s0 + n * (kDecodeWarps * kStep);
     const uint8_t* sp = stages_p + st * St::kBytes;
-    // Tile u: n_ok[u] tokens exist and their page is valid (T >= 16), or (short pages) token e
+    // Tile u: n_ok[u] tokens exist and their page is valid, or (kPerToken) token e
     // exists and its page is valid where bit e of okm[u] is set. tok_off(u, e): token e of tile u
     // does not exist or is in a masked page.
     int32_t n_ok[kTiles];
     uint32_t okm[kTiles];
 #pragma unroll
     for (int u = 0; u < kTiles; ++u) {
-      if constexpr (kShort) {
+      if constexpr (kPerToken) {
         const int32_t exist = static_cast<int32_t>(max64(min64(16, hi - (s0 + 16 * u)), 0));
         okm[u] = static_cast<uint32_t>(tok_valid >> (32 * st + 16 * u)) & ((1u << exist) - 1u);
         n_ok[u] = 0;  // unused
@@ -1020,7 +1015,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
         okm[u] = 0u;  // unused
       }
     }
-    const auto tok_off = [&](int u, int e) { return kShort ? ((okm[u] >> e) & 1u) == 0u : e >= n_ok[u]; };
+    const auto tok_off = [&](int u, int e) { return kPerToken ? ((okm[u] >> e) & 1u) == 0u : e >= n_ok[u]; };
 
     // Logits: S^T[token][row], lane (g, t) holds tokens g, g + 8 and rows 2t, 2t + 1.
     float sc[kTiles][kN][4];
@@ -1108,7 +1103,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
             if constexpr (kCapped) x = p.soft_cap * tanhf(x / p.soft_cap) * kLog2e;
             if (!kFull) {
               const int32_t e = 16 * u + g + 8 * a;
-              x = (kShort ? !tok_off(u, g + 8 * a) : n_ok[u] > 0) && e >= lo_e[n][j] && e < hi_e[n][j] ? x : -INFINITY;
+              x = (kPerToken ? !tok_off(u, g + 8 * a) : n_ok[u] > 0) && e >= lo_e[n][j] && e < hi_e[n][j] ? x : -INFINITY;
             }
             sc[u][n][2 * a + j] = x;
             const float d = x - m[n][j];
@@ -1293,8 +1288,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     const int st = n % kMmaStages;
     cp_async_wait<kMmaStages - 1>();  // step n's copies (this lane's) have landed
     __syncwarp();                     // and every lane's
-    constexpr uint32_t kStepBits = kStep == 32 ? 0xFFFFFFFFu : (1u << kStep) - 1u;  // short pages: every token's
-    const bool pages_ok = kShort ? (static_cast<uint32_t>(tok_valid >> (32 * st)) & kStepBits) == kStepBits
+    constexpr uint32_t kStepBits = kStep == 32 ? 0xFFFFFFFFu : (1u << kStep) - 1u;  // kPerToken: every token's
+    const bool pages_ok = kPerToken ? (static_cast<uint32_t>(tok_valid >> (32 * st)) & kStepBits) == kStepBits
                                  : ((valid >> (st * kTiles)) & ((1u << kTiles) - 1)) == (1u << kTiles) - 1;
     const bool full = pages_ok && n >= n0 && n < n1;
     if (full)
@@ -1458,11 +1453,11 @@ bool cluster_fits(int device, int size) {
   return fits;
 }
 
-template <int kD, int kN, bool kCapped, bool kShort>
+template <int kD, int kN, bool kCapped, bool kPerToken>
 cudaError_t launch_mma(DecodeLaunch& L, dim3 grid, int device, cudaStream_t stream) {
   // Two tiles per step halve the per-step overhead; D 256 has the registers for one.
   constexpr int kTiles = kD >= 256 ? 1 : 2;
-  constexpr auto kernel = decode_mma_kernel<kD, kTiles, kN, kCapped, kShort>;
+  constexpr auto kernel = decode_mma_kernel<kD, kTiles, kN, kCapped, kPerToken>;
   constexpr size_t smem = mma_smem_bytes<kD, kTiles, kN>();
   const cudaError_t err = allow_shared_memory<kernel, smem>(device);
   if (err != cudaSuccess) return err;
@@ -1477,14 +1472,14 @@ cudaError_t launch_mma(DecodeLaunch& L, dim3 grid, int device, cudaStream_t stre
 }
 
 // The tensor-core reader's kernel for the block's query rows and the soft cap.
-template <int kD, bool kShort>
+template <int kD, bool kPerToken>
 cudaError_t launch_mma_rows(DecodeLaunch& L, int rows, dim3 grid, int device, cudaStream_t stream) {
   const bool capped = L.p.soft_cap > 0.0f;
   if (mma_row_tiles(kD, rows) == 2)
-    return capped ? launch_mma<kD, kD <= 128 ? 2 : 1, true, kShort>(L, grid, device, stream)
-                  : launch_mma<kD, kD <= 128 ? 2 : 1, false, kShort>(L, grid, device, stream);
-  return capped ? launch_mma<kD, 1, true, kShort>(L, grid, device, stream)
-                : launch_mma<kD, 1, false, kShort>(L, grid, device, stream);
+    return capped ? launch_mma<kD, kD <= 128 ? 2 : 1, true, kPerToken>(L, grid, device, stream)
+                  : launch_mma<kD, kD <= 128 ? 2 : 1, false, kPerToken>(L, grid, device, stream);
+  return capped ? launch_mma<kD, 1, true, kPerToken>(L, grid, device, stream)
+                : launch_mma<kD, 1, false, kPerToken>(L, grid, device, stream);
 }
 
 template <DType kDType, int kD>
@@ -1501,8 +1496,8 @@ cudaError_t launch_decode(DecodeLaunch& L, DecodeKernel kind, int device, cudaSt
                     static_cast<unsigned>(std::min<int64_t>(65535, p.B - b0)));
     cudaError_t err;
     if (kind == DecodeKernel::kMma)
-      err = decode_short_pages(p.T) ? launch_mma_rows<kD, true>(L, rows, grid, device, stream)
-                                    : launch_mma_rows<kD, false>(L, rows, grid, device, stream);
+      err = decode_per_token_pages(p.T) ? launch_mma_rows<kD, true>(L, rows, grid, device, stream)
+                                        : launch_mma_rows<kD, false>(L, rows, grid, device, stream);
     else
       err = launch_pdl(lanes, grid, dim3(kDecodeThreads), device, stream, L);
     if (err != cudaSuccess) return err;

@@ -127,17 +127,17 @@ bool decode_cluster_merge(DecodeKernel kind, int64_t splits, int64_t blocks, con
 }
 
 DecodeKernel select_decode_kernel(const DecodeShape& s) {
+  // Every block size: a tile lies in one page, or (decode_per_token_pages) in its tokens' pages.
   const bool head_ok = s.D == 64 || s.D == 128 || s.D == 256;
-  const bool tiles_ok = s.T % 16 == 0 || decode_short_pages(s.T);  // a tile: one page or whole pages
-  return head_ok && tiles_ok && s.aligned16 && !s.k_interleaved && s.small_pages ? DecodeKernel::kMma
-                                                                                 : DecodeKernel::kLanes;
+  return head_ok && s.T > 0 && s.aligned16 && !s.k_interleaved && s.small_pages ? DecodeKernel::kMma
+                                                                                : DecodeKernel::kLanes;
 }
 
 DecodeSplit plan_decode_split(int64_t B, int64_t H, int64_t max_blocks, int32_t T) {
-  const int64_t per16 = decode_short_pages(T) ? 16 / T : 1;  // columns of a 16-token unit
-  const int64_t units = (max_blocks + per16 - 1) / per16;
+  const int64_t per = decode_unit_cols(T);
+  const int64_t units = (max_blocks + per - 1) / per;
   const int64_t splits = decode_splits(B, H, units);
-  return {splits, std::max<int64_t>(1, (units + splits - 1) / splits) * per16};
+  return {splits, std::max<int64_t>(1, (units + splits - 1) / splits) * per};
 }
 
 }  // namespace nvfp4kv

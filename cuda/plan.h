@@ -94,11 +94,12 @@ int64_t gather_rows_blocks_per_seq(const GatherShape& s, int64_t tokens_per_bloc
 int64_t gather_pages_blocks_per_seq(const GatherShape& s, const PagesPlan& pages, int64_t resident);
 
 // ---- Decode attention --------------------------------------------------------------------------
-// "Decode attention: the tensor-core reader": it copies 16-token tiles, of one page or of 16 / T
-// whole pages ("pages shorter than a tile"), with 16-byte asynchronous copies; other block sizes
-// or alignments take the lane-per-token reader.
+// "Decode attention: the tensor-core reader": it copies 16-token tiles, of one page or, where T
+// is not a multiple of 16, of the pages of their tokens ("pages shorter than a tile"), with
+// 16-byte asynchronous copies; other head sizes or alignments, and larger caches, take the
+// lane-per-token reader.
 enum class DecodeKernel {
-  kMma,   // decode_mma_kernel: mma.sync tiles of 16 tokens (of one page, or of 16 / T short pages)
+  kMma,   // decode_mma_kernel: mma.sync tiles of 16 tokens (of one page, or of their tokens' pages)
   kLanes  // decode_kernel: one lane per token, fp32 products
 };
 
@@ -114,16 +115,22 @@ struct DecodeShape {
 
 DecodeKernel select_decode_kernel(const DecodeShape& s);
 
-// Pages of fewer than 16 tokens that a 16-token tile holds whole (T = 1, 2, 4, 8): the tensor-core
-// reader's kShort kernels and plan_decode_split's 16-token columns.
-constexpr bool decode_short_pages(int64_t T) { return T > 0 && T < 16 && 16 % T == 0; }
+// Block sizes that are not a multiple of 16, where a 16-token tile may hold tokens of several
+// pages: the tensor-core reader's kPerToken kernels find each token's page on its own.
+constexpr bool decode_per_token_pages(int64_t T) { return T > 0 && T % 16 != 0; }
+
+// Block-table columns of the shortest run of whole pages that is a multiple of 16 tokens:
+// lcm(16, T) / T = 16 / gcd(16, T) (1 where T is a multiple of 16, 16 / T for T = 1, 2, 4, 8).
+constexpr int64_t decode_unit_cols(int64_t T) {
+  return T % 16 == 0 ? 1 : T % 8 == 0 ? 2 : T % 4 == 0 ? 4 : T % 2 == 0 ? 8 : 16;
+}
 
 // How a decode call splits each sequence's block-table columns (flash-decoding): `splits` blocks
-// of `cols` columns each. Pages of fewer than 16 tokens (T = 1, 2, 4, 8) are counted in columns
-// of 16 tokens, so that a split holds as many tokens as at T 16 (not 16 / T times fewer, each
-// paying a block's setup and merge) and starts at a multiple of 16 tokens, where the tensor-core
-// reader's tiles start. Never more splits than decode_splits(B, H, max_blocks), which sizes the
-// workspace from the geometry without T.
+// of `cols` columns each. Columns are counted in units of decode_unit_cols(T), so that every split
+// starts at a multiple of 16 tokens, where the tensor-core reader's tiles start, and pages of
+// fewer than 16 tokens make splits of as many tokens as at T 16 (not 16 / T times fewer, each
+// paying a block's setup and merge). Never more splits than decode_splits(B, H, max_blocks),
+// which sizes the workspace from the geometry without T.
 struct DecodeSplit {
   int64_t splits, cols;
 };

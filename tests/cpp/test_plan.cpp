@@ -160,10 +160,13 @@ void test_decode() {
   CHECK(select_decode_kernel({16, 128, true, false, true}) == DecodeKernel::kMma, "T 16");
   CHECK(select_decode_kernel({64, 64, true, false, true}) == DecodeKernel::kMma, "T 64, D 64");
   CHECK(select_decode_kernel({32, 256, true, false, true}) == DecodeKernel::kMma, "T 32, D 256");
-  for (int T : {1, 2, 4, 8}) CHECK(select_decode_kernel({T, 128, true, false, true}) == DecodeKernel::kMma, "T %d", T);
-  CHECK(select_decode_kernel({24, 128, true, false, true}) == DecodeKernel::kLanes, "T 24");
-  CHECK(select_decode_kernel({12, 128, true, false, true}) == DecodeKernel::kLanes, "T 12");
-  CHECK(select_decode_kernel({3, 64, true, false, true}) == DecodeKernel::kLanes, "T 3");
+  for (int T : {1, 2, 3, 4, 8, 12, 24, 40})  // every block size: a tile in its tokens' pages
+    CHECK(select_decode_kernel({T, 128, true, false, true}) == DecodeKernel::kMma, "T %d", T);
+  CHECK(select_decode_kernel({3, 64, true, false, true}) == DecodeKernel::kMma, "T 3, D 64");
+  CHECK(select_decode_kernel({12, 128, false, false, true}) == DecodeKernel::kLanes, "T 12, unaligned sides");
+  for (int T = 1; T <= 64; ++T)  // the unit: the fewest whole pages that make a multiple of 16 tokens
+    for (int64_t c = 1; c <= decode_unit_cols(T); ++c)
+      CHECK(((c * T) % 16 == 0) == (c == decode_unit_cols(T)), "T %d, %lld columns", T, (long long)c);
   CHECK(select_decode_kernel({16, 128, false, false, true}) == DecodeKernel::kLanes, "unaligned sides");
   CHECK(select_decode_kernel({16, 96, true, false, true}) == DecodeKernel::kLanes, "D 96");
   CHECK(select_decode_kernel({16, 128, true, true, true}) == DecodeKernel::kLanes, "K scales interleaved");
@@ -177,15 +180,16 @@ void test_decode() {
   CHECK(sp.splits == 8 && sp.cols == 128, "1 x 1024, T 1: %lld x %lld", (long long)sp.splits, (long long)sp.cols);
   sp = plan_decode_split(16, 8, 4096 / 16, 16);
   CHECK(sp.splits == 4 && sp.cols == 64, "16 x 4096, T 16");
-  for (int T : {1, 2, 4, 8})
+  for (int T : {1, 2, 3, 4, 8, 12, 24, 40})
     for (int64_t cols : {int64_t{1}, int64_t{3}, int64_t{17}, int64_t{100}, int64_t{1000}, int64_t{131072 / 4}, int64_t{131072} / T}) {
       sp = plan_decode_split(1, 8, cols, T);
       CHECK(sp.splits >= 1 && sp.splits <= decode_splits(1, 8, cols) && sp.splits * sp.cols >= cols &&
                 (sp.cols * T) % 16 == 0,
             "T %d, %lld columns: %lld x %lld", T, (long long)cols, (long long)sp.splits, (long long)sp.cols);
     }
-  sp = plan_decode_split(3, 2, 77, 12);  // T 12 (the lane reader): columns as they are
-  CHECK(sp.splits == decode_splits(3, 2, 77) && sp.splits * sp.cols >= 77, "T 12");
+  sp = plan_decode_split(1, 8, 4096, 12);  // 1 x 49152 at T 12: splits of whole 48-token units
+  CHECK(sp.splits == decode_splits(1, 8, 1024) && sp.cols % 4 == 0, "1 x 49152, T 12: %lld x %lld", (long long)sp.splits,
+        (long long)sp.cols);
 
   // 1 x 1024 (Hkv 8, 64 columns): 8 splits, 64 blocks; 16 x 4096: 4 splits, 512 blocks.
   CHECK(decode_cluster_merge(DecodeKernel::kMma, 8, 64, kH200), "8 splits, 64 blocks merge in their clusters on sm_90");

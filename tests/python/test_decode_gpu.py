@@ -67,8 +67,10 @@ def close(a, b, rel=REL_L2):
     (4, 64, 2, 4, 128, 16, 2),
     (2, 129, 2, 4, 64, 16, 4),
     (2, 70, 1, 2, 128, 16, 8),
-    (2, 77, 2, 4, 128, 12, 1),  # T 12: the lane-per-token reader (the tensor-core one: T % 16 == 0 or 16 % T == 0)
-    (3, 90, 2, 4, 64, 8, 2),    # T 8, 4, 2, 1: the tensor-core reader, 16 / T pages per tile
+    (2, 77, 2, 4, 128, 12, 1),  # T not a multiple of 16: tiles across their tokens' pages
+    (2, 100, 2, 4, 128, 24, 1),
+    (2, 50, 1, 4, 64, 3, 2),    # pages of 216 bytes (H T odd at D 64: not 16-byte strides): the lane reader
+    (3, 90, 2, 4, 64, 8, 2),    # T 8, 4, 2, 1: 16 / T pages per tile
     (2, 300, 2, 4, 128, 4, 1),
     (2, 45, 1, 8, 256, 2, 2),
     (2, 1000, 2, 4, 128, 1, 1),
@@ -97,12 +99,13 @@ def test_cuda_masks_windows_caps(form, scale_layout):
         assert torch.all(got[4:8] == 0)  # sequence 1 is empty: zeros, lse -inf
 
 
-@pytest.mark.parametrize("T", [1, 2, 4, 8])
+@pytest.mark.parametrize("T", [1, 2, 4, 8, 3, 12, 24])
 @pytest.mark.parametrize("form,scale_layout", [("5d", "vllm"), ("5d", "linear"), ("packed", "vllm")])
 def test_cuda_short_pages_masks_windows_caps(T, form, scale_layout):
-    """Pages of fewer than 16 tokens: each 16-token tile of the tensor-core reader spans 16 / T
-    pages, found token by token; masked entries (every third, every fifth) mask single pages
-    inside a tile. int64 entries at T 1, a sequence ending inside a tile and an empty one."""
+    """Block sizes that are not a multiple of 16: each 16-token tile of the tensor-core reader
+    holds tokens of several pages (16 / T whole ones where T divides 16), found token by token;
+    masked entries (every third, every fifth) mask single pages inside a tile. int64 entries at
+    odd T, a sequence ending inside a tile and an empty one."""
     if scale_layout == "vllm" and T % 4:
         pytest.skip("interleaved V scales need T % 4 == 0")
     kv, bt, sl, q = make(3, 200, 2, 4, 128, T, form=form, scale_layout=scale_layout, seed=T, bad_entries=True,
@@ -117,11 +120,12 @@ def test_cuda_short_pages_masks_windows_caps(T, form, scale_layout):
         assert torch.allclose(got_lse[~want_lse.isinf()], want_lse[~want_lse.isinf()], atol=1e-4, rtol=0), kw
 
 
-@pytest.mark.parametrize("T,L,B", [(1, 5000, 1), (4, 3000, 2), (1, 1024, 1)])
+@pytest.mark.parametrize("T,L,B", [(1, 5000, 1), (4, 3000, 2), (1, 1024, 1), (12, 4000, 1), (3, 2000, 2)])
 def test_cuda_short_pages_split_kv(T, L, B):
-    """Short pages split by 16-token columns (T 1 at 5000 tokens: 39 splits merged from the
-    workspace; at 1024 tokens 8 splits, merged in their cluster on sm_90): equal to the CPU path,
-    the same bits on every run, within the workspace sized by decode_workspace."""
+    """Splits of whole runs of pages that are multiples of 16 tokens (T 1 at 5000 tokens: 39
+    splits merged from the workspace; at 1024 tokens 8 splits, merged in their cluster on sm_90;
+    T 12 in runs of 48 tokens, T 3 of 48): equal to the CPU path, the same bits on every run,
+    within the workspace sized by decode_workspace."""
     kv, bt, sl, q = make(B, L, 2, 4, 128, T, scale_layout="linear", seed=L + T, lens=[L - 7 * i for i in range(B)])
     a, la = run(kv, bt, sl, q, "cuda", scale_layout="linear")
     b, lb = run(kv, bt, sl, q, "cuda", scale_layout="linear")
@@ -190,13 +194,37 @@ from test_decode import LSE_TOL, REL_L2_TOL, reference, setup  # noqa: E402
 GPU_MEASURED = {"rel_l2": 0.0, "lse": 0.0}
 
 
-def on_cuda(t):
-    """The same view of the same bytes on the GPU (strides and offset kept)."""
+def on_cuda(t, shift=0):
+    """The same view of the same bytes on the GPU (strides and offset kept), `shift` bytes past
+    the start of its allocation (uint8 caches; shift 4: sides 4 bytes past a 16-byte boundary,
+    which the lane-per-token reader takes)."""
     if t is None:
         return None
     raw = t.untyped_storage()
+    if shift:
+        flat = torch.empty(0, dtype=torch.uint8, device=raw.device).set_(raw)
+        buf = torch.zeros(flat.numel() + shift, dtype=torch.uint8, device="cuda")
+        buf[shift:].copy_(flat)
+        return buf.as_strided(t.shape, t.stride(), t.storage_offset() + shift)
     base = torch.empty(0, dtype=t.dtype, device="cuda").set_(raw.cuda() if raw.device.type == "cpu" else raw)
     return base.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+@pytest.mark.parametrize("T,D,q_len,bad", [(16, 128, 1, False), (12, 128, 2, True), (8, 64, 1, True), (32, 256, 1, False)])
+def test_cuda_lane_reader_equals_cpu(T, D, q_len, bad):
+    """Sides whose start is not 16-byte aligned take the lane-per-token reader (every block
+    size), with masked entries and a split sequence: equal to the CPU path."""
+    kv, bt, sl, q = make(2, 700, 2, 4, D, T, q_len=q_len, seed=T + D, bad_entries=bad, lens=[700, 333])
+    layout = "vllm" if T % 4 == 0 else "linear"
+    want, want_lse = run(kv, bt, sl, q, "cpu", q_len=q_len, scale_layout=layout)
+    kvc, qc, btc, slc = on_cuda(kv, shift=4), q.cuda(), bt.cuda(), sl.cuda()
+    assert kvc.data_ptr() % 16 == 4
+    lse = torch.empty(q.shape[0], q.shape[1], device="cuda")
+    ws = nv.decode_workspace(kvc, qc, btc, q_len=q_len)
+    got = nv.decode_attention(qc, kvc, btc, slc, torch.tensor([0.03], device="cuda"), torch.tensor([0.05], device="cuda"),
+                              q_len=q_len, scale_layout=layout, lse=lse, workspace=ws)
+    assert close(got.float().cpu(), want) <= REL_L2
+    assert torch.allclose(lse.cpu(), want_lse, atol=1e-4, rtol=0)
 
 
 def check_gpu(cache, q, bt, sl, q_len=1, k_scale=0.02, v_scale=0.03, scale_layout="vllm", cap=0.0, window=-1,
@@ -317,17 +345,18 @@ def test_cuda_nan_k_group_reaches_only_the_rows_that_see_it():
     assert torch.isfinite(out[2:].float()).all() and torch.isfinite(lse[2:]).all()
 
 
-@pytest.mark.parametrize("T,D,elem", [(16, 64, 5), (16, 128, 40), (16, 256, 20), (8, 128, 5), (12, 128, 5)])
+@pytest.mark.parametrize("T,D,elem,shift", [(16, 64, 5, 0), (16, 128, 40, 0), (16, 256, 20, 0), (8, 128, 5, 0),
+                                           (12, 128, 5, 0), (12, 128, 5, 4), (16, 128, 40, 4)])
 @pytest.mark.parametrize("slot,window", [(5, 16), (23, -1), (21, -1)])
-def test_cuda_v_nan_group_reaches_only_the_rows_that_attend_it(T, D, elem, slot, window):
+def test_cuda_v_nan_group_reaches_only_the_rows_that_attend_it(T, D, elem, shift, slot, window):
     """A NaN V group of a token that some rows mask (window, causal end of the queries) reaches
-    only the rows that attend it, in that group's elements, in both readers (T 16 and 8: tensor
-    cores, T 12: lane per token), as on the CPU; everything else equals the CPU path."""
+    only the rows that attend it, in that group's elements, in both readers (aligned sides:
+    tensor cores; shift 4: lane per token), as on the CPU; everything else equals the CPU path."""
     from test_decode import check_v_nan, v_nan_case
 
     cache, q, bt, sl, seeing = v_nan_case(T, D, slot, elem, window)
     lse = torch.empty(4, 2, device="cuda")
-    out = nv.decode_attention(q.cuda(), on_cuda(cache.kv_cache), bt.cuda(), sl.cuda(), 1.0, 1.0, q_len=4,
+    out = nv.decode_attention(q.cuda(), on_cuda(cache.kv_cache, shift), bt.cuda(), sl.cuda(), 1.0, 1.0, q_len=4,
                               window_left=window, lse=lse)
     check_v_nan(out, lse, seeing, elem)
     want_lse = torch.empty(4, 2)
