@@ -66,6 +66,7 @@ VARIANTS = {
     "fp16": ("fp16", dict(dtype="float16")),
     "nhd": ("NHD (linear scales)", dict(layout="NHD")),
     "t8": ("T 8", dict(T=8)),
+    "t12": ("T 12", dict(T=12)),
     "t1": ("T 1 (linear scales)", dict(T=1)),
     "graph": ("1x1024 in a CUDA graph", dict(B=1, L=1024, graph=True)),
 }
