@@ -129,8 +129,7 @@ bool decode_cluster_merge(DecodeKernel kind, int64_t splits, int64_t blocks, con
 DecodeKernel select_decode_kernel(const DecodeShape& s) {
   // Every block size: a tile lies in one page, or (decode_per_token_pages) in its tokens' pages.
   const bool head_ok = s.D == 64 || s.D == 128 || s.D == 256;
-  return head_ok && s.T > 0 && s.aligned16 && !s.k_interleaved && s.small_pages ? DecodeKernel::kMma
-                                                                                : DecodeKernel::kLanes;
+  return head_ok && s.aligned16 && !s.k_interleaved && s.small_pages ? DecodeKernel::kMma : DecodeKernel::kLanes;
 }
 
 DecodeSplit plan_decode_split(int64_t B, int64_t H, int64_t max_blocks, int32_t T) {

@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include <numeric>
+
 #include "nvfp4kv/format.h"
 #include "testing.h"
 
@@ -117,13 +119,11 @@ DecodeKernel select_decode_kernel(const DecodeShape& s);
 
 // Block sizes that are not a multiple of 16, where a 16-token tile may hold tokens of several
 // pages: the tensor-core reader's kPerToken kernels find each token's page on its own.
-constexpr bool decode_per_token_pages(int64_t T) { return T > 0 && T % 16 != 0; }
+constexpr bool decode_per_token_pages(int64_t T) { return T % 16 != 0; }
 
 // Block-table columns of the shortest run of whole pages that is a multiple of 16 tokens:
-// lcm(16, T) / T = 16 / gcd(16, T) (1 where T is a multiple of 16, 16 / T for T = 1, 2, 4, 8).
-constexpr int64_t decode_unit_cols(int64_t T) {
-  return T % 16 == 0 ? 1 : T % 8 == 0 ? 2 : T % 4 == 0 ? 4 : T % 2 == 0 ? 8 : 16;
-}
+// lcm(16, T) / T (1 where T is a multiple of 16, 16 / T for T = 1, 2, 4, 8).
+constexpr int64_t decode_unit_cols(int64_t T) { return 16 / std::gcd(int64_t{16}, T); }
 
 // How a decode call splits each sequence's block-table columns (flash-decoding): `splits` blocks
 // of `cols` columns each. Columns are counted in units of decode_unit_cols(T), so that every split
