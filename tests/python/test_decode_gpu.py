@@ -43,8 +43,13 @@ def make(B, L, H, group, D, T, q_len=1, form="5d", scale_layout="vllm", dtype=to
     return kv, bt, seq_lens, q
 
 
-def run(kv, bt, seq_lens, q, device, **kw):
+def run(kv, bt, seq_lens, q, device, shift=0, **kw):
+    """decode_attention on `device`; shift > 0 puts the cache that many bytes past a 16-byte
+    boundary (on_cuda)."""
     args = [x.to(device) for x in (q, kv, bt, seq_lens)]
+    if shift:
+        args[1] = on_cuda(kv, shift=shift)
+        assert args[1].data_ptr() % 16 == shift
     ks, vs = torch.tensor([0.03], device=device), torch.tensor([0.05], device=device)
     lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=device)
     ws = nv.decode_workspace(args[1], args[0], args[2], q_len=kw.get("q_len", 1)) if device == "cuda" else None
@@ -217,14 +222,9 @@ def test_cuda_lane_reader_equals_cpu(T, D, q_len, bad):
     kv, bt, sl, q = make(2, 700, 2, 4, D, T, q_len=q_len, seed=T + D, bad_entries=bad, lens=[700, 333])
     layout = "vllm" if T % 4 == 0 else "linear"
     want, want_lse = run(kv, bt, sl, q, "cpu", q_len=q_len, scale_layout=layout)
-    kvc, qc, btc, slc = on_cuda(kv, shift=4), q.cuda(), bt.cuda(), sl.cuda()
-    assert kvc.data_ptr() % 16 == 4
-    lse = torch.empty(q.shape[0], q.shape[1], device="cuda")
-    ws = nv.decode_workspace(kvc, qc, btc, q_len=q_len)
-    got = nv.decode_attention(qc, kvc, btc, slc, torch.tensor([0.03], device="cuda"), torch.tensor([0.05], device="cuda"),
-                              q_len=q_len, scale_layout=layout, lse=lse, workspace=ws)
-    assert close(got.float().cpu(), want) <= REL_L2
-    assert torch.allclose(lse.cpu(), want_lse, atol=1e-4, rtol=0)
+    got, got_lse = run(kv, bt, sl, q, "cuda", shift=4, q_len=q_len, scale_layout=layout)
+    assert close(got, want) <= REL_L2
+    assert torch.allclose(got_lse, want_lse, atol=1e-4, rtol=0)
 
 
 def check_gpu(cache, q, bt, sl, q_len=1, k_scale=0.02, v_scale=0.03, scale_layout="vllm", cap=0.0, window=-1,
