@@ -701,12 +701,7 @@ def decode_attention(
     try:
         _C.decode_attention(query, kv_cache, value_cache, block_table, seq_lens, k_scale, v_scale, scale_layout,
                             rows, sm, cap, window, out, lse, workspace, stream)
-    except ValueError:
-        halves = _split_halves(kv_cache, value_cache)
-        if halves is not None:  # (N, H, T, F) halves of a packed torch cache: read as (N, T, H, F)
-            _C.decode_attention(query, halves[0], halves[1], block_table, seq_lens, k_scale, v_scale, scale_layout,
-                                rows, sm, cap, window, out, lse, workspace, stream)
-            return out
+    except ValueError:  # no retry for split halves: the extension reads them at every shape (orient_sides)
         if not _without_data(query, kv_cache, value_cache, block_table, seq_lens, out, lse, workspace):
             raise
         ops = _ops()

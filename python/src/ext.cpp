@@ -418,25 +418,29 @@ nb::object scale_arg(nb::handle x, const char* name) {
 
 // Cache sides given apart are (N, T, H, F) in logical order (vLLM's reshape_and_cache_flash
 // convention). The halves of a packed (N, 2H, T, F) cache taken with split(H, dim=1) are
-// (N, H, T, F): where H != T the C ABI names the mistake (its heads check), but where H == T
-// their shape and strides equal those of an NHD side, and only their origin tells them apart. So
-// for torch sides of that one geometry (nothing is asked otherwise: the decode path pays nothing),
-// halves whose _base is such a packed cache, with the same strides, are read transposed.
+// (N, H, T, F): their shape and strides equal those of an NHD side with H and T exchanged, and
+// only their origin tells them apart. Where the call knows the heads (the store's key, the
+// outputs of the reads) and H != T, the C ABI names the mistake and Python retries with the
+// halves transposed, so those calls ask here only where H == T; decode_attention knows no head
+// count and asks at every shape (orient_sides). Torch halves whose _base is such a packed cache,
+// with the same strides, are read transposed.
 bool split_half(nb::handle obj, const Arg& a) {
   const TorchInfo* info = torch_info();
   if (!info || !PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(info->tensor_type))) return false;
   nb::object base = nb::getattr(obj, "_base", nb::none());
   if (base.is_none()) return false;
-  nb::object shape = base.attr("shape"), stride = base.attr("stride")();
-  if (nb::len(shape) != 4) return false;
-  if (nb::cast<int64_t>(shape[1]) != 2 * a.shape[1]) return false;
+  nb::object shape = base.attr("shape");
+  if (nb::len(shape) != 4 || nb::cast<int64_t>(shape[1]) != 2 * a.shape[1]) return false;
+  nb::object stride = base.attr("stride")();
   for (int i = 0; i < 4; ++i)
     if (nb::cast<int64_t>(stride[i]) != a.strides[i]) return false;
   return true;
 }
 
-void orient_sides(Arg& c, nb::handle c_obj, Arg& vc, nb::handle vc_obj) {
-  if (!vc.present || c.t.ndim != 4 || vc.t.ndim != 4 || c.shape[1] != c.shape[2]) return;
+// every_shape: decode_attention, which has no head count to check sides against (its query holds
+// group x H heads), so that halves with H != T are not read as sides with H and T exchanged.
+void orient_sides(Arg& c, nb::handle c_obj, Arg& vc, nb::handle vc_obj, bool every_shape = false) {
+  if (!vc.present || c.t.ndim != 4 || vc.t.ndim != 4 || (c.shape[1] != c.shape[2] && !every_shape)) return;
   if (!split_half(c_obj, c) || !split_half(vc_obj, vc)) return;
   for (Arg* a : {&c, &vc}) {
     std::swap(a->shape[1], a->shape[2]);
@@ -573,7 +577,7 @@ void decode_attention(nb::handle query, nb::handle kv_cache, nb::handle value_ca
   import_array(q, query, "query", false);
   import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
   import_optional(vc, value_cache, "value_cache", false);
-  orient_sides(c, kv_cache, vc, value_cache);
+  orient_sides(c, kv_cache, vc, value_cache, /*every_shape=*/true);
   import_array(bt, block_table, "block_table", false);
   import_array(sl, seq_lens, "seq_lens", false);
   import_scale(ks, ksc, "k_scale");

@@ -227,6 +227,28 @@ def test_cuda_lane_reader_equals_cpu(T, D, q_len, bad):
     assert torch.allclose(got_lse, want_lse, atol=1e-4, rtol=0)
 
 
+def test_cuda_refuses_what_only_the_cpu_takes():
+    """K and V of different head sizes, and cache sides 2 bytes past a 4-byte boundary: the CPU
+    path reads both (test_decode.py), the GPU raises a RuntimeError that names the limit and
+    writes nothing."""
+    F128, F64 = nv.nvfp4_kv_cache_full_dim(128), nv.nvfp4_kv_cache_full_dim(64)
+    kc = torch.zeros(6, 16, 2, F128, dtype=torch.uint8, device="cuda")
+    vc = torch.zeros(6, 16, 2, F64, dtype=torch.uint8, device="cuda")
+    q = torch.randn(2, 8, 128, device="cuda").to(torch.bfloat16)
+    bt = torch.arange(6, dtype=torch.int32, device="cuda").reshape(2, 3)
+    sl = torch.tensor([40, 48], dtype=torch.int32, device="cuda")
+    out_d = torch.full((2, 8, 64), 7.0, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(RuntimeError, match="equal K and V head sizes"):
+        nv.decode_attention(q, kc, bt, sl, 1.0, 1.0, value_cache=vc, out=out_d)
+    kv, bt, sl, q = make(2, 40, 2, 4, 64, 16)
+    out_a = torch.full(q.shape, 7.0, dtype=q.dtype, device="cuda")
+    with pytest.raises(RuntimeError, match="multiples of 4 bytes"):
+        nv.decode_attention(q.cuda(), on_cuda(kv, shift=2), bt.cuda(), sl.cuda(), 1.0, 1.0, scale_layout="linear",
+                            out=out_a)
+    torch.cuda.synchronize()
+    assert bool((out_d == 7.0).all()) and bool((out_a == 7.0).all())
+
+
 def check_gpu(cache, q, bt, sl, q_len=1, k_scale=0.02, v_scale=0.03, scale_layout="vllm", cap=0.0, window=-1,
               sm_scale=None):
     kv, vc = on_cuda(cache.kv_cache), on_cuda(cache.value_cache)

@@ -7,7 +7,8 @@ as (N, 2H, T, F) and hands out its sides in two orientations: (N, T, H, F) to th
 in test_store_cpu.py); every other view must give the same bytes or a clear error. Where H == T
 an (N, H, T, F) half has the strides of an NHD (N, T, H, F) side, so only its origin (a torch
 view of the packed cache) tells them apart: torch halves work in both orientations, whatever H
-and T; a numpy or C caller's (N, H, T, F) halves are named by the C ABI where H != T.
+and T; a numpy or C caller's (N, H, T, F) halves are named by the C ABI where H != T (the store
+and the reads, against the heads of key or of the outputs; decode_attention has no such count).
 """
 
 import numpy as np
@@ -92,3 +93,50 @@ def test_numpy_halves_with_heads_and_positions_swapped_are_named():
     with pytest.raises(ValueError, match=r"key_cache: shape \(2, 4, 16, 36\) has the 4 KV heads of key"):
         nv.store(key, key, k, np.arange(3), 0.1, 0.1, value_cache=v, scale_layout="linear")
     assert np.array_equal(kv, before)
+
+
+def filled(N, H, T, scale_layout):
+    """A packed cache holding stored keys and values (random bytes would hold NaN scales)."""
+    kv = torch.zeros(N, 2 * H, T, F, dtype=torch.uint8)
+    key, value = inputs(N * T, H, seed=N * H * T + 1)
+    nv.store(key, value, kv, torch.arange(N * T), 0.04, 0.06, scale_layout=scale_layout)
+    return kv
+
+
+def decode_inputs(N, H, T):
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 2 * H, D, generator=g).to(torch.bfloat16)  # q_len 2, GQA group 2
+    return q, torch.arange(N, dtype=torch.int32).flip(0).reshape(1, N), torch.tensor([N * T - 1])
+
+
+# (2, 4, 8): split halves read as sides would be H 8, T 4, whose GQA group 1 the call accepts.
+@pytest.mark.parametrize("N,H,T", GEOMETRIES + [(2, 4, 8)], ids=lambda v: str(v))
+@pytest.mark.parametrize("scale_layout", ["vllm", "linear"])
+@pytest.mark.parametrize("name", ["5d", "5d sides", "store halves (N,T,H,F)", "split halves (N,H,T,F)"])
+def test_decode_through_every_view(N, H, T, scale_layout, name):
+    """decode_attention has no head count to check sides against (the query holds group x H
+    heads): split halves with H != T were read as sides with H and T exchanged under "linear"."""
+    kv = filled(N, H, T, scale_layout)
+    q, bt, sl = decode_inputs(N, H, T)
+    want = nv.decode_attention(q, kv, bt, sl, 0.04, 0.06, scale_layout=scale_layout, q_len=2)
+    kv_cache, value_cache = views(kv, H, T)[name]
+    got = nv.decode_attention(q, kv_cache, bt, sl, 0.04, 0.06, value_cache=value_cache, scale_layout=scale_layout,
+                              q_len=2)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.parametrize("scale_layout", ["vllm", "linear"])
+def test_decode_op_reads_split_halves(scale_layout):
+    """The torch op (what torch.compile calls) reads split halves as eager does: it has no Python
+    retry of its own."""
+    N, H, T = 2, 16, 4
+    kv = filled(N, H, T, scale_layout)
+    q, bt, sl = decode_inputs(N, H, T)
+    want = nv.decode_attention(q, kv, bt, sl, 0.04, 0.06, scale_layout=scale_layout, q_len=2)
+
+    def f(q, kv):
+        k, v = kv.split(H, dim=1)
+        return nv.decode_attention(q, k, bt, sl, 0.04, 0.06, value_cache=v, scale_layout=scale_layout, q_len=2)
+
+    got = torch.compile(f, fullgraph=True, backend="eager")(q, kv)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))

@@ -203,7 +203,9 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_gather_dequant(const DLTensor* kv_cache,
  *               p = seq_lens[b] - q_len + i. Hq = group * H, group 1..16; query head hq reads
  *               KV head hq / group. D = the cache's K head size, one of 64, 128, 256.
  * kv_cache, value_cache, k_scale, v_scale, profile: as for nvfp4kv_store (the cache's V head
- *               size Dv is one of 64, 128, 256 too).
+ *               size Dv is one of 64, 128, 256 too). On CUDA, Dv == D and the sides' start and
+ *               page stride are multiples of 4 bytes, else NVFP4KV_ERROR_NOT_SUPPORTED (the CPU
+ *               path takes both).
  * block_table:  [B, max_blocks] int32 or int64: page of each block of each sequence (B is its
  *               dimension 0).
  * seq_lens:     [B] int32 or int64: tokens of each sequence, the query rows' tokens included.
