@@ -1558,7 +1558,7 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
   const DecodeKernel kind = select_decode_kernel(
       {p.T, p.k.D, aligned(16, p.k.base, {p.k.page_stride}) && aligned(16, p.v.base, {p.v.page_stride}),
        p.k.interleaved != 0,
-       d(p.N) < k2G && d(p.k.page_stride) < k4G && d(p.v.page_stride) < k4G &&
+       d(p.N) < k2G && d(p.k.page_stride) < k4G && d(p.v.page_stride) < k4G && p.bt_stride[1] >= 0 &&
            d(p.max_blocks) * d(p.bt_stride[1]) * 8.0 < k4G && d(L.cols_per_split) * d(p.T) < k2G});
   const int rows = p.group * p.q_len;
   const int per_block = kind == DecodeKernel::kMma ? kMmaRowsPerTile * mma_row_tiles(p.k.D, rows)

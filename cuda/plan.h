@@ -111,8 +111,8 @@ struct DecodeShape {
   bool k_interleaved;  // K scales token-4 interleaved (no scale profile does this; the reader
                        // copies a token's K scale bytes as one piece)
   bool small_pages;    // fewer than 2^31 pages and tokens per split, page strides and
-                       // block-table rows below 2^32 bytes (the reader's addresses and
-                       // counts are 32-bit)
+                       // block-table rows below 2^32 bytes, read forward (a column stride >= 0):
+                       // the reader's addresses and counts are 32-bit and unsigned
 };
 
 DecodeKernel select_decode_kernel(const DecodeShape& s);

@@ -227,6 +227,25 @@ def test_cuda_lane_reader_equals_cpu(T, D, q_len, bad):
     assert torch.allclose(got_lse, want_lse, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("shift", [0, 4], ids=["tensor-core cache", "lane cache"])
+def test_cuda_block_table_with_a_negative_column_stride(shift):
+    """A block table read backwards (a CuPy view [:, ::-1]; torch has no negative strides): the
+    tensor-core reader steps through a row with 32-bit unsigned byte offsets, so such a table goes
+    to the lane reader (select_decode_kernel), which equals the CPU path."""
+    cp = pytest.importorskip("cupy")
+    kv, bt, sl, q = make(2, 300, 2, 4, 128, 16, seed=11, bad_entries=True)
+    want, want_lse = run(kv, bt, sl, q, "cpu")
+    btr = cp.asarray(bt.flip(1).numpy())[:, ::-1]
+    assert btr.strides[1] < 0 and bool((cp.asnumpy(btr) == bt.numpy()).all())
+    kvc, qc, slc = on_cuda(kv, shift=shift), q.cuda(), sl.cuda()
+    lse = torch.empty(q.shape[0], q.shape[1], device="cuda")
+    ws = nv.decode_workspace(kvc, qc, bt.cuda())
+    got = nv.decode_attention(qc, kvc, btr, slc, torch.tensor([0.03], device="cuda"),
+                              torch.tensor([0.05], device="cuda"), lse=lse, workspace=ws)
+    assert close(got.float().cpu(), want) <= REL_L2
+    assert torch.allclose(lse.cpu(), want_lse, atol=1e-4, rtol=0)
+
+
 def test_cuda_refuses_what_only_the_cpu_takes():
     """K and V of different head sizes, and cache sides 2 bytes past a 4-byte boundary: the CPU
     path reads both (test_decode.py), the GPU raises a RuntimeError that names the limit and
@@ -239,7 +258,7 @@ def test_cuda_refuses_what_only_the_cpu_takes():
     sl = torch.tensor([40, 48], dtype=torch.int32, device="cuda")
     out_d = torch.full((2, 8, 64), 7.0, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="equal K and V head sizes"):
-        nv.decode_attention(q, kc, bt, sl, 1.0, 1.0, value_cache=vc, out=out_d)
+        nv.decode_attention(q, kc, bt, sl, 1.0, 1.0, value_cache=vc, scale_layout="linear", out=out_d)
     kv, bt, sl, q = make(2, 40, 2, 4, 64, 16)
     out_a = torch.full(q.shape, 7.0, dtype=q.dtype, device="cuda")
     with pytest.raises(RuntimeError, match="multiples of 4 bytes"):
