@@ -138,10 +138,6 @@ def store(
         _C.store(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cache, recipe, scale_layout, stream,
                  workspace)
     except ValueError:
-        halves = _split_halves(kv_cache, value_cache)
-        if halves is not None:  # (N, H, T, F) halves of a packed torch cache: read as (N, T, H, F)
-            return _C.store(key, value, halves[0], slot_mapping, k_scale, v_scale, halves[1], recipe, scale_layout,
-                            stream, workspace)
         if not _without_data(key, value, kv_cache, value_cache, slot_mapping, workspace):
             raise
         _ops().store(key, value, kv_cache, slot_mapping, _ops().scale_tensor(k_scale), _ops().scale_tensor(v_scale),
@@ -252,10 +248,6 @@ def reshape_and_cache_flash(
         _C.store(key, value, key_cache, slot_mapping, k_scale, v_scale, value_cache, kv_cache_dtype,
                  scale_layout, stream, workspace)
     except ValueError:
-        halves = _split_halves(key_cache, value_cache)
-        if halves is not None:  # (N, H, T, F) halves of a packed torch cache: read as (N, T, H, F)
-            return _C.store(key, value, halves[0], slot_mapping, k_scale, v_scale, halves[1], kv_cache_dtype,
-                            scale_layout, stream, workspace)
         if not _without_data(key, value, key_cache, value_cache, slot_mapping, workspace):
             raise
         ops = _ops()
@@ -285,8 +277,8 @@ def _split_halves(kv_cache: Any, value_cache: Any) -> Optional[Tuple[Any, Any]]:
     """The (N, T, H, F) views of torch sides that are the (N, H, T, F) halves of a packed
     (N, 2H, T, F) cache (vLLM's kv_cache.split(H, dim=1)), else None. Sides are (N, T, H, F) in
     the C ABI; such halves are recognised by their origin (same strides as their packed base), so
-    they work too. Asked only where a call was refused or outputs are allocated: no cost on the
-    eager path."""
+    they work too. Asked only where outputs are allocated from the cache's shape; the extension
+    orients the sides of its calls itself (orient_sides in ext.cpp)."""
     if value_cache is None:
         return None
     torch = sys.modules.get("torch")
@@ -440,10 +432,6 @@ def dequantize(
     try:
         _C.dequantize(kv_cache, value_cache, pages, k_scale, v_scale, scale_layout, key_out, value_out, stream)
     except ValueError:
-        halves = _split_halves(kv_cache, value_cache)
-        if halves is not None:  # (N, H, T, F) halves of a packed torch cache: read as (N, T, H, F)
-            _C.dequantize(halves[0], halves[1], pages, k_scale, v_scale, scale_layout, key_out, value_out, stream)
-            return key_out, value_out
         if not _without_data(kv_cache, value_cache, pages, key_out, value_out):
             raise
         ops = _ops()
@@ -562,11 +550,6 @@ def gather_dequant(
         _C.gather_dequant(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, k_scale, v_scale,
                           scale_layout, key_out, value_out, stream)
     except ValueError:
-        halves = _split_halves(kv_cache, value_cache)
-        if halves is not None:  # (N, H, T, F) halves of a packed torch cache: read as (N, T, H, F)
-            _C.gather_dequant(halves[0], halves[1], block_table, seq_lens, cu_seqlens, k_scale, v_scale,
-                              scale_layout, key_out, value_out, stream)
-            return key_out, value_out, cu_seqlens
         if not _without_data(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, key_out, value_out):
             raise
         ops = _ops()
@@ -701,7 +684,7 @@ def decode_attention(
     try:
         _C.decode_attention(query, kv_cache, value_cache, block_table, seq_lens, k_scale, v_scale, scale_layout,
                             rows, sm, cap, window, out, lse, workspace, stream)
-    except ValueError:  # no retry for split halves: the extension reads them at every shape (orient_sides)
+    except ValueError:
         if not _without_data(query, kv_cache, value_cache, block_table, seq_lens, out, lse, workspace):
             raise
         ops = _ops()

@@ -419,11 +419,11 @@ nb::object scale_arg(nb::handle x, const char* name) {
 // Cache sides given apart are (N, T, H, F) in logical order (vLLM's reshape_and_cache_flash
 // convention). The halves of a packed (N, 2H, T, F) cache taken with split(H, dim=1) are
 // (N, H, T, F): their shape and strides equal those of an NHD side with H and T exchanged, and
-// only their origin tells them apart. Where the call knows the heads (the store's key, the
-// outputs of the reads) and H != T, the C ABI names the mistake and Python retries with the
-// halves transposed, so those calls ask here only where H == T; decode_attention knows no head
-// count and asks at every shape (orient_sides). Torch halves whose _base is such a packed cache,
-// with the same strides, are read transposed.
+// only their origin tells them apart: torch halves whose _base is such a packed cache, with the
+// same strides, are read transposed (orient_sides). Calls ask where the shapes allow halves:
+// H == T (square), or the call's head count (the store's key, the reads' outputs) in dimension 1
+// and not in 2 (heads_in_dim1, which the C ABI would refuse); decode_attention, whose query holds
+// group x H heads, asks at every shape.
 bool split_half(nb::handle obj, const Arg& a) {
   const TorchInfo* info = torch_info();
   if (!info || !PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(info->tensor_type))) return false;
@@ -437,10 +437,11 @@ bool split_half(nb::handle obj, const Arg& a) {
   return true;
 }
 
-// every_shape: decode_attention, which has no head count to check sides against (its query holds
-// group x H heads), so that halves with H != T are not read as sides with H and T exchanged.
-void orient_sides(Arg& c, nb::handle c_obj, Arg& vc, nb::handle vc_obj, bool every_shape = false) {
-  if (!vc.present || c.t.ndim != 4 || vc.t.ndim != 4 || (c.shape[1] != c.shape[2] && !every_shape)) return;
+bool square(const Arg& c) { return c.t.ndim == 4 && c.shape[1] == c.shape[2]; }
+bool heads_in_dim1(const Arg& c, int64_t heads) { return c.t.ndim == 4 && c.shape[1] == heads && c.shape[2] != heads; }
+
+void orient_sides(Arg& c, nb::handle c_obj, Arg& vc, nb::handle vc_obj) {
+  if (!vc.present || c.t.ndim != 4 || vc.t.ndim != 4) return;
   if (!split_half(c_obj, c) || !split_half(vc_obj, vc)) return;
   for (Arg* a : {&c, &vc}) {
     std::swap(a->shape[1], a->shape[2]);
@@ -470,7 +471,7 @@ nvfp4kv_status store_call(const Arg& k, const Arg& v, const Arg& c, const Arg& v
 struct PreparedStore {
   Arg cache, value_cache, k_scale, v_scale, workspace;
   int recipe = 0, profile = 0;
-  nb::object cache_obj;
+  nb::object cache_obj, value_cache_obj;
 
   PreparedStore(nb::handle kv_cache, nb::handle k_scale_, nb::handle v_scale_, nb::handle value_cache_,
                 nb::handle recipe_, nb::handle scale_layout, nb::handle workspace_) {
@@ -479,11 +480,12 @@ struct PreparedStore {
     const nb::object ksc = scale_arg(k_scale_, "k_scale"), vsc = scale_arg(v_scale_, "v_scale");
     import_array(cache, kv_cache, value_cache_.is_none() ? "kv_cache" : "key_cache", true);
     import_optional(value_cache, value_cache_, "value_cache", true);
-    orient_sides(cache, kv_cache, value_cache, value_cache_);
+    if (square(cache)) orient_sides(cache, kv_cache, value_cache, value_cache_);  // the calls ask heads_in_dim1
     import_scale(k_scale, ksc, "k_scale");
     import_scale(v_scale, vsc, "v_scale");
     import_optional(workspace, workspace_, "workspace", true);
     cache_obj = nb::borrow(kv_cache);
+    value_cache_obj = nb::borrow(value_cache_);
   }
   PreparedStore(const PreparedStore&) = delete;
   PreparedStore& operator=(const PreparedStore&) = delete;
@@ -493,6 +495,8 @@ struct PreparedStore {
     import_array(k, key, "key", false);
     import_array(v, value, "value", false);
     import_array(s, slot_mapping, "slot_mapping", false);
+    if (k.t.ndim == 3 && heads_in_dim1(cache, k.shape[1]))  // once: the halves stay transposed
+      orient_sides(cache, cache_obj, value_cache, value_cache_obj);
     const uintptr_t st_handle = stream_handle(stream, cache_obj, cache);
     nvfp4kv_status st;
     {
@@ -519,12 +523,12 @@ void dequantize(nb::handle kv_cache, nb::handle value_cache, nb::handle pages, n
   Arg c, vc, pg, ks, vs, ko, vo;
   import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
   import_optional(vc, value_cache, "value_cache", false);
-  orient_sides(c, kv_cache, vc, value_cache);
   import_optional(pg, pages, "pages", false);
   import_scale(ks, ksc, "k_scale");
   import_scale(vs, vsc, "v_scale");
   import_array(ko, key_out, "key_out", true);
   import_array(vo, value_out, "value_out", true);
+  if (square(c) || (ko.t.ndim == 4 && heads_in_dim1(c, ko.shape[2]))) orient_sides(c, kv_cache, vc, value_cache);
   const uintptr_t st_handle = stream_handle(stream, kv_cache, c);
   nvfp4kv_status st;
   {
@@ -545,7 +549,6 @@ void gather_dequant(nb::handle kv_cache, nb::handle value_cache, nb::handle bloc
   Arg c, vc, bt, sl, cu, ks, vs, ko, vo;
   import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
   import_optional(vc, value_cache, "value_cache", false);
-  orient_sides(c, kv_cache, vc, value_cache);
   import_array(bt, block_table, "block_table", false);
   import_array(sl, seq_lens, "seq_lens", false);
   import_array(cu, cu_seqlens, "cu_seqlens", false);
@@ -553,6 +556,7 @@ void gather_dequant(nb::handle kv_cache, nb::handle value_cache, nb::handle bloc
   import_scale(vs, vsc, "v_scale");
   import_array(ko, key_out, "key_out", true);
   import_array(vo, value_out, "value_out", true);
+  if (square(c) || (ko.t.ndim == 3 && heads_in_dim1(c, ko.shape[1]))) orient_sides(c, kv_cache, vc, value_cache);
   const uintptr_t st_handle = stream_handle(stream, kv_cache, c);
   nvfp4kv_status st;
   {
@@ -577,7 +581,7 @@ void decode_attention(nb::handle query, nb::handle kv_cache, nb::handle value_ca
   import_array(q, query, "query", false);
   import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
   import_optional(vc, value_cache, "value_cache", false);
-  orient_sides(c, kv_cache, vc, value_cache, /*every_shape=*/true);
+  orient_sides(c, kv_cache, vc, value_cache);  // every shape: no head count to ask
   import_array(bt, block_table, "block_table", false);
   import_array(sl, seq_lens, "seq_lens", false);
   import_scale(ks, ksc, "k_scale");

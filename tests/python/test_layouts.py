@@ -140,3 +140,50 @@ def test_decode_op_reads_split_halves(scale_layout):
 
     got = torch.compile(f, fullgraph=True, backend="eager")(q, kv)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.parametrize("N,H,T", GEOMETRIES, ids=lambda v: str(v))
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_torch_ops_take_split_halves(N, H, T, backend):
+    """torch.compile runs the torch ops, which call the extension directly: split halves work
+    there as in the eager calls (the extension orients them; no Python retry)."""
+    n = N * T - 3
+    key, value = inputs(n, H, seed=N * H * T)
+    slots = torch.randperm(N * T, generator=torch.Generator().manual_seed(1))[:n]
+    bt = torch.arange(N, dtype=torch.int32).flip(0).reshape(1, N)
+    sl, cu = torch.tensor([N * T - 1]), torch.tensor([0, N * T - 1], dtype=torch.int32)
+
+    def run(kv, halves):
+        k, v = kv.split(H, dim=1) if halves else (kv, None)
+        nv.store(key, value, k, slots, 0.04, 0.06, value_cache=v, scale_layout="linear")
+        kd, vd = nv.dequantize(k, 0.04, 0.06, value_cache=v, scale_layout="linear", dtype=torch.bfloat16,
+                               key_out=torch.empty(N, T, H, D, dtype=torch.bfloat16),
+                               value_out=torch.empty(N, T, H, D, dtype=torch.bfloat16))
+        kg, vg = torch.empty(N * T - 1, H, D, dtype=torch.bfloat16), torch.empty(N * T - 1, H, D, dtype=torch.bfloat16)
+        nv.gather_dequant(k, bt, sl, 0.04, 0.06, value_cache=v, scale_layout="linear", cu_seqlens=cu, key_out=kg,
+                          value_out=vg)
+        return kd, vd, kg, vg
+
+    want_kv = packed(N, H, T, seed=5)
+    want = run(want_kv, False)
+    got_kv = packed(N, H, T, seed=5)
+    torch._dynamo.reset()
+    got = torch.compile(lambda kv: run(kv, True), fullgraph=True, backend=backend)(got_kv)
+    assert torch.equal(got_kv, want_kv)
+    assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("N,H,T", GEOMETRIES, ids=lambda v: str(v))
+def test_prepare_store_takes_split_halves(N, H, T):
+    """prepare_store imports the sides once, before any key shows the head count: halves with
+    H != T are oriented at the first call, and stay so."""
+    want = packed(N, H, T, seed=5)
+    got = packed(N, H, T, seed=5)
+    k, v = got.split(H, dim=1)
+    store = nv.prepare_store(k, 0.04, 0.06, value_cache=v, scale_layout="linear")
+    for step in range(2):
+        key, value = inputs(T, H, seed=step)
+        slots = torch.arange(step * T, (step + 1) * T)
+        nv.store(key, value, want, slots, 0.04, 0.06, scale_layout="linear")
+        store(key, value, slots)
+        assert torch.equal(got, want)
