@@ -423,7 +423,8 @@ nb::object scale_arg(nb::handle x, const char* name) {
 // same strides, are read transposed (orient_sides). Calls ask where the shapes allow halves:
 // H == T (square), or the call's head count (the store's key, the reads' outputs) in dimension 1
 // and not in 2 (heads_in_dim1, which the C ABI would refuse); decode_attention, whose query holds
-// group x H heads, asks at every shape.
+// group x H heads, asks at every shape (design notes: "Split halves of a packed cache: oriented in
+// the binding").
 bool split_half(nb::handle obj, const Arg& a) {
   const TorchInfo* info = torch_info();
   if (!info || !PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(info->tensor_type))) return false;
