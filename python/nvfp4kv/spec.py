@@ -155,7 +155,9 @@ def nvfp4_kv_cache_full_dim(head_size: int) -> int:
 class KVQuantMode(enum.IntEnum):
     """How a KV cache is quantized: vLLM's ``KVQuantMode`` (``vllm/v1/kv_cache_interface.py``).
 
-    Same members and values as vLLM's enum (pinned in ``tests/python/test_vllm_names.py``).
+    Same members and values as vLLM's enum at the commit ``tests/python/test_vllm_names.py``
+    pins. Later vLLM versions insert members and renumber (NVFP4 becomes 5): pass a mode to vLLM
+    by name, ``vllm.v1.kv_cache_interface.KVQuantMode[mode.name]``, never by its integer.
 
     Attributes
     ----------
