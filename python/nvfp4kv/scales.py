@@ -182,7 +182,9 @@ class ScaleTracker:
     def update(self, layer: Any, key: Any, value: Any = None, *, stream: Any = None) -> None:
         """Fold ``max |key|`` and ``max |value|`` (any shapes and strides; float32, float16 or bfloat16;
         value may be None) into layer ``layer``'s running K and V amax, on the tensors' device and the
-        current stream of their framework (or ``stream``). No host synchronization."""
+        current stream of their framework (or ``stream``). No host synchronization. The key is folded
+        before the value is checked: a call whose value is refused has folded its key (a maximum,
+        so repeating the call once the value is fixed gives the same state)."""
         i = self._layer(layer)
         if self._amax is None:
             self._allocate(key)

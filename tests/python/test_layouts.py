@@ -187,3 +187,25 @@ def test_prepare_store_takes_split_halves(N, H, T):
         nv.store(key, value, want, slots, 0.04, 0.06, scale_layout="linear")
         store(key, value, slots)
         assert torch.equal(got, want)
+
+
+def test_halves_of_a_packed_view_are_not_recognised_and_vllm_scales_refuse_them():
+    """The documented limit: vLLM views its packed cache over a raw int8 buffer, so the halves'
+    _base is that buffer and nothing tells them from NHD sides with H and T exchanged; the
+    default "vllm" scale layout (interleaved V scales, HND only) then refuses every call, and
+    nothing is written."""
+    N, H, T = 2, 4, 16
+    raw = torch.zeros(N * 2 * H * T * F, dtype=torch.int8)
+    kv = raw.view(torch.uint8).view(N, 2 * H, T, F)
+    k, v = kv.split(H, dim=1)
+    key, value = inputs(5, H, seed=1)
+    q = torch.randn(1, 2 * H, D).to(torch.bfloat16)
+    calls = [
+        lambda: nv.store(key, value, k, torch.arange(5), 0.04, 0.06, value_cache=v),
+        lambda: nv.dequantize(k, 0.04, 0.06, value_cache=v),
+        lambda: nv.decode_attention(q, k, torch.tensor([[0, 1]]), torch.tensor([20]), 0.04, 0.06, value_cache=v),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"NHD|split\(H, dim=1\)"):  # the store's heads check comes first
+            call()
+    assert not raw.any()
