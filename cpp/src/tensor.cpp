@@ -86,6 +86,14 @@ Tensor::Tensor(const DLTensor* tensor, const char* n) : t(tensor), name(n) {
          "%s: NULL data pointer for a tensor of %lld elements (a meta or fake tensor has no memory "
          "to read or write)",
          name, static_cast<long long>(numel_));
+  // Every path reads and writes whole elements at their type (the CPU's as C++ objects, the
+  // kernels' by typed loads, where a misaligned address faults and ends the CUDA context), and the
+  // strides count elements: an address that is a multiple of the element size keeps every element
+  // aligned. DLPack producers can hand out any address (a NumPy or CuPy view at an odd byte).
+  const int64_t esize = (int64_t{t->dtype.bits} * t->dtype.lanes + 7) / 8;
+  if (numel_ > 0 && esize > 1 && reinterpret_cast<uintptr_t>(ptr()) % static_cast<uint64_t>(esize) != 0)
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: address not a multiple of its element size (%lld bytes)", name,
+         static_cast<long long>(esize));
 }
 
 std::string Tensor::shape_str() const {

@@ -141,6 +141,13 @@ int main() {
                        NVFP4KV_SCALES_LINEAR, nullptr);
     CHECK(st == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "value: NULL data pointer"),
           "%s", nvfp4kv_last_error());
+    bad = v.t;
+    bad.byte_offset = 1;  // an element at an odd byte: rejected before anything is read
+    st = nvfp4kv_store(&k.t, &bad, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                       NVFP4KV_SCALES_LINEAR, nullptr);
+    CHECK(st == NVFP4KV_ERROR_INVALID_VALUE &&
+              strstr(nvfp4kv_last_error(), "value: address not a multiple of its element size (4 bytes)"),
+          "%s", nvfp4kv_last_error());
     DLTensor badc = c.t;
     std::vector<int64_t> huge = {int64_t{1} << 40, 2, int64_t{1} << 20, 1, F};
     badc.shape = huge.data();

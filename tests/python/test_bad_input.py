@@ -329,3 +329,44 @@ def test_dequantize_rejects(nv, backend):
     ]
     for call, exc, match in cases:
         assert_rejected(nv, s, call, exc, match)
+
+
+# ----------------------------------------------------------------------- misaligned addresses
+def at_odd_byte(a):
+    """A copy of numpy array `a` whose address is one byte past an element boundary."""
+    buf = np.zeros(a.nbytes + a.itemsize, np.uint8)
+    out = buf[1:1 + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    assert out.ctypes.data % a.itemsize != 0
+    return out
+
+
+def test_misaligned_arrays_rejected(nv):
+    """Every path reads elements at their type (docs/c-api.md: checked by every entry point), so
+    an element at an odd byte is a ValueError before anything is read or written, on every
+    device: on a GPU the load would fault and end the CUDA context."""
+    s = Setup("numpy")
+    kv = s.cache.kv_cache
+    q = np.zeros((1, 2 * H, D), np.float16)
+    bt, lens = np.zeros((1, 1), np.int32), np.ones(1, np.int32)
+    deq_out = np.zeros((N, T, H, D), np.float32)
+    cases = [
+        (s.store(key=at_odd_byte(s.key)), "key"),
+        (s.store(value=at_odd_byte(s.value)), "value"),
+        (s.store(slot_mapping=at_odd_byte(s.slots)), "slot_mapping"),
+        (s.store(k_scale=at_odd_byte(np.ones(1, np.float32))), "k_scale"),
+        (lambda nv: nv.dequantize(kv, 1.0, 1.0, scale_layout="linear",
+                                  key_out=at_odd_byte(deq_out), value_out=deq_out), "key_out"),
+        (lambda nv: nv.decode_attention(at_odd_byte(q), kv, bt, lens, 1.0, 1.0,
+                                        scale_layout="linear"), "query"),
+        (lambda nv: nv.decode_attention(q, kv, at_odd_byte(bt), lens, 1.0, 1.0,
+                                        scale_layout="linear"), "block_table"),
+        (lambda nv: nv.amax(at_odd_byte(s.key)), "x"),
+        (lambda nv: nv.amax(s.key, at_odd_byte(np.zeros(1, np.float32))), "amax"),
+    ]
+    for call, name in cases:
+        assert_rejected(nv, s, call, ValueError, f"{name}: address not a multiple of its element size")
+    # The same arrays at aligned addresses are taken (the cases test the address, nothing else).
+    s.store()(nv)
+    nv.decode_attention(q, kv, bt, lens, 1.0, 1.0, scale_layout="linear")
+    nv.amax(s.key)
