@@ -277,8 +277,9 @@ def _split_halves(kv_cache: Any, value_cache: Any) -> Optional[Tuple[Any, Any]]:
     """The (N, T, H, F) views of torch sides that are the (N, H, T, F) halves of a packed
     (N, 2H, T, F) cache (vLLM's kv_cache.split(H, dim=1)), else None. Sides are (N, T, H, F) in
     the C ABI; such halves are recognised by their origin (same strides as their packed base), so
-    they work too. Asked only where outputs are allocated from the cache's shape; the extension
-    orients the sides of its calls itself (orient_sides in ext.cpp)."""
+    they work too. Asked where outputs are allocated from the cache's shape and by the traced
+    calls under torch.compile (ops.py); the extension orients the sides of eager calls itself
+    (orient_sides in ext.cpp, the same test)."""
     if value_cache is None:
         return None
     torch = sys.modules.get("torch")

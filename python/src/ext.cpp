@@ -420,11 +420,9 @@ nb::object scale_arg(nb::handle x, const char* name) {
 // convention). The halves of a packed (N, 2H, T, F) cache taken with split(H, dim=1) are
 // (N, H, T, F): their shape and strides equal those of an NHD side with H and T exchanged, and
 // only their origin tells them apart: torch halves whose _base is such a packed cache, with the
-// same strides, are read transposed (orient_sides). Calls ask where the shapes allow halves:
-// H == T (square), or the call's head count (the store's key, the reads' outputs) in dimension 1
-// and not in 2 (heads_in_dim1, which the C ABI would refuse); decode_attention, whose query holds
-// group x H heads, asks at every shape (design notes: "Split halves of a packed cache: oriented in
-// the binding").
+// same strides, are read transposed (orient_sides), by every call at every shape, so that a
+// call's head count (the store's key, the reads' outputs) is checked against the cache's own
+// (design notes: "Split halves of a packed cache: oriented in the binding").
 bool split_half(nb::handle obj, const Arg& a) {
   const TorchInfo* info = torch_info();
   if (!info || !PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(info->tensor_type))) return false;
@@ -437,9 +435,6 @@ bool split_half(nb::handle obj, const Arg& a) {
     if (nb::cast<int64_t>(stride[i]) != a.strides[i]) return false;
   return true;
 }
-
-bool square(const Arg& c) { return c.t.ndim == 4 && c.shape[1] == c.shape[2]; }
-bool heads_in_dim1(const Arg& c, int64_t heads) { return c.t.ndim == 4 && c.shape[1] == heads && c.shape[2] != heads; }
 
 void orient_sides(Arg& c, nb::handle c_obj, Arg& vc, nb::handle vc_obj) {
   if (!vc.present || c.t.ndim != 4 || vc.t.ndim != 4) return;
@@ -481,7 +476,7 @@ struct PreparedStore {
     const nb::object ksc = scale_arg(k_scale_, "k_scale"), vsc = scale_arg(v_scale_, "v_scale");
     import_array(cache, kv_cache, value_cache_.is_none() ? "kv_cache" : "key_cache", true);
     import_optional(value_cache, value_cache_, "value_cache", true);
-    if (square(cache)) orient_sides(cache, kv_cache, value_cache, value_cache_);  // the calls ask heads_in_dim1
+    orient_sides(cache, kv_cache, value_cache, value_cache_);
     import_scale(k_scale, ksc, "k_scale");
     import_scale(v_scale, vsc, "v_scale");
     import_optional(workspace, workspace_, "workspace", true);
@@ -496,8 +491,6 @@ struct PreparedStore {
     import_array(k, key, "key", false);
     import_array(v, value, "value", false);
     import_array(s, slot_mapping, "slot_mapping", false);
-    if (k.t.ndim == 3 && heads_in_dim1(cache, k.shape[1]))  // once: the halves stay transposed
-      orient_sides(cache, cache_obj, value_cache, value_cache_obj);
     const uintptr_t st_handle = stream_handle(stream, cache_obj, cache);
     nvfp4kv_status st;
     {
@@ -529,7 +522,7 @@ void dequantize(nb::handle kv_cache, nb::handle value_cache, nb::handle pages, n
   import_scale(vs, vsc, "v_scale");
   import_array(ko, key_out, "key_out", true);
   import_array(vo, value_out, "value_out", true);
-  if (square(c) || (ko.t.ndim == 4 && heads_in_dim1(c, ko.shape[2]))) orient_sides(c, kv_cache, vc, value_cache);
+  orient_sides(c, kv_cache, vc, value_cache);
   const uintptr_t st_handle = stream_handle(stream, kv_cache, c);
   nvfp4kv_status st;
   {
@@ -557,7 +550,7 @@ void gather_dequant(nb::handle kv_cache, nb::handle value_cache, nb::handle bloc
   import_scale(vs, vsc, "v_scale");
   import_array(ko, key_out, "key_out", true);
   import_array(vo, value_out, "value_out", true);
-  if (square(c) || (ko.t.ndim == 3 && heads_in_dim1(c, ko.shape[1]))) orient_sides(c, kv_cache, vc, value_cache);
+  orient_sides(c, kv_cache, vc, value_cache);
   const uintptr_t st_handle = stream_handle(stream, kv_cache, c);
   nvfp4kv_status st;
   {
@@ -582,7 +575,7 @@ void decode_attention(nb::handle query, nb::handle kv_cache, nb::handle value_ca
   import_array(q, query, "query", false);
   import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
   import_optional(vc, value_cache, "value_cache", false);
-  orient_sides(c, kv_cache, vc, value_cache);  // every shape: no head count to ask
+  orient_sides(c, kv_cache, vc, value_cache);
   import_array(bt, block_table, "block_table", false);
   import_array(sl, seq_lens, "seq_lens", false);
   import_scale(ks, ksc, "k_scale");

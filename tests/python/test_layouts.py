@@ -7,8 +7,9 @@ as (N, 2H, T, F) and hands out its sides in two orientations: (N, T, H, F) to th
 in test_store_cpu.py); every other view must give the same bytes or a clear error. Where H == T
 an (N, H, T, F) half has the strides of an NHD (N, T, H, F) side, so only its origin (a torch
 view of the packed cache) tells them apart: torch halves work in both orientations, whatever H
-and T; a numpy or C caller's (N, H, T, F) halves are named by the C ABI where H != T (the store
-and the reads, against the heads of key or of the outputs; decode_attention has no such count).
+and T; a numpy or C caller's (N, H, T, F) halves are named by the C ABI where H != T and a head
+count is given (the store's key, or outputs the caller passes to the reads); outputs allocated
+from the cache's shape and decode_attention read them transposed (docs/integration.md §1).
 """
 
 import numpy as np
@@ -125,10 +126,11 @@ def test_decode_through_every_view(N, H, T, scale_layout, name):
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
 @pytest.mark.parametrize("scale_layout", ["vllm", "linear"])
-def test_decode_op_reads_split_halves(scale_layout):
-    """The torch op (what torch.compile calls) reads split halves as eager does: it has no Python
-    retry of its own."""
+def test_decode_op_reads_split_halves(scale_layout, backend):
+    """The torch op (what torch.compile calls) reads split halves as eager does, on inductor too,
+    whose views of the packed cache reach the op without their _base."""
     N, H, T = 2, 16, 4
     kv = filled(N, H, T, scale_layout)
     q, bt, sl = decode_inputs(N, H, T)
@@ -138,15 +140,16 @@ def test_decode_op_reads_split_halves(scale_layout):
         k, v = kv.split(H, dim=1)
         return nv.decode_attention(q, k, bt, sl, 0.04, 0.06, value_cache=v, scale_layout=scale_layout, q_len=2)
 
-    got = torch.compile(f, fullgraph=True, backend="eager")(q, kv)
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True, backend=backend)(q, kv)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
 @pytest.mark.parametrize("N,H,T", GEOMETRIES, ids=lambda v: str(v))
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 def test_torch_ops_take_split_halves(N, H, T, backend):
-    """torch.compile runs the torch ops, which call the extension directly: split halves work
-    there as in the eager calls (the extension orients them; no Python retry)."""
+    """torch.compile runs the torch ops: split halves work there as in the eager calls (oriented
+    while tracing, since inductor's views reach the ops without their _base)."""
     n = N * T - 3
     key, value = inputs(n, H, seed=N * H * T)
     slots = torch.randperm(N * T, generator=torch.Generator().manual_seed(1))[:n]
@@ -187,6 +190,24 @@ def test_prepare_store_takes_split_halves(N, H, T):
         nv.store(key, value, want, slots, 0.04, 0.06, scale_layout="linear")
         store(key, value, slots)
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("prepared", [False, True])
+def test_split_halves_check_the_key_against_their_own_heads(prepared):
+    """Halves with H != T read as NHD sides would take a key of T heads; oriented at every shape,
+    the C ABI refuses it and nothing is written (before, the store wrote it where the cache's
+    readers look for other tokens)."""
+    N, H, T = 2, 4, 16
+    kv = packed(N, H, T, seed=5)
+    before = kv.clone()
+    k, v = kv.split(H, dim=1)
+    key, value = inputs(3, T, seed=1)  # T heads, not H
+    with pytest.raises(ValueError, match="key"):
+        if prepared:
+            nv.prepare_store(k, 0.04, 0.06, value_cache=v, scale_layout="linear")(key, value, torch.arange(3))
+        else:
+            nv.store(key, value, k, torch.arange(3), 0.04, 0.06, value_cache=v, scale_layout="linear")
+    assert torch.equal(kv, before)
 
 
 def test_halves_of_a_packed_view_are_not_recognised_and_vllm_scales_refuse_them():
