@@ -941,11 +941,13 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     const uint32_t vd = kd + (St::kV - St::kK) + row * static_cast<uint32_t>(St::kVRow - St::kKRow);  // modulo 2^32
     const bool k_scales = row < 16u / kChunks;  // lanes 0-15 copy the K scales
     const uint32_t s_page = k_scales ? k_page : v_page, s_step = k_scales ? ks_step : vs_step;
-    uint32_t vbits = 0;
+    // A loaded entry names a page: int64 entries 0 <= raw < N; an int32 entry's high word is 0 and
+    // a negative one is >= 2^31 > N as unsigned.
+    const auto entry_ok = [&](int u) { return next_hi[u] == 0u && next_lo[u] < n_pages; };
     if constexpr (kPerToken) {
       // Each row's page and position from the lane that loaded its token's entry (lane 16u + token).
       constexpr uint32_t kNoPage = 0xFFFFFFFFu;
-      const uint32_t mine = next_hi[0] == 0u && next_lo[0] < n_pages ? next_lo[0] : kNoPage;
+      const uint32_t mine = entry_ok(0) ? next_lo[0] : kNoPage;
       const uint32_t es = threadIdx.x & 15u;
 #pragma unroll
       for (int u = 0; u < kTiles; ++u) {
@@ -968,28 +970,29 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
       }
       const uint32_t vm = __ballot_sync(0xffffffffu, mine != kNoPage);
       tok_valid = (tok_valid & ~(uint64_t{0xFFFFFFFFu} << (32 * st))) | (uint64_t{vm} << (32 * st));
-      prefetch(togo);
-      return;
-    }
+    } else {
+      uint32_t vbits = 0;
 #pragma unroll
-    for (int u = 0; u < kTiles; ++u) {
-      const bool ok_page = next_hi[u] == 0u && next_lo[u] < n_pages;  // int64 entries: 0 <= raw < N
-      vbits |= ok_page ? 1u << u : 0u;
-      const int32_t n_ok = ok_page ? min(max(rem - 16 * u, 0), 16) : 0;
-      const uint32_t page = ok_page ? next_lo[u] : 0u;
-      const uint32_t pos0 = next_pos[u];
-      const uint8_t* kp = page_at(k_base, page, k_page, pos0 * data_pos);
-      const uint8_t* vp = page_at(v_base, page, v_page, pos0 * data_pos);
+      for (int u = 0; u < kTiles; ++u) {
+        const bool ok_page = entry_ok(u);
+        vbits |= ok_page ? 1u << u : 0u;
+        const int32_t n_ok = ok_page ? min(max(rem - 16 * u, 0), 16) : 0;
+        const uint32_t page = ok_page ? next_lo[u] : 0u;
+        const uint32_t pos0 = next_pos[u];
+        const uint8_t* kp = page_at(k_base, page, k_page, pos0 * data_pos);
+        const uint8_t* vp = page_at(v_base, page, v_page, pos0 * data_pos);
 #pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const bool ok = static_cast<int32_t>(row) + kRowStep * i < n_ok;
-        cp_async<16>(kd + (16 * u + kRowStep * i) * St::kKRow, kp + i * row_step, ok);
-        cp_async<16>(vd + (16 * u + kRowStep * i) * St::kVRow, vp + i * row_step, ok);
+        for (int i = 0; i < kPerLane; ++i) {
+          const bool ok = static_cast<int32_t>(row) + kRowStep * i < n_ok;
+          cp_async<16>(kd + (16 * u + kRowStep * i) * St::kKRow, kp + i * row_step, ok);
+          cp_async<16>(vd + (16 * u + kRowStep * i) * St::kVRow, vp + i * row_step, ok);
+        }
+        cp_async<St::kS>(sd + 16 * u * St::kS, page_at(s_base, page, s_page, pos0 * s_step),
+                         static_cast<int32_t>(stok) < n_ok);
       }
-      cp_async<St::kS>(sd + 16 * u * St::kS, page_at(s_base, page, s_page, pos0 * s_step), static_cast<int32_t>(stok) < n_ok);
+      const uint32_t mask = ((1u << kTiles) - 1u) << (st * kTiles);
+      valid = (valid & ~mask) | (vbits << (st * kTiles));
     }
-    const uint32_t mask = ((1u << kTiles) - 1u) << (st * kTiles);
-    valid = (valid & ~mask) | (vbits << (st * kTiles));
     prefetch(togo);
   };
 
