@@ -90,8 +90,12 @@ Tensor::Tensor(const DLTensor* tensor, const char* n) : t(tensor), name(n) {
   // kernels' by typed loads, where a misaligned address faults and ends the CUDA context), and the
   // strides count elements: an address that is a multiple of the element size keeps every element
   // aligned. DLPack producers can hand out any address (a NumPy or CuPy view at an odd byte).
-  const int64_t esize = (int64_t{t->dtype.bits} * t->dtype.lanes + 7) / 8;
-  if (numel_ > 0 && esize > 1 && reinterpret_cast<uintptr_t>(ptr()) % static_cast<uint64_t>(esize) != 0)
+  // Only the types the ABI reads are asked (another type is a dtype error, raised by its check).
+  const DLDataType d = t->dtype;
+  const bool read_at_type = is_dtype(d, kDLFloat, 32) || is_dtype(d, kDLFloat, 16) || is_dtype(d, kDLBfloat, 16) ||
+                            is_dtype(d, kDLInt, 32) || is_dtype(d, kDLInt, 64);
+  const int64_t esize = d.bits / 8;
+  if (numel_ > 0 && read_at_type && reinterpret_cast<uintptr_t>(ptr()) % static_cast<uint64_t>(esize) != 0)
     fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: address not a multiple of its element size (%lld bytes)", name,
          static_cast<long long>(esize));
 }

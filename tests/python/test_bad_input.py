@@ -366,6 +366,8 @@ def test_misaligned_arrays_rejected(nv):
     ]
     for call, name in cases:
         assert_rejected(nv, s, call, ValueError, f"{name}: address not a multiple of its element size")
+    # A type no path reads stays a dtype error wherever it lies.
+    assert_rejected(nv, s, s.store(key=at_odd_byte(s.key.astype(np.float64))), TypeError, "key: dtype float64")
     # The same arrays at aligned addresses are taken (the cases test the address, nothing else).
     s.store()(nv)
     nv.decode_attention(q, kv, bt, lens, 1.0, 1.0, scale_layout="linear")
