@@ -199,12 +199,12 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
   if (workspace) {
     const Tensor w(workspace, "workspace");
     p.workspace = store_workspace(w, cache_ref, c);
-    // The kernels write the workspace while they read the inputs and write the cache.
-    for (const Tensor* x : std::initializer_list<const Tensor*>{&key, &value, &slots, &cache_ref})
+    // The kernels write the workspace while they read the inputs and the scales and write the cache.
+    const Tensor vcache = value_cache ? Tensor(value_cache, c.v_name) : cache_ref;
+    const Tensor ks(k_scale ? k_scale : kv_cache, "k_scale"), vs(v_scale ? v_scale : kv_cache, "v_scale");
+    for (const Tensor* x : std::initializer_list<const Tensor*>{&key, &value, &slots, &cache_ref, &vcache, &ks, &vs})
       if (overlap(w, *x))
         fail(NVFP4KV_ERROR_INVALID_VALUE, "workspace: overlaps %s; it must be memory of its own", x->name);
-    if (value_cache && overlap(w, Tensor(value_cache, c.v_name)))
-      fail(NVFP4KV_ERROR_INVALID_VALUE, "workspace: overlaps %s; it must be memory of its own", c.v_name);
   }
 
   run(c, p, cpu_store, CUDA_OR_NULL(cuda_store), stream);
@@ -490,9 +490,10 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
 
   query.expect_ndim(3, "(num_seqs * q_len, num_qo_heads, head_size)");
   expect_same_device(query, cache_ref);
+  const DLDataType qt = query.t->dtype;
+  if (!is_dtype(qt, kDLBfloat, 16) && !is_dtype(qt, kDLFloat, 16))
+    fail(NVFP4KV_ERROR_INVALID_DTYPE, "query: dtype %s received; expected bfloat16 or float16", dtype_name(qt).c_str());
   const DType dtype = float_dtype(query);
-  if (dtype == DType::kFloat32)
-    fail(NVFP4KV_ERROR_INVALID_DTYPE, "query: dtype float32 received; expected bfloat16 or float16");
   check_decode_head_size(query.size(2), "query");
   if (query.size(2) != c.k.D)
     fail(NVFP4KV_ERROR_INVALID_VALUE, "query: head size %lld (shape %s) but %s has head size %d",
@@ -512,7 +513,11 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
   bt.expect_ndim(2, "(num_seqs, max_blocks_per_seq)");
   expect_same_device(bt, cache_ref);
   const bool bt64 = index_is_int64(bt);
-  const int64_t B = bt.size(0), rows = B * q_len;
+  const int64_t B = bt.size(0);
+  int64_t rows;
+  if (__builtin_mul_overflow(B, int64_t{q_len}, &rows))
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "block_table: %lld sequences of q_len %d are more query rows than int64 holds",
+         static_cast<long long>(B), static_cast<int>(q_len));
   if (query.size(0) != rows)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
          "query: %lld rows (shape %s) but block_table has %lld sequences of q_len %d; expected %lld rows",
@@ -526,7 +531,7 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
     fail(NVFP4KV_ERROR_INVALID_VALUE, "out: shape %s received; expected (%lld, %lld, %d)",
          out.shape_str().c_str(), static_cast<long long>(rows), static_cast<long long>(Hq), c.v.D);
   expect_same_device(out, cache_ref);
-  if (float_dtype(out) != dtype)
+  if (!is_dtype(out.t->dtype, qt.code, qt.bits))
     fail(NVFP4KV_ERROR_INVALID_DTYPE, "out: dtype %s but query is %s; they must match",
          dtype_name(out.t->dtype).c_str(), dtype_name(query.t->dtype).c_str());
   if (out.numel() > 0 && out.stride(2) != 1)

@@ -169,7 +169,10 @@ constexpr int64_t kDecodeMaxSplits = 64;
 constexpr int64_t kDecodeMinSplitBlocks = 8;
 
 NVFP4KV_HD int64_t decode_splits(int64_t B, int64_t H, int64_t max_blocks) {
-  const int64_t units = B * H > 0 ? B * H : 1;
+  // B * H where it matters: from kDecodeTargetBlocks units on there is one split, so a larger
+  // B or H need not be multiplied (nor overflow).
+  int64_t units = 1;
+  if (B > 0 && H > 0) units = B < kDecodeTargetBlocks && H < kDecodeTargetBlocks ? B * H : kDecodeTargetBlocks;
   int64_t s = (kDecodeTargetBlocks + units - 1) / units;
   s = s < kDecodeMaxSplits ? s : kDecodeMaxSplits;
   const int64_t most = max_blocks / kDecodeMinSplitBlocks;

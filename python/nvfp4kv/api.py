@@ -619,7 +619,14 @@ def _decode_scalars(query: Any, sm_scale: Any, logits_soft_cap: Any, window_left
         sm = 1.0 / float(shape[2]) ** 0.5
     else:
         sm = _real(sm_scale, "sm_scale")
-    return sm, _real(logits_soft_cap, "logits_soft_cap"), _int(window_left, "window_left"), _int(q_len, "q_len")
+    # The binding takes int64 (the C ABI checks the values within it): a larger window is the
+    # same as the largest; what lies below, or a q_len outside, is named here.
+    window, rows = _int(window_left, "window_left"), _int(q_len, "q_len")
+    if window < -2**63:
+        raise ValueError(f"window_left: {window} received; expected -1 (no window) or >= 0")
+    if not -2**63 <= rows < 2**63:
+        raise ValueError(f"q_len: {rows} received; expected 1 to 8 query rows per sequence")
+    return sm, _real(logits_soft_cap, "logits_soft_cap"), min(window, 2**63 - 1), rows
 
 
 def decode_attention(

@@ -8,6 +8,8 @@
 
 #include <stdint.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -562,6 +564,23 @@ void gather_dequant(nb::handle kv_cache, nb::handle value_cache, nb::handle bloc
   raise_for(st);
 }
 
+// A scalar argument as the C ABI's float. A finite nonzero value that float cannot hold (it would
+// become 0 or infinite: a soft cap of 1e-50 would turn into "no cap", -1e-50 into an accepted
+// -0) is a ValueError naming it; NaN and infinities go on to the C ABI's checks.
+float scalar_float(double x, const char* name) {
+  float f;
+  {
+    const nvfp4kv::FloatModeGuard ieee;  // no flush of a subnormal to 0 on the way to float
+    f = static_cast<float>(x);
+  }
+  if (std::isfinite(x) && x != 0.0 && (f == 0.0f || std::isinf(f))) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s: %.9g received; outside float32's range (the C ABI takes a float)", name, x);
+    throw nb::value_error(msg);
+  }
+  return f;
+}
+
 void decode_attention(nb::handle query, nb::handle kv_cache, nb::handle value_cache, nb::handle block_table,
                       nb::handle seq_lens, nb::handle k_scale, nb::handle v_scale, nb::handle scale_layout,
                       int64_t q_len, double sm_scale, double logits_soft_cap, int64_t window_left, nb::handle out,
@@ -584,12 +603,7 @@ void decode_attention(nb::handle query, nb::handle kv_cache, nb::handle value_ca
   import_optional(l, lse, "lse", true);
   import_optional(ws, workspace, "workspace", true);
   const uintptr_t st_handle = stream_handle(stream, kv_cache, c);
-  float sm, cap;
-  {
-    const nvfp4kv::FloatModeGuard ieee;  // no flush of a subnormal to 0 on the way to float
-    sm = static_cast<float>(sm_scale);
-    cap = static_cast<float>(logits_soft_cap);
-  }
+  const float sm = scalar_float(sm_scale, "sm_scale"), cap = scalar_float(logits_soft_cap, "logits_soft_cap");
   nvfp4kv_status st;
   {
     nb::gil_scoped_release release;

@@ -313,7 +313,8 @@ def splits(B, H, max_blocks):  # params.h's decode_splits
 
 
 @pytest.mark.parametrize("B,q_len,Hq,H,Dv,mb", [(1, 1, 8, 2, 128, 3), (1, 1, 8, 2, 128, 40), (4, 2, 32, 8, 64, 100), (256, 1, 8, 8, 128, 64),
-                                                (0, 1, 4, 4, 256, 5), (7, 8, 16, 1, 256, 1)])
+                                                (0, 1, 4, 4, 256, 5), (7, 8, 16, 1, 256, 1),
+                                                (2**62, 1, 16, 16, 128, 1000)])  # B * H past int64: one split
 def test_workspace_bytes(B, q_len, Hq, H, Dv, mb):
     s = splits(B, H, mb)
     want = 4 * B * q_len * Hq * s * (Dv + 2) if s > 1 else 0
@@ -367,8 +368,15 @@ def bad_cases():
     def out_is_query(kw):
         kw.update(query=kw["out"])
 
+    def rows_overflow(kw):  # 8 * (2^61 + 1) wraps to 8 rows in int64
+        n = 2**61 + 1
+        kw.update(block_table=torch.empty(n, 0, dtype=torch.int32), seq_lens=torch.ones(1, dtype=torch.int32).expand(n),
+                  q_len=8, query=torch.zeros(8, 8, 128, dtype=torch.bfloat16), out=torch.zeros(8, 8, 128, dtype=torch.bfloat16),
+                  lse=None)
+
     return [
-        ("query float32", q_as(torch.float32), TypeError, "query"),
+        ("query float32", q_as(torch.float32), TypeError, "query: dtype float32 received; expected bfloat16 or float16"),
+        ("query int16", q_as(torch.int16), TypeError, "query: dtype int16 received; expected bfloat16 or float16"),
         ("query head size 32", small_cache, ValueError, "query: head size 32.*64, 128 and 256"),
         ("V head size 32", v_side_32, ValueError, "value_cache: head size 32.*64, 128 and 256"),
         ("query head size != cache", set_(query=torch.zeros(3, 8, 64, dtype=torch.bfloat16)), ValueError, "query"),
@@ -380,6 +388,8 @@ def bad_cases():
         ("q_len 9", set_(q_len=9), ValueError, "q_len"),
         ("q_len huge", set_(q_len=2**40), ValueError, "q_len"),
         ("q_len float", set_(q_len=1.0), TypeError, "q_len"),
+        ("q_len past int64", set_(q_len=2**64), ValueError, "q_len: 18446744073709551616"),
+        ("B * q_len past int64", rows_overflow, ValueError, "block_table: 2305843009213693953 sequences"),
         ("rows != B*q_len", set_(q_len=2), ValueError, "query"),
         ("seq_lens length", set_(seq_lens=torch.zeros(2, dtype=torch.int32)), ValueError, "seq_lens"),
         ("seq_lens float", set_(seq_lens=torch.zeros(3)), TypeError, "seq_lens"),
@@ -397,10 +407,15 @@ def bad_cases():
         ("sm_scale inf", set_(sm_scale=float("inf")), ValueError, "sm_scale"),
         ("sm_scale nan", set_(sm_scale=float("nan")), ValueError, "sm_scale"),
         ("sm_scale str", set_(sm_scale="1"), TypeError, "sm_scale"),
+        ("sm_scale 0 in float", set_(sm_scale=1e-50), ValueError, "sm_scale: 1e-50 .*float32"),
+        ("sm_scale inf in float", set_(sm_scale=1e39), ValueError, "sm_scale: 1e\\+39 .*float32"),
+        ("soft cap 0 in float", set_(logits_soft_cap=1e-50), ValueError, "logits_soft_cap: 1e-50 .*float32"),
+        ("soft cap -0 in float", set_(logits_soft_cap=-1e-50), ValueError, "logits_soft_cap"),
         ("soft cap -1", set_(logits_soft_cap=-1.0), ValueError, "logits_soft_cap"),
         ("soft cap inf", set_(logits_soft_cap=float("inf")), ValueError, "logits_soft_cap"),
         ("soft cap nan", set_(logits_soft_cap=float("nan")), ValueError, "logits_soft_cap"),
         ("window -2", set_(window_left=-2), ValueError, "window_left"),
+        ("window past int64", set_(window_left=-2**64), ValueError, "window_left: -18446744073709551616"),
         ("k_scale 0", set_(k_scale=0.0), ValueError, "k_scale"),
         ("v_scale nan", set_(v_scale=float("nan")), ValueError, "v_scale"),
         ("scale_layout", set_(scale_layout="nope"), ValueError, "scale_layout"),
@@ -422,6 +437,13 @@ def test_bad_input_raises_and_writes_nothing(name, change, error, match):
         nvfp4kv.decode_attention(**kw)
     for x, b in zip(outs, before):
         assert torch.equal(bits(x), b), f"{name}: an output was written"
+
+
+def test_window_past_int64_is_no_window():
+    cache, q, bt, sl = setup(B=3, q_len=1, group=4, seed=5)
+    want = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03)
+    got = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03, window_left=2**64)
+    assert torch.equal(bits(got), bits(want))
 
 
 def test_vllm_profile_needs_hnd():

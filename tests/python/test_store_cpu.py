@@ -279,6 +279,14 @@ def test_workspace_overlapping_the_cache_or_inputs_rejected(nv):
         nv.store(key, key.clone(), kv, slots, workspace=big[:nbytes + 4])
     with pytest.raises(ValueError, match="workspace: overlaps kv_cache"):
         nv.store(key.clone(), key.clone(), kv, slots, workspace=raw[-nbytes - 4:-4])
+    # a device scale inside the workspace would be overwritten by the kernels' claim words
+    ws = torch.zeros(nbytes + 8, dtype=torch.uint8)
+    for name, at in (("k_scale", 0), ("v_scale", nbytes - 4)):
+        scale = ws[at:at + 4].view(torch.float32)
+        scale.fill_(1.0)
+        scales = {"k_scale": 1.0, "v_scale": 1.0, name: scale}
+        with pytest.raises(ValueError, match=f"workspace: overlaps {name}"):
+            nv.store(key.clone(), key.clone(), kv, slots, workspace=ws[:nbytes], **scales)
     assert torch.equal(raw, before)
     nv.store(key.clone(), key.clone(), kv, slots, workspace=raw[-nbytes:])  # adjacent is fine
     assert not torch.equal(raw, before)
