@@ -267,8 +267,9 @@ void check_apart(std::initializer_list<const Tensor*> outputs, std::initializer_
     if (!o) continue;
     if (self_overlapping(*o))
       fail(NVFP4KV_ERROR_INVALID_VALUE,
-           "%s: shape %s with strides %s addresses some elements more than once (an expand()ed or "
-           "as_strided view); an output must address each element once",
+           "%s: shape %s with strides %s may address some elements more than once (an expand()ed or "
+           "as_strided view); an output must address each element once, with each stride larger than "
+           "the span of the smaller ones",
            o->name, o->shape_str().c_str(), o->strides_str().c_str());
   }
   const auto apart = [](const Tensor& a, const Tensor& b) {

@@ -299,10 +299,21 @@ void import_array(Arg& a, nb::handle obj, const char* name, bool writable) {
   } else {
     ok = nb::try_cast(obj, a.array, false);
   }
-  if (!ok)
+  if (!ok) {
+    // An array whose exporter refuses it (NumPy: a big-endian array, strides that are not whole
+    // elements) says why when asked directly.
+    std::string why;
+    if (nb::hasattr(obj, "__dlpack__")) {
+      try {
+        obj.attr("__dlpack__")();
+      } catch (nb::python_error& e) {
+        why = ": " + std::string(nb::str(e.value()).c_str());
+      }
+    }
     throw nb::type_error((std::string(name) + ": expected an array supporting DLPack (torch, "
-                          "numpy, cupy, ...), got " + python_type_name(obj))
+                          "numpy, cupy, ...), got " + python_type_name(obj) + why)
                              .c_str());
+  }
   const size_t nd = a.array.ndim();
   if (nd > 8) throw nb::value_error((std::string(name) + ": rank above 8").c_str());
   for (size_t i = 0; i < nd; ++i) {

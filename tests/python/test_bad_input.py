@@ -372,3 +372,9 @@ def test_misaligned_arrays_rejected(nv):
     s.store()(nv)
     nv.decode_attention(q, kv, bt, lens, 1.0, 1.0, scale_layout="linear")
     nv.amax(s.key)
+
+
+def test_array_its_exporter_refuses_says_why(nv):
+    s = Setup("numpy")
+    assert_rejected(nv, s, s.store(key=s.key.astype(">f4")), TypeError, "key: expected an array supporting "
+                    "DLPack.*got ndarray: .*byte order")
