@@ -68,10 +68,14 @@ Tensor::Tensor(const DLTensor* tensor, const char* n) : t(tensor), name(n) {
     empty = empty || t->shape[i] == 0;
   }
   // Element count and compact strides, with overflow checked (a count past 2^62 elements cannot
-  // describe memory; the check keeps every later product of extents in range).
+  // describe memory; the check keeps every later product of extents in range). An empty array
+  // whose strides are all 0 (NumPy 2 gives such, having no memory to describe) takes the compact
+  // ones too, so that its layout reads as that of its shape.
+  bool placeholder = empty && t->strides;
+  for (int i = 0; placeholder && i < t->ndim; ++i) placeholder = t->strides[i] == 0;
   int64_t s = 1;
   for (int i = t->ndim - 1; i >= 0; --i) {
-    stride_[i] = t->strides ? t->strides[i] : s;
+    stride_[i] = t->strides && !placeholder ? t->strides[i] : s;
     if (empty)  // no memory behind it: compact strides as row-major would give them
       s = static_cast<int64_t>(static_cast<uint64_t>(s) * static_cast<uint64_t>(t->shape[i]));
     else if (__builtin_mul_overflow(s, t->shape[i], &s))

@@ -507,3 +507,13 @@ def test_store_property(nv, case):
                        c["slot_dtype"], c["backend"])
     run_store(nv, cache, key, value, k32, v32, slots, c["k_scale"], c["v_scale"], c["recipe"],
               c["scale_layout"])
+
+
+def test_empty_numpy_cache_reads_like_an_empty_torch_one(nv):
+    """NumPy 2 gives an empty array strides of 0; the C ABI takes them as its shape's compact ones."""
+    for view in (np.zeros((0, 2, 16, 2, 72), np.uint8), np.zeros((0, 4, 16, 72), np.uint8)):
+        k, v = nv.dequantize(view, scale_layout="linear")
+        want = nv.dequantize(torch.from_numpy(view.copy()), scale_layout="linear")
+        assert k.shape == tuple(want[0].shape) and v.shape == tuple(want[1].shape)
+        nv.store(np.zeros((0, 2, 128), np.float32), np.zeros((0, 2, 128), np.float32), view,
+                 np.zeros(0, np.int64), scale_layout="linear")
