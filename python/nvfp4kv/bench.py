@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
+import tempfile
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -321,9 +323,22 @@ def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = T
               "nvfp4kv": nvfp4kv.__version__, "ceilings": ceil, "store": rows,
               "gather": gather_rows}
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(json_path, result)
     return result
+
+
+def write_json(path: str, result: Dict) -> None:
+    """Writes ``result`` as JSON to ``path`` whole or not at all: into a temporary file beside it,
+    then renamed over it (a failed write leaves what was there)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".nvfp4kv-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def _pct(row: Dict, key: str) -> str:
@@ -440,8 +455,7 @@ def bench_amax(quick: bool = False, json_path: Optional[str] = None, progress: b
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "nvfp4kv": nvfp4kv.__version__,
               "ceilings": ceil, "amax": rows}
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(json_path, result)
     return result
 
 

@@ -83,3 +83,13 @@ def test_paired_samples_alternate():
                                    calls=3, repeats=2)
     assert "".join(order) == "aaabbbaaabbb"
     assert (a, b) == (pytest.approx(2.0), pytest.approx(3.0))
+
+
+def test_write_json_is_whole_or_nothing(tmp_path):
+    path = tmp_path / "r.json"
+    bench.write_json(str(path), {"a": 1})
+    assert path.read_text().replace(" ", "").replace("\n", "") == '{"a":1}'
+    with pytest.raises(TypeError):  # fails part way through the dump
+        bench.write_json(str(path), {"a": 2, "b": object()})
+    assert path.read_text().replace(" ", "").replace("\n", "") == '{"a":1}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]  # no temporary file left

@@ -150,6 +150,7 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle):
         (["bench", "--output", "/nonexistent-dir/x.json"], "does not exist"),
         (["bench", "--output", "."], "is a directory"),
         (["bench", "--output", ""], "empty path"),
+        (["bench", "--output", __file__], "exists; choose a new path"),
     ],
 )
 def test_bad_arguments_after_parsing_exit_2_with_one_line(argv, needle):

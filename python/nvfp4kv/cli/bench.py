@@ -10,14 +10,19 @@ from ._common import CLIError, _print_json
 
 
 def _output_path_arg(text: str) -> str:
-    """A path the JSON can be written to later (checked now, not after the benchmark ran)."""
+    """A new file the JSON can be written to later (checked now, not after the benchmark ran):
+    an existing file is not replaced."""
     if not text.strip():
         raise argparse.ArgumentTypeError("empty path")
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text!r} is a directory")
+    if os.path.lexists(text):
+        raise argparse.ArgumentTypeError(f"{text!r} exists; choose a new path (nothing is overwritten)")
     parent = os.path.dirname(os.path.abspath(text))
     if not os.path.isdir(parent):
         raise argparse.ArgumentTypeError(f"{text!r}: directory {parent!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: directory {parent!r} is not writable")
     return text
 
 
@@ -36,18 +41,22 @@ def _cmd_bench(args) -> int:
     from .. import bench
 
     try:
-        if args.json:
-            result = bench.run(quick=args.quick, json_path=args.output, progress=not args.quiet)
-            _print_json(result)
-            return 0
-        argv = (["--quick"] if args.quick else []) + (
-            ["--json", args.output] if args.output else []
-        )
-        return bench.main(argv) or 0
+        result = bench.run(quick=args.quick, progress=not args.quiet)
     except SystemExit as e:  # bench reports a missing GPU as SystemExit("message")
         if isinstance(e.code, str):
             raise CLIError(e.code.replace("nvfp4kv bench: ", "", 1)) from None
         return e.code or 0
+    # The results reach stdout before the file is written, so a failed write loses nothing.
+    if args.json:
+        _print_json(result)
+    else:
+        print(bench.format_table(result))
+    if args.output:
+        try:
+            bench.write_json(args.output, result)
+        except OSError as e:
+            raise CLIError(f"--output {args.output!r}: {e.strerror or e}; the results are on stdout") from None
+    return 0
 
 
 def add_parser(sub, common) -> None:
@@ -65,6 +74,6 @@ def add_parser(sub, common) -> None:
         "--output",
         metavar="PATH",
         type=_output_path_arg,
-        help="also write the results as JSON to PATH",
+        help="also write the results as JSON to PATH, a new file",
     )
     p.set_defaults(func=_cmd_bench)
