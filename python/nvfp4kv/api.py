@@ -29,10 +29,11 @@ def _choice(value: Any, table: dict, arg: str) -> int:
 
 
 def _framework(x: Any) -> str:
-    mod = type(x).__module__
-    for name in ("torch", "cupy", "numpy"):
-        if mod == name or mod.startswith(name + "."):
-            return name
+    for cls in type(x).__mro__:  # a subclass (of torch.Tensor, say) is its base's framework
+        mod = cls.__module__
+        for name in ("torch", "cupy", "numpy"):
+            if mod == name or mod.startswith(name + "."):
+                return name
     return "other"
 
 

@@ -24,6 +24,7 @@ does. A global scale passed to :func:`nvfp4kv.store` must be finite and > 0.
 
 from __future__ import annotations
 
+import numbers
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -58,6 +59,8 @@ def amax(x: Any, out: Any = None, *, accumulate: bool = False, stream: Any = Non
     CPU; check it if the data may hold NaN). On CUDA this is one kernel (two without accumulate)
     on the stream, safe to capture in a CUDA graph.
     """
+    if not isinstance(accumulate, bool):
+        raise TypeError(f"accumulate: {type(accumulate).__name__} received; expected True or False")
     if out is None:
         if accumulate:
             raise ValueError("out: None with accumulate=True; pass the amax to accumulate into")
@@ -76,6 +79,8 @@ def decode_scale(amax: Any, margin: float = 1.0) -> Any:
     saturates at 448, so values above ``6 * 448 * scale`` are clipped); < 1 trades clipping of the
     largest values for resolution of the others.
     """
+    if isinstance(margin, numbers.Real):  # a Python float keeps the array's dtype (a NumPy float64 would widen it)
+        margin = float(margin)
     return amax * margin / E4M3_MAX
 
 
@@ -136,7 +141,12 @@ class ScaleTracker:
             self._names: Optional[List[str]] = None
             self._n = layers
         else:
-            names = [str(n) for n in layers]
+            # Names are strings: an int stays a position, so [0, 2, 4] as names would send layer
+            # 2's update to position 2 (name "4").
+            if not all(isinstance(n, str) for n in layers):
+                raise TypeError("layers: expected a number of layers or a list of layer names (str); "
+                                f"received {[type(n).__name__ for n in layers]}")
+            names = list(layers)
             if not names or len(set(names)) != len(names):
                 raise ValueError("layers: expected a non-empty list of distinct layer names")
             self._names = names
@@ -186,14 +196,19 @@ class ScaleTracker:
         before the value is checked: a call whose value is refused has folded its key (a maximum,
         so repeating the call once the value is fixed gives the same state)."""
         i = self._layer(layer)
-        if self._amax is None:
-            self._allocate(key)
+        fresh = self._amax is None
+        if fresh:  # like the first array given; given back if the call is refused
+            self._allocate(key if key is not None else value)
+        folded = False
         for side, x, store in (("key", key, self._k), ("value", value, self._v)):
             if x is None:
                 continue
             try:
                 _C.amax(x, store[i], 1, stream)
+                folded = True
             except (ValueError, TypeError) as e:
+                if fresh and not folded:
+                    self._amax, self._k, self._v = None, [], []
                 raise type(e)(f"ScaleTracker.update(layer {layer!r}) {side}: {e} (the tracker's amax is on "
                               f"{self.device})") from None
 
@@ -249,13 +264,25 @@ class ScaleTracker:
         """Copy amax from :meth:`state_dict` into the tracker's storage (allocated like ``state["k_amax"]``
         if the tracker has none yet). The layers must match."""
         layers = state.get("layers")
+        if isinstance(layers, tuple):
+            layers = list(layers)
         mine = self.layer_names if self._names is not None else self._n
-        if layers != mine:
+        if type(layers) is not type(mine) or layers != mine:
             raise ValueError(f"state_dict: layers {layers!r} do not match this tracker's {mine!r}")
         k, v = state["k_amax"], state["v_amax"]
+        # Both checked before anything is copied: float arrays of one amax per layer, none negative
+        # (a NaN is an amax: sticky, as update leaves it).
         for name, x in (("k_amax", k), ("v_amax", v)):
             if tuple(getattr(x, "shape", ())) != (self._n,):
                 raise ValueError(f"state_dict: {name} of shape {getattr(x, 'shape', None)}; expected ({self._n},)")
+            dtype = getattr(x, "dtype", None)
+            floating = getattr(dtype, "is_floating_point", None)
+            if floating is None:
+                floating = getattr(dtype, "kind", "") == "f"
+            if not floating:
+                raise TypeError(f"state_dict: {name} of dtype {dtype}; expected a float array")
+            if bool((x < 0).any()):
+                raise ValueError(f"state_dict: {name} has a negative amax; an amax is max |x| >= 0")
         if self._amax is None:
             self._allocate(k)
         a = self._amax

@@ -301,6 +301,16 @@ def test_bench_without_gpu_exits_1():
     assert err.count("\n") == 1 and err.startswith("nvfp4kv bench: error: ")
 
 
+def test_options_alone_go_to_demo_and_debug_0_is_off(monkeypatch):
+    """`nvfp4kv --json` is `nvfp4kv demo --json` (the docs: demo is the default); NVFP4KV_DEBUG=0
+    keeps the one-line errors."""
+    rc, out, err = run("--json", "--tokens", "64", "--device", "cpu", "-q")
+    assert rc == 0 and json.loads(out)["command"] == "demo"
+    monkeypatch.setenv("NVFP4KV_DEBUG", "0")
+    rc, out, err = run("plan", "--memory", "80G")
+    assert rc == 2 and err.count("\n") == 1
+
+
 def test_bad_argument_in_subprocess_has_no_traceback():
     p = python_m("plan", "--memory", "80G")
     assert p.returncode == 2

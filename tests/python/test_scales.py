@@ -402,3 +402,41 @@ def test_amax_and_tracker_cupy():
     assert float(k_amax[0]) == 77.5 and float(v_amax[0]) == float(np.abs(host * 1.5).max())
     assert float(k_amax[1]) == 0.0
     assert float(tr.k_scales()[0]) == pytest.approx(77.5 / 448, rel=1e-6)
+
+
+def test_tracker_refusals_change_nothing():
+    """Found by review: int layer names sent updates to positions, a bad state loaded half, a
+    refused first update fixed the tracker's framework, and a np.float64 margin widened float32."""
+    with pytest.raises(TypeError, match="layer names"):
+        nvfp4kv.ScaleTracker([0, 2, 4])
+    tr = nvfp4kv.ScaleTracker(2)
+    with pytest.raises(TypeError):
+        tr.update(0, [1.0, 2.0])
+    assert tr.device is None  # no storage fixed by a refused call
+    good = np.array([1.0, 2.0], np.float32)
+    tr.update(0, good, good)
+    before = tr.state_dict()
+    for bad, exc in (({"k_amax": np.array([100.0, 100.0], np.float32), "v_amax": np.array([-1.0, 0.0], np.float32)},
+                      ValueError),
+                     ({"k_amax": np.array([3.0, 3.0], np.float32), "v_amax": np.array(["1", "2"])}, TypeError),
+                     ({"k_amax": good, "v_amax": good, "layers": 2.0}, ValueError)):
+        with pytest.raises(exc):
+            tr.load_state_dict({"layers": 2, **bad})
+        assert np.array_equal(tr.k_amax(), before["k_amax"]) and np.array_equal(tr.v_amax(), before["v_amax"])
+    tr.load_state_dict({"layers": 2, "k_amax": np.array([np.nan, 1.0], np.float32), "v_amax": good})  # NaN: sticky, kept
+    assert np.isnan(tr.k_amax()[0])
+    assert nvfp4kv.decode_scale(np.float32([448.0]), np.float64(2.0)).dtype == np.float32
+    with pytest.raises(TypeError, match="accumulate"):
+        nvfp4kv.amax(good, np.zeros(1, np.float32), accumulate="no")
+
+
+@needs_torch
+def test_tensor_subclass_is_torch():
+    class Sub(torch.Tensor):
+        pass
+
+    x = torch.tensor([1.0, -3.0]).as_subclass(Sub)
+    assert isinstance(nvfp4kv.amax(x), torch.Tensor)
+    tr = nvfp4kv.ScaleTracker(1)
+    tr.update(0, None, torch.tensor([2.0]))
+    assert isinstance(tr.v_amax(), torch.Tensor)

@@ -13,7 +13,7 @@ arguments exit with status 2, runtime errors with status 1, each with one line o
 arguments include values that only show as bad after parsing (weights larger than the memory, a
 geometry KVCacheSpec rejects, a demo larger than the machine's memory: :class:`UsageError`), and
 no argument makes the command compute for long before it is rejected.
-Progress goes to stderr, so stdout stays clean for tables and JSON. Set ``NVFP4KV_DEBUG=1`` to
+Progress goes to stderr, so stdout stays clean for tables and JSON. Set ``NVFP4KV_DEBUG=1`` (anything but empty or 0) to
 get the Python traceback of a runtime error.
 
 Layout: this module has the parser and :func:`main`; each subcommand is a module (``demo``,
@@ -88,24 +88,32 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+_COMMANDS = ("demo", "plan", "bench", "info")
+
+
+def _debug() -> bool:
+    """NVFP4KV_DEBUG set to anything but "" or "0": errors raise with their traceback."""
+    return os.environ.get("NVFP4KV_DEBUG", "") not in ("", "0")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nvfp4kv`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:
-        argv = ["demo"]
+    # No subcommand: demo, with the options given (`nvfp4kv --json` is `nvfp4kv demo --json`).
+    if not argv or (argv[0].startswith("-") and
+                    not any(a in _COMMANDS or a in ("-h", "--help", "--version") for a in argv)):
+        argv = ["demo"] + argv
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version (0) and usage errors (2)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    if args.command is None:  # only top-level options were given
-        args = build_parser().parse_args(argv + ["demo"])
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
         return 130
     except UsageError as e:  # a bad argument found after parsing: as argparse reports one
-        if os.environ.get("NVFP4KV_DEBUG"):
+        if _debug():
             raise
         sys.stderr.write(_usage_line(f"{PROG} {args.command}", e))
         return 2
@@ -126,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         MemoryError,
         ArithmeticError,
     ) as e:
-        if os.environ.get("NVFP4KV_DEBUG"):
+        if _debug():
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         if isinstance(e, MemoryError):

@@ -453,7 +453,7 @@ def add_parser(sub, common) -> None:
         help="quantize a realistic K/V batch and report size, accuracy and speed (default)",
         description="Quantize a heavy-tailed K/V batch with Llama-3.1-8B geometry "
         "(8 KV heads, head size 128, block size 16) into a paged NVFP4 cache at "
-        "random slots, read it back, and report cache sizes (bf16, fp8, nvfp4), "
+        "random slots, read it back, and report cache sizes (bf16, fp8, nvfp4, nvfp4_4over6), "
         "errors of both recipes (with the calibrated decode scales amax/448 and with the "
         "engines' default 1.0) and store throughput.",
     )
