@@ -192,6 +192,9 @@ def _gather_dequant_traced(kv_cache, block_table, seq_lens, k_scale=1.0, v_scale
                            cu_seqlens=None, dtype=None, scale_layout="vllm", key_out=None, value_out=None,
                            stream=None):
     _no_stream(stream)
+    if key_out is None or value_out is None:
+        raise ValueError("key_out, value_out: under torch.compile gather_dequant needs both outputs; their "
+                         "row count is data (cu_seqlens[-1]), which a traced call cannot read")
     kv_cache, value_cache = _sides(kv_cache, value_cache)
     computed = cu_seqlens is None
     if computed:

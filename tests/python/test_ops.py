@@ -91,7 +91,41 @@ def test_compile_with_float_scales():
                                                                          c["slots"]), want)
 
 
-@pytest.mark.parametrize("op", ["store", "reshape_and_cache_flash", "dequantize", "gather_dequant"])
+def run_whole(kv, key, value, slots, bt, seq_lens, cu, ks, vs):
+    """run_all's calls on whole tensors only (no views at symbolic offsets, docs/integration.md §5),
+    and a decode."""
+    nvfp4kv.store(key, value, kv, slots, ks, vs)
+    k1, v1 = nvfp4kv.dequantize(kv, ks, vs, dtype=torch.bfloat16,
+                                key_out=torch.empty(N, T, H, D, dtype=torch.bfloat16, device=kv.device),
+                                value_out=torch.empty(N, T, H, D, dtype=torch.bfloat16, device=kv.device))
+    kg = torch.empty(52, H, D, dtype=torch.bfloat16, device=kv.device)
+    vg = torch.empty(52, H, D, dtype=torch.bfloat16, device=kv.device)
+    nvfp4kv.gather_dequant(kv, bt, seq_lens, ks, vs, cu_seqlens=cu, key_out=kg, value_out=vg)
+    out = nvfp4kv.decode_attention(key[:B].contiguous(), kv, bt, seq_lens, ks, vs)
+    return kv, k1, v1, kg, vg, out
+
+
+def test_compile_dynamic_shapes_on_whole_tensors():
+    """torch.compile(dynamic=True) on inductor: the same bytes as eager where no written view lies
+    at a symbolic offset (integration guide §5 has the limit)."""
+    want = run_whole(**case())
+    torch._dynamo.reset()
+    got = torch.compile(run_whole, fullgraph=True, backend="inductor", dynamic=True)(**case())
+    assert same(got, want)
+
+
+def test_compile_gather_needs_its_outputs():
+    c = case()
+
+    def f(kv, bt, seq_lens, ks, vs):
+        return nvfp4kv.gather_dequant(kv, bt, seq_lens, ks, vs, dtype=torch.bfloat16)
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="key_out, value_out: under torch.compile"):
+        torch.compile(f, fullgraph=True, backend="aot_eager")(c["kv"], c["bt"], c["seq_lens"], c["ks"], c["vs"])
+
+
+@pytest.mark.parametrize("op", ["store", "reshape_and_cache_flash", "dequantize", "gather_dequant", "decode_attention"])
 def test_opcheck(op):
     c = case(seed=2)
     kv = c["kv"]
@@ -101,6 +135,8 @@ def test_opcheck(op):
         "dequantize": (kv, c["ks"], c["vs"], torch.empty(N, T, H, D), torch.empty(N, T, H, D)),
         "gather_dequant": (kv, c["bt"], c["seq_lens"], c["cu"], c["ks"], c["vs"],
                            torch.empty(52, H, D, dtype=torch.bfloat16), torch.empty(52, H, D, dtype=torch.bfloat16)),
+        "decode_attention": (c["key"][:B].contiguous(), kv, c["bt"], c["seq_lens"], c["ks"], c["vs"],
+                             torch.empty(B, H, D, dtype=torch.bfloat16), 0.125, torch.empty(B, H)),
     }[op]
     result = opcheck(getattr(torch.ops.nvfp4kv, op).default, args)
     assert all(v == "SUCCESS" for v in result.values()), result
