@@ -79,8 +79,8 @@ def decode_scale(amax: Any, margin: float = 1.0) -> Any:
     saturates at 448, so values above ``6 * 448 * scale`` are clipped); < 1 trades clipping of the
     largest values for resolution of the others.
     """
-    if isinstance(margin, numbers.Real):  # a Python float keeps the array's dtype (a NumPy float64 would widen it)
-        margin = float(margin)
+    if isinstance(margin, numbers.Real):  # a Python float keeps the array's dtype (NumPy's
+        margin = float(margin)  # float64 would widen a float32 amax)
     return amax * margin / E4M3_MAX
 
 

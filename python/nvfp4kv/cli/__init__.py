@@ -13,8 +13,8 @@ arguments exit with status 2, runtime errors with status 1, each with one line o
 arguments include values that only show as bad after parsing (weights larger than the memory, a
 geometry KVCacheSpec rejects, a demo larger than the machine's memory: :class:`UsageError`), and
 no argument makes the command compute for long before it is rejected.
-Progress goes to stderr, so stdout stays clean for tables and JSON. Set ``NVFP4KV_DEBUG=1`` (anything but empty or 0) to
-get the Python traceback of a runtime error.
+Progress goes to stderr, so stdout stays clean for tables and JSON. Set ``NVFP4KV_DEBUG=1``
+(anything but empty or 0) to get the Python traceback of a runtime error.
 
 Layout: this module has the parser and :func:`main`; each subcommand is a module (``demo``,
 ``plan``, ``bench``, ``info``) with its ``add_parser(sub, common)`` and its command function;
