@@ -34,8 +34,8 @@ def case(device="cpu", seed=0):
     return {k: v.to(device) for k, v in out.items()}
 
 
-def run_all(kv, key, value, slots, bt, seq_lens, cu, ks, vs):
-    """Every entry point of the Python API once; returns what they wrote."""
+def store_and_read(kv, key, value, slots, bt, seq_lens, cu, ks, vs):
+    """store, dequantize and gather_dequant once; returns what the reads wrote."""
     nvfp4kv.store(key, value, kv, slots, ks, vs)
     k1, v1 = nvfp4kv.dequantize(kv, ks, vs, dtype=torch.bfloat16,
                                 key_out=torch.empty(N, T, H, D, dtype=torch.bfloat16, device=kv.device),
@@ -43,9 +43,15 @@ def run_all(kv, key, value, slots, bt, seq_lens, cu, ks, vs):
     kg = torch.empty(52, H, D, dtype=torch.bfloat16, device=kv.device)
     vg = torch.empty(52, H, D, dtype=torch.bfloat16, device=kv.device)
     nvfp4kv.gather_dequant(kv, bt, seq_lens, ks, vs, cu_seqlens=cu, key_out=kg, value_out=vg)
+    return k1, v1, kg, vg
+
+
+def run_all(kv, key, value, slots, bt, seq_lens, cu, ks, vs):
+    """Every entry point of the Python API once; returns what they wrote."""
+    reads = store_and_read(kv, key, value, slots, bt, seq_lens, cu, ks, vs)
     sides = kv.unbind(1)
     nvfp4kv.reshape_and_cache_flash(value, key, sides[0], sides[1], slots[:5], "nvfp4", ks, vs)
-    return kv, k1, v1, kg, vg
+    return (kv, *reads)
 
 
 def same(a, b):
@@ -92,17 +98,11 @@ def test_compile_with_float_scales():
 
 
 def run_whole(kv, key, value, slots, bt, seq_lens, cu, ks, vs):
-    """run_all's calls on whole tensors only (no views at symbolic offsets, docs/integration.md §5),
-    and a decode."""
-    nvfp4kv.store(key, value, kv, slots, ks, vs)
-    k1, v1 = nvfp4kv.dequantize(kv, ks, vs, dtype=torch.bfloat16,
-                                key_out=torch.empty(N, T, H, D, dtype=torch.bfloat16, device=kv.device),
-                                value_out=torch.empty(N, T, H, D, dtype=torch.bfloat16, device=kv.device))
-    kg = torch.empty(52, H, D, dtype=torch.bfloat16, device=kv.device)
-    vg = torch.empty(52, H, D, dtype=torch.bfloat16, device=kv.device)
-    nvfp4kv.gather_dequant(kv, bt, seq_lens, ks, vs, cu_seqlens=cu, key_out=kg, value_out=vg)
+    """store_and_read and a decode, on whole tensors only (no views at symbolic offsets,
+    docs/integration.md §5)."""
+    reads = store_and_read(kv, key, value, slots, bt, seq_lens, cu, ks, vs)
     out = nvfp4kv.decode_attention(key[:B].contiguous(), kv, bt, seq_lens, ks, vs)
-    return kv, k1, v1, kg, vg, out
+    return (kv, *reads, out)
 
 
 def test_compile_dynamic_shapes_on_whole_tensors():
