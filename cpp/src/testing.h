@@ -13,14 +13,14 @@ extern "C" {
 #endif
 
 /* Which CUDA store takes the calls given a workspace. */
-typedef enum nvfp4kv_testing_store_order {
+typedef enum nvfp4kv_testing_store_order NVFP4KV_ENUM_INT {
   NVFP4KV_TESTING_STORE_AUTO = 0,  /* page order where it measured faster (cuda/plan.h) */
   NVFP4KV_TESTING_STORE_PAGE = 1,  /* page order wherever it applies */
   NVFP4KV_TESTING_STORE_TOKEN = 2  /* token order always */
 } nvfp4kv_testing_store_order;
 
 /* Which CUDA kernel takes gather calls. */
-typedef enum nvfp4kv_testing_gather_kernel {
+typedef enum nvfp4kv_testing_gather_kernel NVFP4KV_ENUM_INT {
   NVFP4KV_TESTING_GATHER_AUTO = 0,   /* the page-side kernel where it measured faster */
   NVFP4KV_TESTING_GATHER_PAGES = 1,  /* the page-side kernel wherever it applies */
   NVFP4KV_TESTING_GATHER_ROWS = 2    /* the row kernels only */

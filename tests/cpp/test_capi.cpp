@@ -141,6 +141,15 @@ int main() {
                        NVFP4KV_SCALES_LINEAR, nullptr);
     CHECK(st == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "value: NULL data pointer"),
           "%s", nvfp4kv_last_error());
+    for (int r : {-1, 2}) {  // a C caller's out-of-range enum: well defined (the enums are int in C++)
+      st = nvfp4kv_store(&k.t, &v.t, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, static_cast<nvfp4kv_recipe>(r),
+                         NVFP4KV_SCALES_LINEAR, nullptr);
+      CHECK(st == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "recipe"), "recipe %d: %s", r,
+            nvfp4kv_last_error());
+    }
+    CHECK(nvfp4kv_version() > 0 && strstr(nvfp4kv_last_error(), "recipe"), "a call without a status kept it");
+    CHECK(nvfp4kv_store_workspace_size(N, T, &ws_bytes) == NVFP4KV_SUCCESS && nvfp4kv_last_error()[0] == '\0',
+          "a success clears the last error: %s", nvfp4kv_last_error());
     bad = v.t;
     bad.byte_offset = 1;  // an element at an odd byte: rejected before anything is read
     st = nvfp4kv_store(&k.t, &bad, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,

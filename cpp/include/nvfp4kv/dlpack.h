@@ -15,6 +15,22 @@
 #define DLPACK_MAJOR_VERSION 1
 #define DLPACK_MINOR_VERSION 3
 
+/* Upstream's linkage macros, for code that includes this file first and then upstream's. */
+#ifdef __cplusplus
+#define DLPACK_EXTERN_C extern "C"
+#else
+#define DLPACK_EXTERN_C
+#endif
+#ifdef _WIN32
+#ifdef DLPACK_EXPORTS
+#define DLPACK_DLL __declspec(dllexport)
+#else
+#define DLPACK_DLL __declspec(dllimport)
+#endif
+#else
+#define DLPACK_DLL
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -24,7 +40,12 @@ typedef struct {
   uint32_t minor;
 } DLPackVersion;
 
+/* An int32_t in C++, as upstream declares it (C++11 and MSVC; plain in C and C++98). */
+#if defined(__cplusplus) && (__cplusplus >= 201103L || defined(_MSC_VER))
+typedef enum : int32_t {
+#else
 typedef enum {
+#endif
   kDLCPU = 1,
   kDLCUDA = 2,
   kDLCUDAHost = 3,
@@ -39,7 +60,8 @@ typedef enum {
   kDLOneAPI = 14,
   kDLWebGPU = 15,
   kDLHexagon = 16,
-  kDLMAIA = 17
+  kDLMAIA = 17,
+  kDLTrn = 18
 } DLDeviceType;
 
 typedef struct {
@@ -54,7 +76,18 @@ typedef enum {
   kDLOpaqueHandle = 3U,
   kDLBfloat = 4U,
   kDLComplex = 5U,
-  kDLBool = 6U
+  kDLBool = 6U,
+  kDLFloat8_e3m4 = 7U,
+  kDLFloat8_e4m3 = 8U,
+  kDLFloat8_e4m3b11fnuz = 9U,
+  kDLFloat8_e4m3fn = 10U,
+  kDLFloat8_e4m3fnuz = 11U,
+  kDLFloat8_e5m2 = 12U,
+  kDLFloat8_e5m2fnuz = 13U,
+  kDLFloat8_e8m0fnu = 14U,
+  kDLFloat6_e2m3fn = 15U,
+  kDLFloat6_e3m2fn = 16U,
+  kDLFloat4_e2m1fn = 17U
 } DLDataTypeCode;
 
 typedef struct {

@@ -36,11 +36,19 @@
 #define NVFP4KV_API __attribute__((visibility("default")))
 #endif
 
+/* The enums' type in C++11 and later: int, so that every value a C caller may pass is one the
+ * enum holds and the library's range checks are not undefined behaviour (-fstrict-enums). */
+#if defined(__cplusplus) && (__cplusplus >= 201103L || defined(_MSC_VER))
+#define NVFP4KV_ENUM_INT : int
+#else
+#define NVFP4KV_ENUM_INT
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum nvfp4kv_status {
+typedef enum nvfp4kv_status NVFP4KV_ENUM_INT {
   NVFP4KV_SUCCESS = 0,
   NVFP4KV_ERROR_INVALID_VALUE = 1,   /* bad shape, stride, size or value (Python: ValueError) */
   NVFP4KV_ERROR_INVALID_DTYPE = 2,   /* wrong element type (Python: TypeError) */
@@ -50,12 +58,12 @@ typedef enum nvfp4kv_status {
   NVFP4KV_ERROR_INTERNAL = 6         /* a bug: please report it */
 } nvfp4kv_status;
 
-typedef enum nvfp4kv_recipe {
+typedef enum nvfp4kv_recipe NVFP4KV_ENUM_INT {
   NVFP4KV_RECIPE_NVFP4 = 0,        /* scale = amax / 6 */
   NVFP4KV_RECIPE_NVFP4_4OVER6 = 1  /* the better of amax / 6 and amax / 4 per group */
 } nvfp4kv_recipe;
 
-typedef enum nvfp4kv_scale_profile {
+typedef enum nvfp4kv_scale_profile NVFP4KV_ENUM_INT {
   NVFP4KV_SCALES_VLLM = 0,  /* K scales linear, V scales token-4 interleaved (vLLM on SM100) */
   NVFP4KV_SCALES_LINEAR = 1 /* K and V scales linear */
 } nvfp4kv_scale_profile;
@@ -67,7 +75,8 @@ NVFP4KV_API const char* nvfp4kv_version_string(void);
 /* Static description of a status code, e.g. "invalid value". Never NULL. */
 NVFP4KV_API const char* nvfp4kv_status_string(nvfp4kv_status status);
 
-/* Message of the last failed call on this thread ("" if none). Valid until the next call. */
+/* The message of this thread's last call that returns a status: its failure, or "" after a
+ * success (the other functions leave it). Valid until this thread's next such call. */
 NVFP4KV_API const char* nvfp4kv_last_error(void);
 
 /* 1 if the library was built with its CUDA kernels, else 0. */
