@@ -23,6 +23,7 @@ NVFP4 for nvfp4kv, "nvfp4_4over6" included) is :func:`is_nvfp4_kv_cache`.
 from __future__ import annotations
 
 import enum
+import operator
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -86,10 +87,10 @@ MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP = {
 }
 
 
-def _check_kv_cache_dtype(kv_cache_dtype: Any) -> str:
+def _check_kv_cache_dtype(kv_cache_dtype: Any, name: str = "kv_cache_dtype") -> str:
     if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(
-            f"kv_cache_dtype: unknown value {kv_cache_dtype!r}; "
+            f"{name}: unknown value {kv_cache_dtype!r}; "
             f"expected one of {', '.join(repr(s) for s in KV_CACHE_DTYPES)}"
         )
     return kv_cache_dtype
@@ -110,17 +111,29 @@ def _check_nvfp4_head_size(name: str, value: int) -> None:
         )
 
 
+def _integer(value: Any) -> Optional[int]:
+    """value as a Python int where it is an integer (a NumPy one too), else None. bool is an int
+    subclass, but True as a block size is always a mistake."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _check_positive_int(name: str, value: Any) -> int:
-    # bool is an int subclass; True as a block size is always a mistake.
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    n = _integer(value)
+    if n is None or n <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return n
 
 
 def _check_nonnegative_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    n = _integer(value)
+    if n is None or n < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-    return value
+    return n
 
 
 def nvfp4_kv_cache_full_dim(head_size: int) -> int:
@@ -146,10 +159,10 @@ def nvfp4_kv_cache_full_dim(head_size: int) -> int:
     ValueError
         If ``head_size`` is not a positive multiple of 16.
     """
-    if isinstance(head_size, bool) or not isinstance(head_size, int) or head_size <= 0 \
-            or head_size % 16 != 0:
+    d = _integer(head_size)
+    if d is None or d <= 0 or d % 16 != 0:
         raise ValueError(f"head_size must be a positive multiple of 16, got {head_size!r}")
-    return head_size // 2 + head_size // 16
+    return d // 2 + d // 16
 
 
 class KVQuantMode(enum.IntEnum):
@@ -398,7 +411,7 @@ def get_kv_cache_shape(
     _check_positive_int("block_size", block_size)
     _check_positive_int("num_kv_heads", num_kv_heads)
     _check_positive_int("head_size", head_size)
-    _check_kv_cache_dtype(cache_dtype_str)
+    _check_kv_cache_dtype(cache_dtype_str, "cache_dtype_str")
     _check_layout(layout)
     packed = _resolve_packed(packed, cache_dtype_str, layout)
     if cache_dtype_str in NVFP4_KV_CACHE_DTYPES:
@@ -446,7 +459,7 @@ def get_kv_cache_stride_order(
         not take it. Use HND, or the 5-D form (``packed=False``) for an NHD cache.
     """
     _check_layout(layout)
-    _check_kv_cache_dtype(cache_dtype_str)
+    _check_kv_cache_dtype(cache_dtype_str, "cache_dtype_str")
     if _resolve_packed(packed, cache_dtype_str, layout):
         return (0, 1, 2, 3)
     return (0, 1, 3, 2, 4) if layout == "HND" else (0, 1, 2, 3, 4)
@@ -465,7 +478,9 @@ class KVCacheSpec:
     head_size : int
         Key head size ``D`` (a multiple of 16 for nvfp4).
     head_size_v : int, optional
-        Value head size ``Dv``; defaults to ``head_size``.
+        Value head size ``Dv``; defaults to ``head_size``, filled in at construction as vLLM's
+        specs do, so ``dataclasses.replace(spec, head_size=...)`` keeps the old ``head_size_v``:
+        pass it too.
     cache_dtype : str, optional
         A vLLM ``kv_cache_dtype`` string (default "nvfp4"); "auto" means a 16-bit model dtype.
 
@@ -483,14 +498,14 @@ class KVCacheSpec:
     cache_dtype: str = "nvfp4"
 
     def __post_init__(self):
-        _check_positive_int("block_size", self.block_size)
-        _check_positive_int("num_kv_heads", self.num_kv_heads)
-        _check_positive_int("head_size", self.head_size)
+        # frozen dataclass: normalized values (a NumPy integer becomes a Python int, whose
+        # products cannot overflow) and the default are set through object.__setattr__.
+        for name in ("block_size", "num_kv_heads", "head_size"):
+            object.__setattr__(self, name, _check_positive_int(name, getattr(self, name)))
         if self.head_size_v is None:
-            # frozen dataclass: the default has to be filled in through object.__setattr__.
             object.__setattr__(self, "head_size_v", self.head_size)
-        _check_positive_int("head_size_v", self.head_size_v)
-        _check_kv_cache_dtype(self.cache_dtype)
+        object.__setattr__(self, "head_size_v", _check_positive_int("head_size_v", self.head_size_v))
+        _check_kv_cache_dtype(self.cache_dtype, "cache_dtype")
         if self.cache_dtype in NVFP4_KV_CACHE_DTYPES:
             _check_nvfp4_head_size("head_size", self.head_size)
             _check_nvfp4_head_size("head_size_v", self.head_size_v)
@@ -669,7 +684,10 @@ def allocate_kv_cache(
             raise ValueError("backend='torch' needs torch, which is not installed") from e
         key = "bfloat16" if spec.cache_dtype == "auto" else spec.cache_dtype
         dtype = STR_DTYPE_TO_TORCH_DTYPE[key]
-        buf = torch.zeros(physical, dtype=dtype, device=device)
+        try:
+            buf = torch.zeros(physical, dtype=dtype, device=device)
+        except (RuntimeError, AssertionError) as e:  # an unknown device, or CUDA not built or present
+            raise ValueError(f"device: {device!r}: {e}") from None
         return buf.permute(order)
 
     import numpy as np  # noqa: PLC0415
@@ -687,4 +705,7 @@ def allocate_kv_cache(
         dtype = np.float16
     else:
         dtype = np.float32
-    return np.zeros(physical, dtype=dtype).transpose(order)
+    # A zero-page array is cut from a one-page one: NumPy 2 gives a new empty array strides of 0,
+    # which would hide the layout; a slice keeps its parent's.
+    n = physical[0]
+    return np.zeros((max(n, 1),) + tuple(physical[1:]), dtype=dtype)[:n].transpose(order)

@@ -97,10 +97,17 @@ def check_printed(result, out):
     assert math.isclose(err, result["rel_l2"], abs_tol=1e-5)
     assert len(result["rel_l2_per_step"]) == result["config"]["steps"]
     assert max(result["rel_l2_per_step"]) < ERROR_BOUNDS[1]
-    for loop in ("bf16", "nvfp4"):
-        assert result["tokens_per_s"][loop] > 0
-    assert re.search(r"^bf16 cache \+ SDPA +[0-9.]+ +[0-9.]+$", out, re.M), out
-    assert re.search(r"^nvfp4 cache +[0-9.]+ +[0-9.]+$", out, re.M), out
+    c = result["config"]
+    for loop, label in (("bf16", r"bf16 cache \+ SDPA"), ("nvfp4", "nvfp4 cache")):
+        t = result["seconds"][loop]
+        # A pass runs every step's calls: a decode step takes far more than 5 us on any device
+        # (an empty timed loop would take about 1 us for all of them).
+        assert t > 5e-6 * c["steps"], (loop, t)
+        assert math.isclose(result["tokens_per_s"][loop], c["batch"] * c["steps"] / t, rel_tol=1e-12)
+        m = re.search(rf"^{label} +([0-9.]+) +([0-9.]+)$", out, re.M)
+        assert m, out
+        assert math.isclose(float(m.group(1)), result["tokens_per_s"][loop], rel_tol=1e-3, abs_tol=0.06)
+        assert math.isclose(float(m.group(2)), 1e3 * t / c["steps"], rel_tol=1e-3, abs_tol=6e-4)
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +167,8 @@ def test_command_line():
 
 @pytest.mark.parametrize("argv", [["--heads", "3", "--kv-heads", "2"],
                                   ["--heads", "34", "--kv-heads", "2"], ["--head-size", "96"],
-                                  ["--steps", "0"], ["--batch", "0"]])
+                                  ["--steps", "0"], ["--batch", "0"], ["--device", "garbage"],
+                                  ["--device", "meta"], ["--seed", "-1"], ["--seed", str(2**64)]])
 def test_bad_arguments(example, argv):
     with pytest.raises(SystemExit) as e:
         example.main(["--device", "cpu"] + argv)

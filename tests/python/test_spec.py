@@ -192,7 +192,7 @@ def test_packed_argument_checked():
 def test_kv_cache_shape_rejects():
     with pytest.raises(ValueError, match="layout"):
         S.get_kv_cache_shape(1, 16, 8, 128, "nvfp4", "HDN")
-    with pytest.raises(ValueError, match="kv_cache_dtype"):
+    with pytest.raises(ValueError, match="cache_dtype_str"):
         S.get_kv_cache_shape(1, 16, 8, 128, "fp4")
     with pytest.raises(ValueError, match="num_blocks"):
         S.get_kv_cache_shape(-1, 16, 8, 128)
@@ -213,7 +213,7 @@ def test_stride_order():
     assert S.get_kv_cache_stride_order(cache_dtype_str="nvfp4_4over6") == (0, 1, 2, 3)
     with pytest.raises(ValueError, match="layout"):
         S.get_kv_cache_stride_order("hnd")
-    with pytest.raises(ValueError, match="kv_cache_dtype"):
+    with pytest.raises(ValueError, match="cache_dtype_str"):
         S.get_kv_cache_stride_order("HND", "fp4")
 
 
@@ -307,7 +307,7 @@ def test_num_blocks_for():
         (dict(block_size=16, num_kv_heads=8, head_size=128, head_size_v=40), "head_size_v"),
         (dict(block_size=16, num_kv_heads=8, head_size=128, head_size_v=0,
               cache_dtype="bfloat16"), "head_size_v"),
-        (dict(block_size=16, num_kv_heads=8, head_size=128, cache_dtype="int4"), "kv_cache_dtype"),
+        (dict(block_size=16, num_kv_heads=8, head_size=128, cache_dtype="int4"), "cache_dtype"),
     ],
 )
 def test_spec_rejects(kw, word):
@@ -495,3 +495,24 @@ def test_package_import_does_not_import_torch(tmp_path):
     imported, torch_imported = _run(code, cwd=tmp_path).splitlines()
     assert Path(imported).resolve().parent == pkg_dir
     assert torch_imported == "False"
+
+
+def test_numpy_integers_and_argument_names():
+    """Found by review: NumPy integers were refused with a message that read as false, and the
+    dtype errors named an argument the call does not have."""
+    spec = S.KVCacheSpec(np.int64(16), np.int32(8), np.int64(128))
+    assert spec == S.KVCacheSpec(16, 8, 128) and type(spec.block_size) is int
+    assert S.nvfp4_kv_cache_full_dim(np.int64(128)) == 72
+    with pytest.raises(ValueError, match="block_size"):
+        S.KVCacheSpec(np.bool_(True), 8, 128)
+    with pytest.raises(ValueError, match="^cache_dtype: unknown"):
+        S.KVCacheSpec(16, 8, 128, cache_dtype="nvfp5")
+    with pytest.raises(ValueError, match="^cache_dtype_str: unknown"):
+        S.get_kv_cache_shape(4, 16, 8, 128, cache_dtype_str=None)
+
+
+def test_empty_numpy_cache_keeps_its_layout():
+    spec = S.KVCacheSpec(16, 2, 64)
+    kv = S.allocate_kv_cache(spec, 0, backend="numpy")
+    want = S.allocate_kv_cache(spec, 1, backend="numpy")
+    assert kv.shape[0] == 0 and kv.strides == want.strides  # HND, as with pages (not NumPy's 0s)
