@@ -56,7 +56,7 @@ bool same_device(DLDevice a, DLDevice b) {
 
 Tensor::Tensor(const DLTensor* tensor, const char* n) : t(tensor), name(n) {
   if (!t) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: NULL tensor", name);
-  if (t->ndim < 0 || t->ndim > 8) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: rank %d", name, t->ndim);
+  if (t->ndim < 0 || t->ndim > 8) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: rank %d; expected 0 to 8", name, t->ndim);
   if (t->ndim > 0 && !t->shape)
     fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: rank %d with a NULL shape pointer", name, t->ndim);
   numel_ = 1;

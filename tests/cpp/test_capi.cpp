@@ -151,6 +151,12 @@ int main() {
     CHECK(nvfp4kv_store_workspace_size(N, T, &ws_bytes) == NVFP4KV_SUCCESS && nvfp4kv_last_error()[0] == '\0',
           "a success clears the last error: %s", nvfp4kv_last_error());
     bad = v.t;
+    bad.ndim = 9;
+    st = nvfp4kv_store(&k.t, &bad, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                       NVFP4KV_SCALES_LINEAR, nullptr);
+    CHECK(st == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "value: rank 9; expected 0 to 8"), "%s",
+          nvfp4kv_last_error());
+    bad = v.t;
     bad.byte_offset = 1;  // an element at an odd byte: rejected before anything is read
     st = nvfp4kv_store(&k.t, &bad, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
                        NVFP4KV_SCALES_LINEAR, nullptr);
