@@ -177,12 +177,11 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
          "NVFP4KV_RECIPE_NVFP4_4OVER6 (1, 'nvfp4_4over6')",
          static_cast<int>(recipe));
   apply_profile(c, profile);
-  {
-    const Tensor vcache = value_cache ? Tensor(value_cache, c.v_name) : cache_ref;
-    const Tensor ks(k_scale ? k_scale : kv_cache, "k_scale"), vs(v_scale ? v_scale : kv_cache, "v_scale");
-    check_apart({&cache_ref, value_cache ? &vcache : nullptr}, {&key, &value, &slots, k_scale ? &ks : nullptr, v_scale ? &vs : nullptr},
-                /*outputs_checked=*/true);  // the sides: resolve_cache
-  }
+  // An absent value cache or scale is stood in for by the cache, which the checks cover anyway.
+  const Tensor vcache = value_cache ? Tensor(value_cache, c.v_name) : cache_ref;
+  const Tensor ks(k_scale ? k_scale : kv_cache, "k_scale"), vs(v_scale ? v_scale : kv_cache, "v_scale");
+  check_apart({&cache_ref, value_cache ? &vcache : nullptr}, {&key, &value, &slots, k_scale ? &ks : nullptr, v_scale ? &vs : nullptr},
+              /*outputs_checked=*/true);  // the sides: resolve_cache
 
   StoreParams p{};
   p.k = StoreSide{key.ptr(), key.stride(0), key.stride(1), c.k, resolve_scale(k_scale, "k_scale", c.device)};
@@ -200,8 +199,6 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
     const Tensor w(workspace, "workspace");
     p.workspace = store_workspace(w, cache_ref, c);
     // The kernels write the workspace while they read the inputs and the scales and write the cache.
-    const Tensor vcache = value_cache ? Tensor(value_cache, c.v_name) : cache_ref;
-    const Tensor ks(k_scale ? k_scale : kv_cache, "k_scale"), vs(v_scale ? v_scale : kv_cache, "v_scale");
     for (const Tensor* x : std::initializer_list<const Tensor*>{&key, &value, &slots, &cache_ref, &vcache, &ks, &vs})
       if (overlap(w, *x))
         fail(NVFP4KV_ERROR_INVALID_VALUE, "workspace: overlaps %s; it must be memory of its own", x->name);

@@ -480,7 +480,7 @@ nvfp4kv_status store_call(const Arg& k, const Arg& v, const Arg& c, const Arg& v
 struct PreparedStore {
   Arg cache, value_cache, k_scale, v_scale, workspace;
   int recipe = 0, profile = 0;
-  nb::object cache_obj, value_cache_obj;
+  nb::object cache_obj;
 
   PreparedStore(nb::handle kv_cache, nb::handle k_scale_, nb::handle v_scale_, nb::handle value_cache_,
                 nb::handle recipe_, nb::handle scale_layout, nb::handle workspace_) {
@@ -494,7 +494,6 @@ struct PreparedStore {
     import_scale(v_scale, vsc, "v_scale");
     import_optional(workspace, workspace_, "workspace", true);
     cache_obj = nb::borrow(kv_cache);
-    value_cache_obj = nb::borrow(value_cache_);
   }
   PreparedStore(const PreparedStore&) = delete;
   PreparedStore& operator=(const PreparedStore&) = delete;
