@@ -67,8 +67,10 @@ void check_input(const Tensor& x, const Cache& c, int64_t D, const char* cache_n
 
 enum class Where { kCpu, kCuda };
 
+// Host memory, pageable or pinned (kDLCUDAHost), runs the CPU path: it is what the other
+// arguments' checks (host_readable) already accept next to a CPU cache.
 Where where(DLDevice d, const char* name) {
-  if (d.device_type == kDLCPU) return Where::kCpu;
+  if (host_readable(d)) return Where::kCpu;
   if (d.device_type == kDLCUDA) {
 #if defined(NVFP4KV_WITH_CUDA)
     return Where::kCuda;

@@ -89,6 +89,17 @@ int main() {
   const int64_t row0 = ((1 * T + 1) * H + 0) * D;  // page 1, t=1, h=0
   for (int64_t e = 0; e < D; ++e) CHECK(kout[row0 + e] == key[e] && vout[row0 + e] == value[e], "dequant %lld", (long long)e);
 
+  // A cache in pinned host memory (kDLCUDAHost, as a C runtime's cudaHostAlloc buffer reports
+  // it) runs the CPU path and gets the same bytes; the other arguments may be pageable.
+  {
+    std::vector<uint8_t> pinned(cache.size(), 0xA5);
+    View pc(pinned.data(), kU8, {N, 2, T, H, F});
+    pc.t.device = DLDevice{kDLCUDAHost, 0};
+    st = nvfp4kv_store(&k.t, &v.t, &pc.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                       NVFP4KV_SCALES_LINEAR, nullptr);
+    CHECK(st == NVFP4KV_SUCCESS && pinned == cache, "store into a kDLCUDAHost cache: %s", nvfp4kv_last_error());
+  }
+
   // Rejected calls: status, message naming the argument, cache untouched.
   before = cache;
   ks = 0.0f;
@@ -367,6 +378,11 @@ int main() {
     CHECK(nvfp4kv_amax(&xv.t, &inside.t, 0, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
               strstr(nvfp4kv_last_error(), "shares memory"), "%s", nvfp4kv_last_error());
     CHECK(nvfp4kv_amax(nullptr, &av.t, 0, nullptr) == NVFP4KV_ERROR_INVALID_VALUE, "NULL x");
+    // Pinned host memory (kDLCUDAHost) runs the CPU path, x and amax alike.
+    View px = xv, pa = av;
+    px.t.device = pa.t.device = DLDevice{kDLCUDAHost, 0};
+    CHECK(nvfp4kv_amax(&px.t, &pa.t, 0, nullptr) == NVFP4KV_SUCCESS && a == 7.0f, "pinned amax %g: %s", a,
+          nvfp4kv_last_error());
     if (!nvfp4kv_cuda_built()) {
       View gx = xv, ga = av;
       gx.t.device = ga.t.device = DLDevice{kDLCUDA, 0};
