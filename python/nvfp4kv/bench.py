@@ -37,6 +37,33 @@ TOKENS = (1, 16, 64, 256, 1024, 4096, 16384, 65536)
 GRAPH_NODES = 100  # captures per CUDA graph, the same for the empty kernel and the store
 
 
+class Progress:
+    """Status lines on stderr: rewritten in place on a terminal, one line each otherwise (a log
+    or a CI job keeps every line, with no carriage returns)."""
+
+    def __init__(self, prefix: str = "", enabled: bool = True):
+        self.prefix = prefix
+        self.enabled = enabled
+        self.tty = enabled and sys.stderr.isatty()
+
+    def __call__(self, message: str):
+        if not self.enabled:
+            return
+        if self.tty:
+            sys.stderr.write("\r\033[K" + self.prefix + message)
+        else:
+            sys.stderr.write(self.prefix + message + "\n")
+        sys.stderr.flush()
+
+    def done(self, message: str = ""):
+        """Clears the status line; ``message``, if given, stays as a line of its own."""
+        if self.tty:
+            sys.stderr.write("\r\033[K")
+        if self.enabled and message:
+            sys.stderr.write(self.prefix + message + "\n")
+        sys.stderr.flush()
+
+
 def _torch():
     import torch
 
@@ -291,27 +318,22 @@ def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = T
     ceil = measure_ceilings(torch, quick=quick)
     rows = []
     t0 = time.time()
+    status = Progress(enabled=progress)
     for i, case in enumerate(cases):
-        if progress:
-            print(f"\r[{i + 1}/{len(cases)}] tokens={case['n']} {case}", end="", file=sys.stderr, flush=True)
+        status(f"[{i + 1}/{len(cases)}] tokens={case['n']} {case}")
         rows.append(bench_store_case(torch, nvfp4kv, quick=quick, **case))
     gather_tokens = (4096, 65536, 1 << 20) if quick else (4096, 16384, 65536, 262144, 1 << 20)
     gather_rows = []
     for i, n in enumerate(gather_tokens):
-        if progress:
-            print(f"\r[gather {i + 1}/{len(gather_tokens)}] tokens={n}" + " " * 30, end="",
-                  file=sys.stderr, flush=True)
+        status(f"[gather {i + 1}/{len(gather_tokens)}] tokens={n}")
         gather_rows.append(bench_gather_case(torch, nvfp4kv, n, quick=quick))
     copies: Dict = {}  # the copy ceiling at each case's size and number of input sets
     sizes = sorted({(r["bytes"], r["sets"]) for r in rows + gather_rows})
     torch.cuda.empty_cache()  # the cases' buffers, before the largest copies allocate theirs
     for i, (nbytes, sets) in enumerate(sizes):
-        if progress:
-            print(f"\r[copy {i + 1}/{len(sizes)}] {nbytes} bytes" + " " * 30, end="", file=sys.stderr, flush=True)
+        status(f"[copy {i + 1}/{len(sizes)}] {nbytes} bytes")
         copies[nbytes, sets] = copy_gpu_us(torch, nbytes, sets, quick=quick)
-    if progress:
-        print(f"\r{len(cases) + len(gather_tokens)} cases in {time.time() - t0:.1f} s" + " " * 40,
-              file=sys.stderr)
+    status.done(f"{len(cases) + len(gather_tokens)} cases in {time.time() - t0:.1f} s")
     for r in rows + gather_rows:
         for key, t in (("", r["us"]), ("_gpu", r["gpu_us"])):
             r["GBps" + key] = r["bytes"] / (t * 1e-6) / 1e9
@@ -439,9 +461,9 @@ def bench_amax(quick: bool = False, json_path: Optional[str] = None, progress: b
                   dict(numel=numel, accumulate=False)]
     ceil = measure_ceilings(torch, quick=quick)
     rows = []
+    status = Progress(enabled=progress)
     for i, case in enumerate(cases):
-        if progress:
-            print(f"\r[amax {i + 1}/{len(cases)}] {case}" + " " * 20, end="", file=sys.stderr, flush=True)
+        status(f"[amax {i + 1}/{len(cases)}] {case}")
         row = bench_amax_case(torch, nvfp4kv, quick=quick, **case)
         torch.cuda.empty_cache()
         row["copy_gpu_us"] = copy_gpu_us(torch, 2 * row["bytes"], quick=quick)
@@ -450,8 +472,7 @@ def bench_amax(quick: bool = False, json_path: Optional[str] = None, progress: b
             row["frac_copy" + key] = row["GBps" + key] / ceil["copy_GBps"]
         row["frac_size_copy"] = row["copy_gpu_us"] / row["gpu_us"]
         rows.append(row)
-    if progress:
-        print(file=sys.stderr)
+    status.done()
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "nvfp4kv": nvfp4kv.__version__,
               "ceilings": ceil, "amax": rows}
     if json_path:

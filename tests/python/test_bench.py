@@ -93,3 +93,17 @@ def test_write_json_is_whole_or_nothing(tmp_path):
         bench.write_json(str(path), {"a": 2, "b": object()})
     assert path.read_text().replace(" ", "").replace("\n", "") == '{"a":1}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]  # no temporary file left
+
+
+def test_progress_writes_whole_lines_off_a_terminal(capsys):
+    # Captured stderr is not a terminal: every status is its own line, with no carriage return
+    # or escape sequence that a log file or CI output would keep as garbage.
+    status = bench.Progress("[p] ")
+    status("[1/2] first")
+    status("[2/2] second")
+    status.done("2 cases")
+    assert capsys.readouterr().err == "[p] [1/2] first\n[p] [2/2] second\n[p] 2 cases\n"
+    quiet = bench.Progress(enabled=False)
+    quiet("x")
+    quiet.done("y")
+    assert capsys.readouterr().err == ""

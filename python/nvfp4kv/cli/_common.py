@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
+from ..bench import Progress
 from ..models import ModelGeometry, get_model
 
 PROG = "nvfp4kv"
@@ -190,27 +191,11 @@ def _model_arg(text: str) -> ModelGeometry:
 
 
 # ------------------------------------------------------------------------------------- output
-class _Progress:
-    """Status lines on stderr: rewritten in place on a terminal, one line each otherwise."""
+class _Progress(Progress):
+    """The command's status lines on stderr (nvfp4kv.bench.Progress), prefixed with its name."""
 
     def __init__(self, command: str, enabled: bool = True):
-        self.prefix = f"[{PROG} {command}] "
-        self.enabled = enabled
-        self.tty = enabled and sys.stderr.isatty()
-
-    def __call__(self, message: str):
-        if not self.enabled:
-            return
-        if self.tty:
-            sys.stderr.write("\r\033[K" + self.prefix + message)
-        else:
-            sys.stderr.write(self.prefix + message + "\n")
-        sys.stderr.flush()
-
-    def done(self):
-        if self.tty:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
+        super().__init__(f"[{PROG} {command}] ", enabled)
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str = "") -> str:
