@@ -16,19 +16,34 @@ void fail(nvfp4kv_status status, const char* fmt, ...) {
 }
 
 std::string dtype_name(DLDataType t) {
-  const char* base = nullptr;
+  const char* base = nullptr;   // followed by the bit count
+  const char* whole = nullptr;  // a name that carries its width
   switch (t.code) {
     case kDLInt: base = "int"; break;
     case kDLUInt: base = "uint"; break;
     case kDLFloat: base = "float"; break;
     case kDLBfloat: base = "bfloat"; break;
-    case kDLBool: return "bool";
+    case kDLBool: whole = "bool"; break;
     case kDLComplex: base = "complex"; break;
+    // The narrow floats by their DLPack names (torch's float8_e4m3fn is code 10), so a message
+    // says which one was passed instead of a bare code.
+    case kDLFloat8_e3m4: whole = "float8_e3m4"; break;
+    case kDLFloat8_e4m3: whole = "float8_e4m3"; break;
+    case kDLFloat8_e4m3b11fnuz: whole = "float8_e4m3b11fnuz"; break;
+    case kDLFloat8_e4m3fn: whole = "float8_e4m3fn"; break;
+    case kDLFloat8_e4m3fnuz: whole = "float8_e4m3fnuz"; break;
+    case kDLFloat8_e5m2: whole = "float8_e5m2"; break;
+    case kDLFloat8_e5m2fnuz: whole = "float8_e5m2fnuz"; break;
+    case kDLFloat8_e8m0fnu: whole = "float8_e8m0fnu"; break;
+    case kDLFloat6_e2m3fn: whole = "float6_e2m3fn"; break;
+    case kDLFloat6_e3m2fn: whole = "float6_e3m2fn"; break;
+    case kDLFloat4_e2m1fn: whole = "float4_e2m1fn"; break;
     default: break;
   }
-  std::string s = base ? std::string(base) + std::to_string(t.bits)
-                       : "dtype(code=" + std::to_string(t.code) + ", bits=" +
-                             std::to_string(t.bits) + ")";
+  std::string s = whole ? std::string(whole)
+                  : base ? std::string(base) + std::to_string(t.bits)
+                         : "dtype(code=" + std::to_string(t.code) + ", bits=" +
+                               std::to_string(t.bits) + ")";
   if (t.lanes != 1) s += "x" + std::to_string(t.lanes);
   return s;
 }

@@ -71,6 +71,15 @@ def test_cache_not_uint8(nv, backend, bad):
     assert_rejected(nv, s, s.store(kv_cache=wrong), TypeError, "kv_cache")
 
 
+def test_cache_as_float8_names_the_dtype(nv):
+    # The same bytes viewed as float8 (an engine's fp8 cache habit): the message names the
+    # dtype, not DLPack's code 10.
+    s = Setup("torch")
+    wrong = s.cache.kv_cache.view(torch.float8_e4m3fn)
+    assert_rejected(nv, s, s.store(kv_cache=wrong), TypeError,
+                    "kv_cache: dtype float8_e4m3fn received; expected uint8")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_value_cache_not_uint8(nv, backend):
     s = Setup(backend, view="sides")
@@ -362,7 +371,7 @@ def test_misaligned_arrays_rejected(nv):
         (lambda nv: nv.decode_attention(q, kv, at_odd_byte(bt), lens, 1.0, 1.0,
                                         scale_layout="linear"), "block_table"),
         (lambda nv: nv.amax(at_odd_byte(s.key)), "x"),
-        (lambda nv: nv.amax(s.key, at_odd_byte(np.zeros(1, np.float32))), "amax"),
+        (lambda nv: nv.amax(s.key, at_odd_byte(np.zeros(1, np.float32))), "out"),
     ]
     for call, name in cases:
         assert_rejected(nv, s, call, ValueError, f"{name}: address not a multiple of its element size")
