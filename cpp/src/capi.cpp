@@ -378,15 +378,15 @@ void collapse_amax(const Tensor& x, AmaxParams& p) {
   }
 }
 
-void amax(const DLTensor* x_t, DLTensor* amax_t, int accumulate, void* stream) {
-  const Tensor x(x_t, "x"), out(amax_t, "amax");
+void amax(const DLTensor* x_t, DLTensor* out_t, int accumulate, void* stream) {
+  const Tensor x(x_t, "x"), out(out_t, "out");
   AmaxParams p{};
   p.dtype = float_dtype(x);
   if (!is_dtype(out.t->dtype, kDLFloat, 32))
-    fail(NVFP4KV_ERROR_INVALID_DTYPE, "amax: dtype %s received; expected a 1-element float32 tensor",
+    fail(NVFP4KV_ERROR_INVALID_DTYPE, "out: dtype %s received; expected a 1-element float32 tensor",
          dtype_name(out.t->dtype).c_str());
   if (out.numel() != 1)
-    fail(NVFP4KV_ERROR_INVALID_VALUE, "amax: shape %s received; expected exactly one element",
+    fail(NVFP4KV_ERROR_INVALID_VALUE, "out: shape %s received; expected exactly one element",
          out.shape_str().c_str());
   expect_same_device(out, x);
   if (accumulate != 0 && accumulate != 1)
@@ -819,8 +819,8 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_decode_attention(const DLTensor* query, const
   });
 }
 
-NVFP4KV_API nvfp4kv_status nvfp4kv_amax(const DLTensor* x, DLTensor* amax, int accumulate, void* stream) {
-  return guarded("nvfp4kv_amax", [&] { nvfp4kv::amax(x, amax, accumulate, stream); });
+NVFP4KV_API nvfp4kv_status nvfp4kv_amax(const DLTensor* x, DLTensor* out, int accumulate, void* stream) {
+  return guarded("nvfp4kv_amax", [&] { nvfp4kv::amax(x, out, accumulate, stream); });
 }
 
 NVFP4KV_API nvfp4kv_status nvfp4kv_decode_workspace_size(int64_t num_seqs, int32_t q_len,

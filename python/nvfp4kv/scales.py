@@ -158,7 +158,11 @@ class ScaleTracker:
         if device is not None:
             import torch
 
-            self._allocate(torch.empty(0, device=torch.device(device)))
+            try:
+                like = torch.empty(0, device=torch.device(device))
+            except (RuntimeError, AssertionError) as e:  # unknown device, or CUDA not built or present
+                raise ValueError(f"ScaleTracker: device {device!r}: {e}") from None
+            self._allocate(like)
 
     def _allocate(self, like: Any) -> None:
         if _capturing(like):

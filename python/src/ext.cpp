@@ -629,7 +629,7 @@ void decode_attention(nb::handle query, nb::handle kv_cache, nb::handle value_ca
 void amax(nb::handle x, nb::handle out, int accumulate, nb::handle stream) {
   Arg a, o;
   import_array(a, x, "x", false);
-  import_array(o, out, "amax", true);
+  import_array(o, out, "out", true);
   const uintptr_t st_handle = stream_handle(stream, x, a);
   nvfp4kv_status st;
   {

@@ -364,14 +364,18 @@ int main() {
     CHECK(nvfp4kv_amax(&hv.t, &av.t, 0, nullptr) == NVFP4KV_SUCCESS && isinf(a) && a > 0, "f16 inf amax %g", a);
     // Rejected: names the argument.
     View a64(xs.data(), kF64, {1});
-    CHECK(nvfp4kv_amax(&xv.t, &a64.t, 0, nullptr) == NVFP4KV_ERROR_INVALID_DTYPE && strstr(nvfp4kv_last_error(), "amax"),
+    CHECK(nvfp4kv_amax(&xv.t, &a64.t, 0, nullptr) == NVFP4KV_ERROR_INVALID_DTYPE && strstr(nvfp4kv_last_error(), "out: dtype float64"),
           "%s", nvfp4kv_last_error());
     View a2(xs.data(), kF32, {2});
-    CHECK(nvfp4kv_amax(&xv.t, &a2.t, 0, nullptr) == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "amax"),
+    CHECK(nvfp4kv_amax(&xv.t, &a2.t, 0, nullptr) == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "out: shape"),
           "%s", nvfp4kv_last_error());
     View xi(slots.data(), kI64, {3});
     CHECK(nvfp4kv_amax(&xi.t, &av.t, 0, nullptr) == NVFP4KV_ERROR_INVALID_DTYPE && strstr(nvfp4kv_last_error(), "x:"),
           "%s", nvfp4kv_last_error());
+    // The narrow floats are named, not given as a bare DLPack code.
+    View x8(xs.data(), DLDataType{kDLFloat8_e4m3fn, 8, 1}, {4});
+    CHECK(nvfp4kv_amax(&x8.t, &av.t, 0, nullptr) == NVFP4KV_ERROR_INVALID_DTYPE &&
+              strstr(nvfp4kv_last_error(), "x: dtype float8_e4m3fn received"), "%s", nvfp4kv_last_error());
     CHECK(nvfp4kv_amax(&xv.t, &av.t, 2, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
               strstr(nvfp4kv_last_error(), "accumulate"), "%s", nvfp4kv_last_error());
     View inside(xs.data() + 2, kF32, {1});

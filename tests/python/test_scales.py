@@ -137,9 +137,9 @@ def test_amax_rejects():
     x = np.ones(4, np.float32)
     with pytest.raises(TypeError, match="x: dtype int32"):
         nvfp4kv.amax(np.ones(4, np.int32))
-    with pytest.raises(TypeError, match="amax: dtype float64"):
+    with pytest.raises(TypeError, match="out: dtype float64"):
         nvfp4kv.amax(x, np.zeros(1, np.float64))
-    with pytest.raises(ValueError, match="amax: shape"):
+    with pytest.raises(ValueError, match="out: shape"):
         nvfp4kv.amax(x, np.zeros(2, np.float32))
     with pytest.raises(ValueError, match="shares memory"):
         nvfp4kv.amax(x, x[1:2])
@@ -366,6 +366,15 @@ def test_tracker_device_mismatch():
     tr = nvfp4kv.ScaleTracker(1, device="cuda")
     with pytest.raises(ValueError, match="ScaleTracker.update.*key.*cuda"):
         tr.update(0, torch.ones(4), None)
+
+
+def test_tracker_bad_device_is_a_value_error():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="ScaleTracker: device 'nonsense'"):
+        nvfp4kv.ScaleTracker(1, device="nonsense")
+    if not torch.cuda.is_available():  # torch's own error is an AssertionError on a CPU build
+        with pytest.raises(ValueError, match="ScaleTracker: device 'cuda'"):
+            nvfp4kv.ScaleTracker(1, device="cuda")
 
 
 def test_tracker_mismatched_device_message_cpu_build():

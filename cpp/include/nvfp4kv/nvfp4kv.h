@@ -252,9 +252,10 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_decode_attention(const DLTensor* query, const
  *
  * x:            float32, float16 or bfloat16, any shape (rank <= 8) and any strides (negative,
  *               zero and overlapping ones included: only the set of elements read matters).
- * amax:         a 1-element float32 tensor on x's device, 4-byte aligned, sharing no byte with x.
- * accumulate:   0: amax = max(|x|) (0 for an empty x); 1: amax = max(amax, max(|x|)) (an empty
- *               x leaves it unchanged), so one amax gathers the maximum over many calls.
+ * out:          the amax: a 1-element float32 tensor on x's device, 4-byte aligned, sharing no
+ *               byte with x.
+ * accumulate:   0: out = max(|x|) (0 for an empty x); 1: out = max(out, max(|x|)) (an empty
+ *               x leaves it unchanged), so one out gathers the maximum over many calls.
  * stream:       cudaStream_t for CUDA tensors; ignored on the CPU.
  *
  * The result is exact (|x| of a float16 or bfloat16 is exactly representable in float32) and
@@ -263,14 +264,14 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_decode_attention(const DLTensor* query, const
  * later accumulating calls); +/-inf gives +inf. A global scale computed from such an amax is
  * rejected by nvfp4kv_store on the CPU and stores NaN groups (scale byte 0x7F) on the GPU, so
  * check the result before using it if the data may hold them. Values compare as their int32
- * bits: a stored amax that is negative (or a negative NaN) counts as below every |x|.
+ * bits: a stored out that is negative (or a negative NaN) counts as below every |x|.
  *
  * On CUDA the call never synchronizes and never allocates: one kernel (a grid-stride read with
  * 16-byte loads where x's rows allow them, a block reduction, then one atomicMax per block on
  * the result's bits), preceded, with accumulate 0, by a one-thread kernel that writes 0. Both
  * are plain kernel launches on `stream`, so the call can be captured in a CUDA graph; each
- * replay recomputes (accumulate 0) or keeps accumulating (1) into the same amax. */
-NVFP4KV_API nvfp4kv_status nvfp4kv_amax(const DLTensor* x, DLTensor* amax, int accumulate, void* stream);
+ * replay recomputes (accumulate 0) or keeps accumulating (1) into the same out. */
+NVFP4KV_API nvfp4kv_status nvfp4kv_amax(const DLTensor* x, DLTensor* out, int accumulate, void* stream);
 
 /* Bytes of the workspace of nvfp4kv_decode_attention for that geometry (num_seqs = B,
  * max_blocks_per_seq = the block table's dimension 1): 4 * rows * Hq * splits * (Dv + 2) with
