@@ -194,7 +194,7 @@ def test_cuda_graph_with_changing_lengths():
 # The GPU reader held directly to the issue's reference (float64 attention over dequantize() of
 # the cache), with the CPU tests' tolerances, for every geometry the CPU path is tested on.
 from conftest import view_combos  # noqa: E402
-from test_decode import LSE_TOL, REL_L2_TOL, reference, setup  # noqa: E402
+from test_decode import LSE_TOL, REL_L2_TOL, million_token_setup, reference, setup  # noqa: E402
 
 GPU_MEASURED = {"rel_l2": 0.0, "lse": 0.0}
 
@@ -333,6 +333,24 @@ def test_fp64_long_sequences(D, T):
     """Thousands of tokens: split-KV and the pipeline's full steps."""
     cache, q, bt, sl = setup(N=600, T=T, H=1, D=D, B=2, q_len=1, group=8, seed=D, seq_lens=[4000 + D, 4333])
     check_gpu(cache, q, bt, sl)
+
+
+@pytest.mark.parametrize("window", [-1, 300_000])
+def test_fp64_a_million_positions(window):
+    """Sequence lengths to at least 1M tokens (test_decode.py's a_million_positions on the GPU):
+    2^20 + 77 positions in split-KV, q_len 2, GQA 2, the whole sequence or a window."""
+    cache, q, bt, sl = million_token_setup(window, seed=5 + window % 7, index="int64" if window > 0 else "int32")
+    check_gpu(cache, q, bt, sl, q_len=2, window=window)
+
+
+def test_fp64_long_unsplit_sequences():
+    """512 sequences of 65,536 positions: enough (sequence, head) pairs that a sequence is not
+    split, so each warp sums 16,384 positions' terms on its own."""
+    rng = np.random.default_rng(41)
+    N, T, B, L = 64, 16, 512, 1 << 16
+    cache, q, _, _ = setup(N=N, T=T, H=1, D=64, B=B, q_len=1, group=2, seed=41)
+    bt = torch.from_numpy(rng.integers(0, N, (B, L // T)).astype(np.int32))
+    check_gpu(cache, q, bt, torch.full((B,), L, dtype=torch.int32))
 
 
 @pytest.mark.parametrize("sm_scale", [None, 1.5])

@@ -6,7 +6,8 @@
 // V row read. Two passes over the tokens, in increasing position: the first finds each row's
 // largest logit m, the second sums p_j = exp(l_j - m) and p_j * v_j (the logits are recomputed,
 // with the same operations, so they are the values of the first pass). Memory stays bounded by a
-// chunk of tokens whatever the sequence lengths.
+// chunk of tokens whatever the sequence lengths. The sums run in three levels (design notes:
+// "Decode attention on the CPU: sums in three levels").
 #include <math.h>
 
 #include <algorithm>
@@ -20,6 +21,11 @@ namespace {
 
 constexpr int64_t kChunk = 64;  // tokens dequantized at a time
 constexpr int kMaxRows = 8 * 16;
+// The sums' levels: each row's terms of about kChunk positions, then up to kFold such partials,
+// then the sequence; a sum of n terms in one fp32 accumulator drifts by up to n units in its
+// last place (2^20 positions: lse 1.4e-3 off the fp64 reference), in levels by about
+// kChunk + kFold + n / (kChunk * kFold).
+constexpr int kFold = 64;
 
 template <DType kDType>
 inline float load_q(const void* base, int64_t idx) {
@@ -67,10 +73,13 @@ Range row_range(const DecodeParams& p, int64_t len, int64_t i, int64_t cap) {
 
 // One thread's buffers.
 struct Scratch {
-  std::vector<float> q, k, v, acc;  // [rows][D], [kChunk][D], [kChunk][Dv], [rows][Dv]
+  std::vector<float> q, k, v;  // [rows][D], [kChunk][D], [kChunk][Dv]
+  std::vector<float> acc[3];   // [rows][Dv]: the sums of p_j * v_j, by level
   Scratch(const DecodeParams& p, int rows)
       : q(static_cast<size_t>(rows) * p.k.D), k(static_cast<size_t>(kChunk) * p.k.D),
-        v(static_cast<size_t>(kChunk) * p.v.D), acc(static_cast<size_t>(rows) * p.v.D) {}
+        v(static_cast<size_t>(kChunk) * p.v.D) {
+    for (auto& a : acc) a.resize(static_cast<size_t>(rows) * p.v.D);
+  }
 };
 
 template <DType kDType>
@@ -80,7 +89,7 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
   const int64_t len = load_index(p.seq_lens, b);
   const IndexVec bt_row = block_table_row(p, b);
   Range range[kMaxRows];
-  float m[kMaxRows], sum[kMaxRows];
+  float m[kMaxRows], sum[3][kMaxRows];  // the sums of p_j, by level, as acc
   int64_t seen[kMaxRows];
   for (int64_t i = 0; i < p.q_len; ++i) {
     const Range ri = row_range(p, len, i, cap);
@@ -88,11 +97,13 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
       const int64_t r = i * G + g;
       range[r] = ri;
       m[r] = -INFINITY;
-      sum[r] = 0.0f;
       seen[r] = 0;
       const int64_t qrow = (b * p.q_len + i) * p.q_stride[0] + (h * G + g) * p.q_stride[1];
       for (int64_t d = 0; d < D; ++d) s.q[r * D + d] = load_q<kDType>(p.query, qrow + d);
-      for (int64_t d = 0; d < Dv; ++d) s.acc[r * Dv + d] = 0.0f;
+      for (int level = 0; level < 3; ++level) {
+        sum[level][r] = 0.0f;
+        for (int64_t d = 0; d < Dv; ++d) s.acc[level][r * Dv + d] = 0.0f;
+      }
     }
   }
   // Positions any row sees: rows' ranges move forward with i.
@@ -111,6 +122,21 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
     if (p.soft_cap > 0.0f) l = mul_rn(p.soft_cap, tanhf(l / p.soft_cap));
     return l;
   };
+  // Adds level `from`'s partials into the next level and clears them, every row alike.
+  const auto fold = [&](int from) {
+    for (int64_t r = 0; r < R; ++r) {
+      sum[from + 1][r] = add_rn(sum[from + 1][r], sum[from][r]);
+      sum[from][r] = 0.0f;
+      float* a = &s.acc[from][r * Dv];
+      float* z = &s.acc[from + 1][r * Dv];
+      for (int64_t d = 0; d < Dv; ++d) {
+        z[d] = add_rn(z[d], a[d]);
+        a[d] = 0.0f;
+      }
+    }
+  };
+  int64_t since_fold = 0;  // positions read since level 0 was folded
+  int folds = 0;           // level-0 partials in level 1
 
   for (int pass = 0; pass < 2 && lo <= hi; ++pass) {
     for (int64_t blk = lo / p.T; blk <= hi / p.T; ++blk) {
@@ -135,23 +161,36 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
               continue;
             }
             const float e = expf(sub_rn(l, m[r]));
-            sum[r] = add_rn(sum[r], e);
+            sum[0][r] = add_rn(sum[0][r], e);
             const float* v = &s.v[(j - j0) * Dv];
-            float* acc = &s.acc[r * Dv];
+            float* acc = &s.acc[0][r * Dv];
             for (int64_t d = 0; d < Dv; ++d) acc[d] = add_rn(acc[d], mul_rn(e, v[d]));
+          }
+        }
+        // Positions, not chunks, decide the folds: pages shorter than kChunk would otherwise
+        // fold after every page (after every token at T 1).
+        if (pass == 1 && (since_fold += n) >= kChunk) {
+          fold(0);
+          since_fold = 0;
+          if (++folds == kFold) {
+            fold(1);
+            folds = 0;
           }
         }
       }
     }
   }
+  fold(0);
+  fold(1);
 
   for (int64_t r = 0; r < R; ++r) {
     const int64_t i = r / G, g = r % G, row = b * p.q_len + i, hq = h * G + g;
     const int64_t orow = row * p.out_stride[0] + hq * p.out_stride[1];
-    const float* acc = &s.acc[r * Dv];
+    const float* acc = &s.acc[2][r * Dv];
+    const float total = sum[2][r];
     for (int64_t d = 0; d < Dv; ++d)
-      store_o<kDType>(p.out, orow + d, seen[r] ? mul_rn(acc[d] / sum[r], v_scale) : 0.0f);
-    if (p.lse) p.lse[row * p.lse_stride[0] + hq * p.lse_stride[1]] = seen[r] ? add_rn(m[r], logf(sum[r])) : -INFINITY;
+      store_o<kDType>(p.out, orow + d, seen[r] ? mul_rn(acc[d] / total, v_scale) : 0.0f);
+    if (p.lse) p.lse[row * p.lse_stride[0] + hq * p.lse_stride[1]] = seen[r] ? add_rn(m[r], logf(total)) : -INFINITY;
   }
 }
 
