@@ -190,6 +190,31 @@ def test_cuda_graph_with_changing_lengths():
         assert close(out.float().cpu(), want.float()) <= REL_L2
 
 
+def test_cuda_call_allocates_nothing_and_never_syncs():
+    """With out, lse and the workspace given, a call allocates no device memory through torch and
+    makes torch synchronize nothing (set_sync_debug_mode raises on a synchronizing torch call);
+    the graph test above shows that the library itself does not synchronize (a capture fails on
+    a synchronization)."""
+    kv, bt, sl, q = make(2, 3000, 2, 4, 128, 16, seed=12)
+    kv, bt, sl, q = kv.cuda(), bt.cuda(), sl.cuda(), q.cuda()
+    ks, vs = torch.tensor([0.03], device="cuda"), torch.tensor([0.05], device="cuda")
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
+    ws = nv.decode_workspace(kv, q, bt)
+    nv.decode_attention(q, kv, bt, sl, ks, vs, out=out, lse=lse, workspace=ws)  # warm-up
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            nv.decode_attention(q, kv, bt, sl, ks, vs, out=out, lse=lse, workspace=ws)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.cuda.memory_allocated() == before
+    torch.cuda.synchronize()
+    want = nv.decode_attention(q.cpu(), kv.cpu(), bt.cpu(), sl.cpu(), 0.03, 0.05)
+    assert close(out.float().cpu(), want.float()) <= REL_L2
+
+
 # ---------------------------------------------------------------- against float64 attention
 # The GPU reader held directly to the issue's reference (float64 attention over dequantize() of
 # the cache), with the CPU tests' tolerances, for every geometry the CPU path is tested on.
