@@ -10,7 +10,7 @@ from ._C import __version__
 from .api import (build_info, cpu_threads, decode_attention, decode_workspace, decode_workspace_bytes, dequantize,
                   gather_dequant, prepare_store, reshape_and_cache_flash, set_cpu_threads, store, store_workspace,
                   store_workspace_bytes)
-from .paths import cmake_dir, get_include, get_library_dir
+from .paths import cmake_dir, get_include, get_library, get_library_dir
 from .scales import (ScaleTracker, amax, decode_from_encode, decode_from_x6, decode_scale, encode_from_decode,
                      x6_from_decode)
 from .spec import (
@@ -36,6 +36,7 @@ __all__ = [
     "build_info",
     "cmake_dir",
     "get_include",
+    "get_library",
     "get_library_dir",
     "store",
     "prepare_store",

@@ -3,10 +3,13 @@
 The wheel (and ``pip install .``) carries the same files as ``cmake --install``::
 
     nvfp4kv/include/nvfp4kv/nvfp4kv.h   the C ABI (plus dlpack.h, format.h)
-    nvfp4kv/lib/libnvfp4kv.so           the library (CUDA runtime linked statically)
+    nvfp4kv/lib/libnvfp4kv.so.0.1       the library (CUDA runtime linked statically)
     nvfp4kv/lib/cmake/nvfp4kv/          nvfp4kvConfig.cmake, exporting nvfp4kv::nvfp4kv
 
-so a C or C++ program can build against the wheel::
+but the library only once: a wheel (a zip) cannot hold the symlinks that ``cmake --install`` puts
+beside it, so its one file is named after its SONAME, ``libnvfp4kv.so.MAJOR.MINOR`` (the ABI
+version), and there is no ``libnvfp4kv.so`` for ``-lnvfp4kv``: link with ``get_library()``, as the
+CMake package does. A C or C++ program builds against the wheel with::
 
     cmake -S . -B build -Dnvfp4kv_DIR="$(python -c 'import nvfp4kv; print(nvfp4kv.cmake_dir())')"
 
@@ -18,7 +21,7 @@ compiled files, headers and CMake package are installed into site-packages.
 import importlib.util
 import os
 
-__all__ = ["cmake_dir", "get_include", "get_library_dir"]
+__all__ = ["cmake_dir", "get_include", "get_library", "get_library_dir"]
 
 _EXTENSION = __name__.rpartition(".")[0] + "._C"
 
@@ -54,7 +57,7 @@ def get_include():
 
 
 def get_library_dir():
-    """Directory holding the shared library ``libnvfp4kv.so`` (link with ``-lnvfp4kv``).
+    """Directory holding the shared library (``get_library()``): the run-time search path.
 
     Returns
     -------
@@ -62,6 +65,20 @@ def get_library_dir():
         Absolute path, e.g. ``.../site-packages/nvfp4kv/lib``.
     """
     return _existing(os.path.join(_package_root(), "lib"), "the nvfp4kv library directory")
+
+
+def get_library():
+    """The shared library, to link with or to load with ctypes. Its name is its SONAME,
+    ``libnvfp4kv.so.MAJOR.MINOR``: the name the extension and every program linked against it
+    record and load.
+
+    Returns
+    -------
+    str
+        Absolute path, e.g. ``.../site-packages/nvfp4kv/lib/libnvfp4kv.so.0.1``.
+    """
+    name = importlib.import_module(_EXTENSION).LIBRARY_FILE  # the SONAME the build gave it
+    return _existing(os.path.join(get_library_dir(), name), name)
 
 
 def cmake_dir():

@@ -665,6 +665,7 @@ NB_MODULE(_C, m) {
   m.doc() = "nvfp4kv compiled core (use the nvfp4kv package, not this module)";
   m.attr("__version__") = nvfp4kv_version_string();
   m.attr("ABI_VERSION") = nvfp4kv_version();
+  m.attr("LIBRARY_FILE") = NVFP4KV_LIBRARY_FILE;  // the library's SONAME (CMakeLists.txt)
   m.attr("GROUP_SIZE") = nvfp4kv::kGroupSize;
   m.attr("MAX_HEAD_SIZE") = nvfp4kv::kMaxHeadSize;
   m.attr("E2M1_MAX") = nvfp4kv::kE2M1Max;
