@@ -484,6 +484,7 @@ def test_info():
     r = run_json("info")
     assert r["nvfp4kv"] == nvfp4kv.__version__
     assert r["build"] == nvfp4kv.build_info()
+    assert r["library"] == nvfp4kv.get_library() and r["library"] in out
     assert set(r) >= {"python", "platform", "numpy", "torch", "torch_cuda", "devices"}
     assert isinstance(r["devices"], list)
 

@@ -6,7 +6,7 @@ Subcommands:
   NVFP4 cache, read it back, print sizes, errors and store speed.
 - ``plan``: how many tokens / sequences fit in a GPU memory budget, bf16 vs fp8 vs nvfp4.
 - ``bench``: the GPU store benchmark (:mod:`nvfp4kv.bench`).
-- ``info``: version, build details, devices.
+- ``info``: version, library file, build details, devices.
 
 Every subcommand has ``--help`` and ``--json`` (machine-readable output on stdout). Bad
 arguments exit with status 2, runtime errors with status 1, each with one line on stderr. Bad

@@ -1,5 +1,5 @@
-"""``nvfp4kv info``: version, build details (CUDA or not, architectures), numpy/torch versions
-and the CUDA devices."""
+"""``nvfp4kv info``: version, the library file, build details (CUDA or not, architectures),
+numpy/torch versions and the CUDA devices."""
 
 from __future__ import annotations
 
@@ -10,12 +10,17 @@ from ._common import _human_bytes, _print_json, _table
 
 
 def collect_info() -> dict[str, Any]:
-    """Version, build, Python, numpy/torch versions and CUDA devices."""
+    """Version, library file, build, Python, numpy/torch versions and CUDA devices."""
     import nvfp4kv
 
+    try:  # the file the extension loads, named after its SONAME (the ABI version)
+        library = nvfp4kv.get_library()
+    except OSError:  # an installation without its C/C++ files (paths.py says which)
+        library = None
     result: dict[str, Any] = {
         "command": "info",
         "nvfp4kv": nvfp4kv.__version__,
+        "library": library,
         "build": nvfp4kv.build_info(),
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -59,6 +64,7 @@ def _cmd_info(args) -> int:
     none = lambda v: "-" if v in (None, "") else v
     rows = [
         ["nvfp4kv", r["nvfp4kv"]],
+        ["library", none(r["library"])],
         ["CUDA kernels built", "yes" if b.get("cuda_built") else "no"],
         ["CUDA version (build)", none(b.get("cuda_version"))],
         ["CUDA archs (build)", none(b.get("cuda_archs"))],
@@ -104,8 +110,8 @@ def add_parser(sub, common) -> None:
     p = sub.add_parser(
         "info",
         parents=[common],
-        help="version, build and devices",
-        description="Show the nvfp4kv version, how it was built (CUDA or not, "
-        "architectures), numpy/torch versions and the CUDA devices.",
+        help="version, library, build and devices",
+        description="Show the nvfp4kv version, its library file, how it was built (CUDA or "
+        "not, architectures), numpy/torch versions and the CUDA devices.",
     )
     p.set_defaults(func=_cmd_info)
