@@ -1,5 +1,5 @@
 """The installed package as a distribution: one version everywhere, the C/C++ files it carries,
-the symbols its library exports.
+the library's name (its SONAME) and the symbols it exports.
 
 Meant to run against an installed wheel (.ci/run, cibuildwheel), also fine in an editable
 install. Nothing here needs a GPU.
@@ -10,7 +10,9 @@ import importlib.metadata
 import os
 import re
 import shutil
+import struct
 import subprocess
+import sys
 
 import pytest
 
@@ -59,10 +61,47 @@ def cmake_package_version():
     return m.group(1)
 
 
+def elf_dynamic(path):
+    """The strings of an ELF file's dynamic section: {"NEEDED": [...], "SONAME": [...],
+    "RPATH": [...], "RUNPATH": [...]}. A few lines of struct, so that the checks need neither
+    binutils nor pyelftools."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:4] == b"\x7fELF", f"{path} is not an ELF file"
+    end = "<" if data[5] == 1 else ">"
+    if data[4] == 2:  # ELFCLASS64
+        (shoff,) = struct.unpack_from(end + "Q", data, 0x28)
+        shentsize, shnum = struct.unpack_from(end + "HH", data, 0x3A)
+        section, entry = end + "IIQQQQIIQQ", end + "qQ"
+    else:
+        (shoff,) = struct.unpack_from(end + "I", data, 0x20)
+        shentsize, shnum = struct.unpack_from(end + "HH", data, 0x2E)
+        section, entry = end + "10I", end + "iI"
+    # (name, type, flags, addr, offset, size, link, ...): .dynamic is type 6, its strings the
+    # section that sh_link names.
+    sections = [struct.unpack_from(section, data, shoff + i * shentsize) for i in range(shnum)]
+    dynamic = [s for s in sections if s[1] == 6]
+    assert len(dynamic) == 1, f"{path} has {len(dynamic)} dynamic sections"
+    _, _, _, _, offset, size, link = dynamic[0][:7]
+    strings = sections[link][4]
+    tags = {1: "NEEDED", 14: "SONAME", 15: "RPATH", 29: "RUNPATH"}
+    found = {name: [] for name in tags.values()}
+    for tag, value in struct.iter_unpack(entry, data[offset:offset + size]):
+        if tag == 0:  # DT_NULL
+            break
+        if tag in tags:
+            start = strings + value
+            found[tags[tag]].append(data[start:data.index(b"\0", start)].decode())
+    return found
+
+
+needs_elf = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF (Linux) only")
+
+
 @pytest.fixture(scope="module")
 def library():
-    """The installed libnvfp4kv.so through ctypes (the same object nvfp4kv._C has loaded)."""
-    lib = ctypes.CDLL(os.path.join(paths.get_library_dir(), "libnvfp4kv.so"))
+    """The installed library through ctypes (the same object nvfp4kv._C has loaded)."""
+    lib = ctypes.CDLL(paths.get_library())
     lib.nvfp4kv_version.restype = ctypes.c_int
     lib.nvfp4kv_version_string.restype = ctypes.c_char_p
     lib.nvfp4kv_cuda_built.restype = ctypes.c_int
@@ -80,7 +119,7 @@ def test_one_version_everywhere(library):
         f"importlib.metadata.version({dist.metadata['Name']!r})": dist.version,
         "installed nvfp4kv.h NVFP4KV_VERSION_*": header_version(installed_header),
         "installed nvfp4kvConfigVersion.cmake PACKAGE_VERSION": cmake_package_version(),
-        "libnvfp4kv.so nvfp4kv_version_string()": library.nvfp4kv_version_string().decode(),
+        "library nvfp4kv_version_string()": library.nvfp4kv_version_string().decode(),
     }
     if os.path.exists(SOURCE_HEADER):  # running from a checkout: the tree must agree as well
         seen["source cpp/include/nvfp4kv/nvfp4kv.h"] = header_version(SOURCE_HEADER)
@@ -108,7 +147,8 @@ def test_c_and_cmake_files_are_installed():
     include, libdir, cmake = paths.get_include(), paths.get_library_dir(), paths.cmake_dir()
     for header in ("nvfp4kv.h", "dlpack.h", "format.h"):
         assert os.path.isfile(os.path.join(include, "nvfp4kv", header)), header
-    assert os.path.isfile(os.path.join(libdir, "libnvfp4kv.so"))
+    assert os.path.isfile(paths.get_library())
+    assert os.path.dirname(paths.get_library()) == libdir
     for f in ("nvfp4kvConfig.cmake", "nvfp4kvConfigVersion.cmake", "nvfp4kvTargets.cmake"):
         assert os.path.isfile(os.path.join(cmake, f)), f
     # All three live beside the compiled extension (also in an editable install).
@@ -135,6 +175,53 @@ def test_cmake_package_points_at_existing_files():
         for p in entry.split(";"):
             resolved = os.path.normpath(p.replace("${_IMPORT_PREFIX}", prefix))
             assert os.path.exists(resolved), f"nvfp4kvTargets names {p} = {resolved}: missing"
+    # A consumer records the SONAME and loads the file of that name at run time.
+    sonames = re.findall(r'IMPORTED_SONAME_\w+ "([^"]*)"', text)
+    assert sonames, text
+    for soname in sonames:
+        assert os.path.isfile(os.path.join(paths.get_library_dir(), soname)), soname
+
+
+def abi_version():
+    """MAJOR.MINOR: while the major version is 0 a minor release may change the ABI (the CMake
+    package's SameMinorVersion), so the SONAME carries both."""
+    major, minor, _ = nvfp4kv.__version__.split(".")
+    return f"{major}.{minor}"
+
+
+@needs_elf
+def test_library_is_named_after_its_soname():
+    """The SONAME carries the ABI version, so a program linked against 0.1 never loads 0.2; the
+    one library file has the SONAME as its name (a wheel cannot hold the symlink that usually
+    carries it)."""
+    lib = paths.get_library()
+    assert elf_dynamic(lib)["SONAME"] == [f"libnvfp4kv.so.{abi_version()}"], lib
+    assert os.path.basename(lib) == f"libnvfp4kv.so.{abi_version()}"
+
+
+@needs_elf
+def test_extension_needs_the_file_beside_it():
+    """nvfp4kv._C records the library by its SONAME (DT_NEEDED) and finds it through its run path
+    ($ORIGIN/lib): a file of exactly that name must be there."""
+    ext = os.path.abspath(importlib.import_module("nvfp4kv._C").__file__)
+    dynamic = elf_dynamic(ext)
+    needed = [n for n in dynamic["NEEDED"] if n.startswith("libnvfp4kv")]
+    assert needed == [os.path.basename(paths.get_library())], dynamic["NEEDED"]
+    run_path = [d.replace("$ORIGIN", os.path.dirname(ext))
+                for entry in dynamic["RUNPATH"] + dynamic["RPATH"] for d in entry.split(":")]
+    assert any(os.path.isfile(os.path.join(d, needed[0])) for d in run_path), (needed, run_path)
+
+
+def test_library_is_one_file():
+    """A wheel is a zip, which stores a symlink as one more copy: the library is there once, as
+    one regular file, in the directory and in the distribution's RECORD."""
+    lib = paths.get_library()
+    found = sorted(f for f in os.listdir(paths.get_library_dir()) if f.startswith("libnvfp4kv"))
+    assert found == [os.path.basename(lib)]
+    assert not os.path.islink(lib)
+    recorded = [str(f) for f in (installed_distribution().files or ())
+                if os.path.basename(str(f)).startswith("libnvfp4kv")]
+    assert recorded == ["nvfp4kv/lib/" + os.path.basename(lib)], recorded
 
 
 def test_package_exports_the_path_helpers():
@@ -147,10 +234,10 @@ def test_package_exports_the_path_helpers():
 
 @pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm (binutils)")
 def test_library_exports_only_the_c_abi():
-    lib = os.path.join(paths.get_library_dir(), "libnvfp4kv.so")
+    lib = paths.get_library()
     out = subprocess.run(["nm", "-D", "--defined-only", lib], check=True, capture_output=True,
                          text=True).stdout
     symbols = [line.split()[-1] for line in out.splitlines() if line.strip()]
     assert "nvfp4kv_store" in symbols and "nvfp4kv_dequantize" in symbols, symbols
     others = [s for s in symbols if not s.startswith("nvfp4kv_")]
-    assert not others, f"libnvfp4kv.so exports symbols outside the C ABI: {others}"
+    assert not others, f"{lib} exports symbols outside the C ABI: {others}"
