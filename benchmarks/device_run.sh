@@ -38,7 +38,7 @@ for step in $steps; do
       timeout 400 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest tests/python/test_decode_gpu.py -q -p no:cacheprovider 2>&1 | tee "$OUT/decoderace.log" | tail -4 ;;
     sass)
       log sass
-      so=$(python3 -c "import nvfp4kv, pathlib; print(next(pathlib.Path(nvfp4kv.__file__).parent.glob('lib/libnvfp4kv.so')))")
+      so=$(python3 -c "import nvfp4kv; print(nvfp4kv.get_library())")
       cuobjdump --dump-resource-usage "$so" 2>&1 | grep -A1 'DTypeE2ELNS_6RecipeE0ELb1ELi2' | tail -1
       cuobjdump --dump-sass -arch sm_90 "$so" > /tmp/sass.txt 2>&1
       python3 tools/sass_stats.py "DTypeE2ELNS_6RecipeE0ELb1ELi2" "$OUT/sass_store_bf16.txt" < /tmp/sass.txt ;;

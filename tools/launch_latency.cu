@@ -6,8 +6,8 @@
 // shared-memory table and a barrier, a chain of two dependent loads, instruction fetch), and the
 // last rows are nvfp4kv_store itself.
 //   inc=$(python3 -c "import nvfp4kv; print(nvfp4kv.get_include())")
-//   lib=$(python3 -c "import nvfp4kv; print(nvfp4kv.get_library_dir())")
-//   nvcc -O2 -arch=sm_90 -I$inc tools/launch_latency.cu -L$lib -lnvfp4kv -Xlinker -rpath=$lib -o /tmp/lat && /tmp/lat
+//   lib=$(python3 -c "import nvfp4kv; print(nvfp4kv.get_library())")
+//   nvcc -O2 -arch=sm_90 -I$inc tools/launch_latency.cu $lib -Xlinker -rpath=$(dirname $lib) -o /tmp/lat && /tmp/lat
 #include <cuda_runtime.h>
 
 #include <chrono>
