@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: build, GPU + CPU tests, optional sanitizer, SASS and the benchmark.
 # Usage (on the lent GPU machine): bash benchmarks/device_run.sh [tests|gputests|sanitize|decodecheck|sm80|host|bench|decode|amax|sass|noimage]...
-# Writes logs and results under $OUT (or ./device-out).
+# Writes logs and results under $OUT (or ./device-out). SKIP_BUILD=1 keeps the package that an
+# earlier call of this session installed (a warm machine) instead of building it again.
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
@@ -12,7 +13,9 @@ log() { echo "== $(date +%T) $*"; }
 log build
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import nanobind, scikit_build_core; print('nanobind', nanobind.__version__, 'skbuild', scikit_build_core.__version__)"
-python3 -m pip install --no-build-isolation --no-deps -q ${NVFP4KV_PIP_ARGS:-} . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  python3 -m pip install --no-build-isolation --no-deps -q ${NVFP4KV_PIP_ARGS:-} . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+fi
 cd /tmp  # import the installed package, not the source tree
 python3 -c "import nvfp4kv, json; print(json.dumps(nvfp4kv.build_info()))" | tee "$OUT/build_info.json"
 cd - > /dev/null
