@@ -140,6 +140,35 @@ def test_cuda_short_pages_split_kv(T, L, B):
     assert torch.allclose(la, want_lse, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("T,L,B,off", [(64, 3000, 2, 0), (128, 5000, 2, 1), (256, 9000, 1, 0), (528, 4000, 2, 1),
+                                       (100, 3000, 3, 1)])
+def test_cuda_large_pages_and_fused_qkv_views(T, L, B, off):
+    """Pages of 64 to 528 tokens (528: vLLM's attention pages of hybrid models, 33 tiles) and 100
+    (a multiple of neither 16 nor a divisor), split-KV where B is small; the query a view of a
+    fused QKV row buffer (row stride (Hq + 2 H) D + 8), at an odd element (off 1: not 16-byte
+    aligned) or not, and out a view of a wider buffer: equal to the CPU path on the same views."""
+    H, group, D, q_len = 2, 4, 128, 2
+    kv, bt, sl, _ = make(B, L, H, group, D, T, q_len=q_len, seed=T + L, lens=[L - 5 * i for i in range(B)])
+    rows, Hq = B * q_len, H * group
+    qkv = torch.randn(rows, (Hq + 2 * H) * D + 8, generator=torch.Generator().manual_seed(T)).to(torch.bfloat16)
+    layout = "vllm" if T % 4 == 0 else "linear"
+    res = {}
+    for dev in ("cpu", "cuda"):
+        buf = qkv.to(dev)
+        q = buf[:, off:off + Hq * D].view(rows, Hq, D)  # strides ((Hq + 2H) D + 8, D, 1)
+        wide = torch.full((rows, Hq, 2 * D), 7.0, dtype=torch.bfloat16, device=dev)
+        out = wide[:, :, D:]  # strides (2 Hq D, 2 D, 1)
+        lse = torch.empty(rows, Hq, device=dev)
+        kvd, btd, sld = kv.to(dev), bt.to(dev), sl.to(dev)
+        ws = nv.decode_workspace(kvd, q, btd, q_len=q_len) if dev == "cuda" else None
+        got = nv.decode_attention(q, kvd, btd, sld, 0.03, 0.05, q_len=q_len, scale_layout=layout, out=out, lse=lse,
+                                  workspace=ws)
+        assert got is out and bool((wide[:, :, :D] == 7.0).all()), "only out's elements are written"
+        res[dev] = (out.float().cpu(), lse.cpu())
+    assert close(res["cuda"][0], res["cpu"][0]) <= REL_L2
+    assert torch.allclose(res["cuda"][1], res["cpu"][1], atol=1e-4, rtol=0)
+
+
 def test_cuda_split_kv_is_deterministic_and_needs_its_workspace():
     kv, bt, sl, q = make(1, 20000, 2, 4, 128, 16, seed=5)
     a, la = run(kv, bt, sl, q, "cuda")
