@@ -169,6 +169,24 @@ def test_cuda_large_pages_and_fused_qkv_views(T, L, B, off):
     assert torch.allclose(res["cuda"][1], res["cpu"][1], atol=1e-4, rtol=0)
 
 
+def test_cuda_more_sequences_than_a_grid_dimension():
+    """65,635 sequences: the grid's sequence dimension holds 65,535, so the launch goes in two
+    parts (b0 0 and 65,535); lengths 0 to 40 over 1,000 shared pages; equal to the CPU path."""
+    B, H, group, D, T, N = 65_535 + 100, 1, 2, 64, 16, 1000
+    g = torch.Generator().manual_seed(77)
+    kv, _, _, _ = make(1, N * T - 2 * T, H, group, D, T, seed=77)  # N pages
+    bt = torch.randint(0, kv.shape[0], (B, 3), generator=g, dtype=torch.int32)
+    sl = torch.randint(0, 41, (B,), generator=g, dtype=torch.int32)
+    q = torch.randn(B, H * group, D, generator=g).to(torch.bfloat16)
+    want, want_lse = run(kv, bt, sl, q, "cpu", scale_layout="vllm")
+    got, got_lse = run(kv, bt, sl, q, "cuda", scale_layout="vllm")
+    assert close(got, want) <= REL_L2
+    assert torch.equal(got_lse.isinf(), want_lse.isinf())
+    fin = ~want_lse.isinf()
+    assert torch.allclose(got_lse[fin], want_lse[fin], atol=1e-4, rtol=0)
+    assert close(got[-100:], want[-100:]) <= REL_L2  # the second launch's sequences on their own
+
+
 def test_cuda_split_kv_is_deterministic_and_needs_its_workspace():
     kv, bt, sl, q = make(1, 20000, 2, 4, 128, 16, seed=5)
     a, la = run(kv, bt, sl, q, "cuda")
