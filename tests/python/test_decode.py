@@ -164,6 +164,18 @@ def test_head_sizes_groups_q_len(D, group, q_len):
     check(cache, q, bt, sl, q_len=q_len, seed=k)
 
 
+# Groups and query lengths that are not powers of two: Qwen2.5-7B's GQA group is 7 (28 query
+# heads over 4), speculative decoding often verifies 3 or 5 tokens. Rows = group x q_len fill
+# chunks of 8 rows partly (7, 9 = 3 x 3, 30 = 6 x 5) or split a group across chunks.
+ODD_GROUPS_Q_LEN = [(3, 3), (5, 1), (6, 5), (7, 1), (7, 3), (12, 2), (7, 7)]
+
+
+@pytest.mark.parametrize("group,q_len", ODD_GROUPS_Q_LEN)
+def test_odd_groups_and_q_len(group, q_len):
+    cache, q, bt, sl = setup(N=12, T=16, H=2, D=128, B=3, q_len=q_len, group=group, seed=group * 10 + q_len)
+    check(cache, q, bt, sl, q_len=q_len, window=(-1, 20)[q_len % 2])
+
+
 @pytest.mark.parametrize("view,layout,scale_layout", view_combos())
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("index", ["int32", "int64"])

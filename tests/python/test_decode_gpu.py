@@ -266,7 +266,7 @@ def test_cuda_call_allocates_nothing_and_never_syncs():
 # The GPU reader held directly to the issue's reference (float64 attention over dequantize() of
 # the cache), with the CPU tests' tolerances, for every geometry the CPU path is tested on.
 from conftest import view_combos  # noqa: E402
-from test_decode import LSE_TOL, REL_L2_TOL, million_token_setup, reference, setup  # noqa: E402
+from test_decode import LSE_TOL, ODD_GROUPS_Q_LEN, REL_L2_TOL, million_token_setup, reference, setup  # noqa: E402
 
 GPU_MEASURED = {"rel_l2": 0.0, "lse": 0.0}
 
@@ -375,6 +375,18 @@ def test_fp64_head_sizes_groups_q_len(D, group, q_len):
     T = (16, 32)[(k // 3) % 2]
     cache, q, bt, sl = setup(N=24, T=T, H=2 if group < 16 else 1, D=D, B=2, q_len=q_len, group=group, dtype=dtype,
                              seed=k)
+    check_gpu(cache, q, bt, sl, q_len=q_len)
+
+
+@pytest.mark.parametrize("group,q_len", ODD_GROUPS_Q_LEN)
+@pytest.mark.parametrize("D,T", [(128, 16), (64, 8)])
+def test_fp64_odd_groups_and_q_len(group, q_len, D, T):
+    """test_decode.py's odd groups and query lengths on the GPU, also with pages of 8 tokens (the
+    per-token reader) and in split-KV (one sequence of 3000 positions)."""
+    cache, q, bt, sl = setup(N=12 * 16 // T, T=T, H=2, D=D, B=3, q_len=q_len, group=group, seed=group * 10 + q_len)
+    check_gpu(cache, q, bt, sl, q_len=q_len, window=(-1, 20)[q_len % 2])
+    cache, q, bt, sl = setup(N=3000 // T + 2, T=T, H=1, D=D, B=1, q_len=q_len, group=group, seed=group + q_len,
+                             seq_lens=[3000])
     check_gpu(cache, q, bt, sl, q_len=q_len)
 
 
