@@ -187,6 +187,46 @@ def test_cuda_more_sequences_than_a_grid_dimension():
     assert close(got[-100:], want[-100:]) <= REL_L2  # the second launch's sequences on their own
 
 
+def test_cuda_cache_past_4_gib():
+    """An engine's cache fills the GPU, so page offsets pass 4 GiB: the store, the gather and
+    decode on the last pages of a 5.3 GB cache (5-D HND), against the CPU path on a small copy of
+    those pages renumbered from 0."""
+    H, group, D, T, B, L = 8, 4, 128, 16, 4, 1000
+    F = nv.nvfp4_kv_cache_full_dim(D)
+    page = 2 * H * T * F
+    N = (5 << 30) // page + 4096
+    if torch.cuda.mem_get_info()[0] < N * page + (2 << 30):
+        pytest.skip("needs about 7.5 GB of free GPU memory")
+    blocks = -(-L // T)
+    used = B * blocks
+    g = torch.Generator().manual_seed(4)
+    small = torch.randint(0, 256, (used, 2, H * T * F), generator=g, dtype=torch.uint8)
+    small[:, :, H * T * (D // 2):] &= 0x3F  # real scale bytes
+    big = torch.empty(N, 2, H * T * F, dtype=torch.uint8, device="cuda")
+    big[N - used:] = small.cuda()
+    five_d = lambda raw: raw.view(raw.shape[0], 2, H, T, F).permute(0, 1, 3, 2, 4)  # noqa: E731
+    bt = torch.randperm(used, generator=g).reshape(B, blocks).to(torch.int32)
+    sl = torch.tensor([L, L - 1, 17, 0], dtype=torch.int32)
+    # The store: 300 tokens into random slots of the used pages, then the bytes of those pages.
+    key = torch.randn(300, H, D, generator=g).to(torch.bfloat16)
+    value = torch.randn(300, H, D, generator=g).to(torch.bfloat16)
+    slots = torch.randperm(used * T, generator=g)[:300]
+    nv.store(key, value, five_d(small), slots, 0.03, 0.05)
+    nv.store(key.cuda(), value.cuda(), five_d(big), (slots + (N - used) * T).cuda(), 0.03, 0.05)
+    assert torch.equal(big[N - used:].cpu(), small)
+    # The gather and decode through the block table.
+    kw = dict(k_scale=0.03, v_scale=0.05)
+    kc, vc, _ = nv.gather_dequant(five_d(small), bt, sl, **kw)
+    kg, vg, _ = nv.gather_dequant(five_d(big), (bt + (N - used)).cuda(), sl.cuda(), **kw)
+    assert torch.equal(kg.cpu(), kc) and torch.equal(vg.cpu(), vc)
+    q = torch.randn(B, H * group, D, generator=g).to(torch.bfloat16)
+    want = nv.decode_attention(q, five_d(small), bt, sl, **kw)
+    btg = (bt + (N - used)).cuda()
+    ws = nv.decode_workspace(five_d(big), q.cuda(), btg)
+    got = nv.decode_attention(q.cuda(), five_d(big), btg, sl.cuda(), workspace=ws, **kw)
+    assert close(got.float().cpu(), want.float()) <= REL_L2
+
+
 def test_cuda_split_kv_is_deterministic_and_needs_its_workspace():
     kv, bt, sl, q = make(1, 20000, 2, 4, 128, 16, seed=5)
     a, la = run(kv, bt, sl, q, "cuda")
