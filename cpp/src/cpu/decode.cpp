@@ -19,9 +19,9 @@
 namespace nvfp4kv {
 namespace {
 
-constexpr int64_t kChunk = 64;  // tokens dequantized at a time
+constexpr int64_t kChunk = 64;  // positions dequantized at a time, across pages
 constexpr int kMaxRows = 8 * 16;
-// The sums' levels: each row's terms of about kChunk positions, then up to kFold such partials,
+// The sums' levels: each row's terms of a chunk (kChunk positions), then up to kFold such partials,
 // then the sequence; a sum of n terms in one fp32 accumulator drifts by up to n units in its
 // last place (2^20 positions: lse 1.4e-3 off the fp64 reference), in levels by about
 // kChunk + kFold + n / (kChunk * kFold).
@@ -73,11 +73,15 @@ Range row_range(const DecodeParams& p, int64_t len, int64_t i, int64_t cap) {
 
 // One thread's buffers.
 struct Scratch {
-  std::vector<float> q, k, v;  // [rows][D], [kChunk][D], [kChunk][Dv]
-  std::vector<float> acc[3];   // [rows][Dv]: the sums of p_j * v_j, by level
+  std::vector<float> q, row;    // [rows][D], [D]: one K row as dequantized
+  std::vector<float> kt, v;     // [D][kChunk]: the chunk's K transposed, [kChunk][Dv]
+  std::vector<float> logits;    // [rows][kChunk]
+  std::vector<int64_t> pos;     // [kChunk]: the chunk's positions, increasing
+  std::vector<float> acc[3];    // [rows][Dv]: the sums of p_j * v_j, by level
   Scratch(const DecodeParams& p, int rows)
-      : q(static_cast<size_t>(rows) * p.k.D), k(static_cast<size_t>(kChunk) * p.k.D),
-        v(static_cast<size_t>(kChunk) * p.v.D) {
+      : q(static_cast<size_t>(rows) * p.k.D), row(static_cast<size_t>(p.k.D)),
+        kt(static_cast<size_t>(kChunk) * p.k.D), v(static_cast<size_t>(kChunk) * p.v.D),
+        logits(static_cast<size_t>(rows) * kChunk), pos(kChunk) {
     for (auto& a : acc) a.resize(static_cast<size_t>(rows) * p.v.D);
   }
 };
@@ -114,13 +118,22 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
       hi = std::max(hi, range[r].hi);
     }
 
-  const auto logit = [&](int64_t r, const float* k) {
+  // Row r's logits of the chunk's n positions. Each is the sum over d in increasing order, as
+  // one position at a time would add it; the positions are independent chains, so the inner loop
+  // runs across them (vectorized) instead of waiting on one chain's adds.
+  const auto logits = [&](int64_t r, int64_t n) {
+    float* l = &s.logits[r * kChunk];
     const float* q = &s.q[r * D];
-    float dot = 0.0f;
-    for (int64_t d = 0; d < D; ++d) dot = add_rn(dot, mul_rn(q[d], k[d]));
-    float l = mul_rn(dot, logit_scale);
-    if (p.soft_cap > 0.0f) l = mul_rn(p.soft_cap, tanhf(l / p.soft_cap));
-    return l;
+    for (int64_t i = 0; i < n; ++i) l[i] = 0.0f;
+    for (int64_t d = 0; d < D; ++d) {
+      const float qd = q[d];
+      const float* k = &s.kt[d * kChunk];
+      for (int64_t i = 0; i < n; ++i) l[i] = add_rn(l[i], mul_rn(qd, k[i]));
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      l[i] = mul_rn(l[i], logit_scale);
+      if (p.soft_cap > 0.0f) l[i] = mul_rn(p.soft_cap, tanhf(l[i] / p.soft_cap));
+    }
   };
   // Adds level `from`'s partials into the next level and clears them, every row alike.
   const auto fold = [&](int from) {
@@ -135,47 +148,53 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
       }
     }
   };
-  int64_t since_fold = 0;  // positions read since level 0 was folded
-  int folds = 0;           // level-0 partials in level 1
+  int folds = 0;  // level-0 partials in level 1
 
   for (int pass = 0; pass < 2 && lo <= hi; ++pass) {
-    for (int64_t blk = lo / p.T; blk <= hi / p.T; ++blk) {
-      const int64_t page = load_index(bt_row, blk);
-      if (page < 0 || page >= p.N) continue;  // masked out, never read
-      const uint8_t* kside = p.k.base + page * p.k.page_stride;
-      const uint8_t* vside = p.v.base + page * p.v.page_stride;
-      const int64_t t_end = std::min<int64_t>(p.T, hi - blk * p.T + 1);
-      for (int64_t t0 = std::max<int64_t>(0, lo - blk * p.T); t0 < t_end; t0 += kChunk) {
-        const int64_t n = std::min(kChunk, t_end - t0), j0 = blk * p.T + t0;
-        for (int64_t t = 0; t < n; ++t) {
-          raw_row(p.k, kside, h, t0 + t, p.H, p.T, p.layout, &s.k[t * D]);
-          if (pass == 1) raw_row(p.v, vside, h, t0 + t, p.H, p.T, p.layout, &s.v[t * Dv]);
+    for (int64_t j = lo; j <= hi;) {
+      // The next chunk: up to kChunk positions, in increasing order, of pages that the block
+      // table names (a masked page is skipped, never read).
+      int64_t n = 0;
+      while (n < kChunk && j <= hi) {
+        const int64_t blk = j / p.T, page = load_index(bt_row, blk);
+        if (page < 0 || page >= p.N) {
+          j = (blk + 1) * p.T;
+          continue;
         }
-        for (int64_t r = 0; r < R; ++r) {
-          const int64_t a = std::max(range[r].lo, j0), z = std::min(range[r].hi, j0 + n - 1);
-          for (int64_t j = a; j <= z; ++j) {
-            const float l = logit(r, &s.k[(j - j0) * D]);
-            if (pass == 0) {
-              m[r] = max_nan(m[r], l);
-              ++seen[r];
-              continue;
-            }
-            const float e = expf(sub_rn(l, m[r]));
-            sum[0][r] = add_rn(sum[0][r], e);
-            const float* v = &s.v[(j - j0) * Dv];
-            float* acc = &s.acc[0][r * Dv];
-            for (int64_t d = 0; d < Dv; ++d) acc[d] = add_rn(acc[d], mul_rn(e, v[d]));
-          }
+        const uint8_t* kside = p.k.base + page * p.k.page_stride;
+        const uint8_t* vside = p.v.base + page * p.v.page_stride;
+        const int64_t t_end = std::min<int64_t>(p.T, hi - blk * p.T + 1);
+        for (int64_t t = j - blk * p.T; t < t_end && n < kChunk; ++t, ++j, ++n) {
+          s.pos[n] = j;
+          raw_row(p.k, kside, h, t, p.H, p.T, p.layout, s.row.data());
+          for (int64_t d = 0; d < D; ++d) s.kt[d * kChunk + n] = s.row[d];
+          if (pass == 1) raw_row(p.v, vside, h, t, p.H, p.T, p.layout, &s.v[n * Dv]);
         }
-        // Positions, not chunks, decide the folds: pages shorter than kChunk would otherwise
-        // fold after every page (after every token at T 1).
-        if (pass == 1 && (since_fold += n) >= kChunk) {
-          fold(0);
-          since_fold = 0;
-          if (++folds == kFold) {
-            fold(1);
-            folds = 0;
+      }
+      if (n == 0) break;
+      for (int64_t r = 0; r < R; ++r) {
+        if (range[r].lo > s.pos[n - 1] || range[r].hi < s.pos[0]) continue;
+        logits(r, n);
+        const float* l = &s.logits[r * kChunk];
+        for (int64_t i = 0; i < n; ++i) {
+          if (s.pos[i] < range[r].lo || s.pos[i] > range[r].hi) continue;
+          if (pass == 0) {
+            m[r] = max_nan(m[r], l[i]);
+            ++seen[r];
+            continue;
           }
+          const float e = expf(sub_rn(l[i], m[r]));
+          sum[0][r] = add_rn(sum[0][r], e);
+          const float* v = &s.v[i * Dv];
+          float* acc = &s.acc[0][r * Dv];
+          for (int64_t d = 0; d < Dv; ++d) acc[d] = add_rn(acc[d], mul_rn(e, v[d]));
+        }
+      }
+      if (pass == 1) {  // a chunk is kChunk positions but at the end of the range or the table
+        fold(0);
+        if (++folds == kFold) {
+          fold(1);
+          folds = 0;
         }
       }
     }
