@@ -78,10 +78,11 @@ except Exception as e:
     print('gather:', type(e).__name__ + ':', e)
 q = torch.randn(2, 32, 128, device='cuda', dtype=torch.bfloat16)
 o = torch.full_like(q, 7.0)
-bt = torch.zeros(2, 12500, dtype=torch.int32, device='cuda')  # page 0 throughout
-ws = nvfp4kv.decode_workspace(kv2, q, bt)
-for L in (20, 200000):  # one block per sequence, and split-KV (its workspace and merge)
+wide = torch.zeros(2, 12500, dtype=torch.int32, device='cuda')  # page 0 throughout
+# The table's width sets the splits: 2 columns, one block per sequence; 12500, split-KV.
+for L, bt in ((20, wide[:, :2].contiguous()), (200000, wide)):
     lens = torch.tensor([L, 5], dtype=torch.int32, device='cuda')
+    ws = nvfp4kv.decode_workspace(kv2, q, bt)
     try:
         nvfp4kv.decode_attention(q, kv2, bt, lens, 1.0, 1.0, out=o, workspace=ws)
         print('decode', L, ': NO ERROR (unexpected)')

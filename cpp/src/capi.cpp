@@ -80,7 +80,7 @@ Where where(DLDevice d, const char* name) {
          name, device_name(d).c_str());
 #endif
   }
-  fail(NVFP4KV_ERROR_NOT_SUPPORTED, "%s: on %s; supported devices are cpu and cuda", name,
+  fail(NVFP4KV_ERROR_NOT_SUPPORTED, "%s: on %s; supported devices are cpu (pageable or pinned) and cuda", name,
        device_name(d).c_str());
 }
 

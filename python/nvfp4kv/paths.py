@@ -68,17 +68,22 @@ def get_library_dir():
 
 
 def get_library():
-    """The shared library, to link with or to load with ctypes. Its name is its SONAME,
-    ``libnvfp4kv.so.MAJOR.MINOR``: the name the extension and every program linked against it
-    record and load.
+    """The shared library the package carries, to link with or to load with ctypes. Its name is
+    its SONAME, ``libnvfp4kv.so.MAJOR.MINOR``: the name the extension and every program linked
+    against it record. (``LD_LIBRARY_PATH`` can make the loader take another file of that name.)
 
     Returns
     -------
     str
         Absolute path, e.g. ``.../site-packages/nvfp4kv/lib/libnvfp4kv.so.0.1``.
     """
-    name = importlib.import_module(_EXTENSION).LIBRARY_FILE  # the SONAME the build gave it
-    return _existing(os.path.join(get_library_dir(), name), name)
+    libdir = get_library_dir()
+    try:  # the SONAME the build gave it
+        name = importlib.import_module(_EXTENSION).LIBRARY_FILE
+    except (ImportError, AttributeError):  # an extension built before it had the name
+        found = sorted(f for f in os.listdir(libdir) if f.startswith("libnvfp4kv.so"))
+        name = found[0] if len(found) == 1 else "libnvfp4kv.so.MAJOR.MINOR"
+    return _existing(os.path.join(libdir, name), name)
 
 
 def cmake_dir():

@@ -100,7 +100,8 @@ needs_elf = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF
 
 @pytest.fixture(scope="module")
 def library():
-    """The installed library through ctypes (the same object nvfp4kv._C has loaded)."""
+    """The installed library through ctypes (the file nvfp4kv._C loads, unless LD_LIBRARY_PATH
+    names another)."""
     lib = ctypes.CDLL(paths.get_library())
     lib.nvfp4kv_version.restype = ctypes.c_int
     lib.nvfp4kv_version_string.restype = ctypes.c_char_p
@@ -241,3 +242,13 @@ def test_library_exports_only_the_c_abi():
     assert "nvfp4kv_store" in symbols and "nvfp4kv_dequantize" in symbols, symbols
     others = [s for s in symbols if not s.startswith("nvfp4kv_")]
     assert not others, f"{lib} exports symbols outside the C ABI: {others}"
+
+
+def test_get_library_without_the_extensions_name(monkeypatch):
+    # An extension built before LIBRARY_FILE existed (an editable install pulled without a
+    # rebuild): the one library file in lib/ is found instead of an AttributeError.
+    want = paths.get_library()
+    real = paths.importlib.import_module
+    monkeypatch.setattr(paths.importlib, "import_module",
+                        lambda name, *a: object() if name.endswith("._C") else real(name, *a))
+    assert paths.get_library() == want

@@ -1,5 +1,5 @@
-"""``nvfp4kv info``: version, the library file, build details (CUDA or not, architectures),
-numpy/torch versions and the CUDA devices."""
+"""``nvfp4kv info``: version, the library file it carries, build details (CUDA or not,
+architectures), numpy/torch versions and the CUDA devices."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def collect_info() -> dict[str, Any]:
     """Version, library file, build, Python, numpy/torch versions and CUDA devices."""
     import nvfp4kv
 
-    try:  # the file the extension loads, named after its SONAME (the ABI version)
+    try:  # the library file the package carries, named after its SONAME (the ABI version)
         library = nvfp4kv.get_library()
     except OSError:  # an installation without its C/C++ files (paths.py says which)
         library = None
