@@ -8,7 +8,8 @@
  * Tensors are DLPack DLTensor views (dlpack.h); strides are in elements. Tensors in host memory
  * (kDLCPU, or pinned: kDLCUDAHost) run the CPU path, tensors on a CUDA device the CUDA kernels
  * on the stream given as `void*` (a cudaStream_t; NULL is the legacy default stream). CUDA calls
- * never synchronize and never allocate. The byte format is FORMAT.md's (the project's docs/FORMAT.md).
+ * never synchronize and never allocate. The byte format is FORMAT.md's (the project's
+ * docs/FORMAT.md).
  */
 #ifndef NVFP4KV_NVFP4KV_H_
 #define NVFP4KV_NVFP4KV_H_

@@ -38,9 +38,10 @@ inline void store_o(void* base, int64_t idx, float v) {
   static_cast<uint16_t*>(base)[idx] = kDType == DType::kFloat16 ? float_to_f16(v) : float_to_bf16(v);
 }
 
-// Raw values e2m1 * e4m3 of row (h, t) of one side of one page (NaN for a NaN group).
+// Raw values e2m1 * e4m3 of row (h, t) of one side of one page (NaN for a NaN group), element d
+// at y[d * stride].
 void raw_row(const CacheSide& s, const uint8_t* side, int64_t h, int64_t t, int32_t H, int32_t T, Layout layout,
-             float* y) {
+             float* y, int64_t stride) {
   const int64_t D = s.D;
   const int64_t row = row_index(layout, h, t, H, T);
   const uint8_t* data = side + data_offset(row, D);
@@ -51,7 +52,7 @@ void raw_row(const CacheSide& s, const uint8_t* side, int64_t h, int64_t t, int3
     for (int b = 0; b < 8; ++b) w[b / 4] |= static_cast<uint32_t>(data[8 * g16 + b]) << (8 * (b % 4));
     float out[kGroupSize];
     dequantize_group(w, side[soff], 1.0f, out);
-    for (int i = 0; i < kGroupSize; ++i) y[g16 * kGroupSize + i] = out[i];
+    for (int i = 0; i < kGroupSize; ++i) y[(g16 * kGroupSize + i) * stride] = out[i];
   }
 }
 
@@ -73,13 +74,13 @@ Range row_range(const DecodeParams& p, int64_t len, int64_t i, int64_t cap) {
 
 // One thread's buffers.
 struct Scratch {
-  std::vector<float> q, row;    // [rows][D], [D]: one K row as dequantized
+  std::vector<float> q;         // [rows][D]
   std::vector<float> kt, v;     // [D][kChunk]: the chunk's K transposed, [kChunk][Dv]
   std::vector<float> logits;    // [rows][kChunk]
   std::vector<int64_t> pos;     // [kChunk]: the chunk's positions, increasing
   std::vector<float> acc[3];    // [rows][Dv]: the sums of p_j * v_j, by level
   Scratch(const DecodeParams& p, int rows)
-      : q(static_cast<size_t>(rows) * p.k.D), row(static_cast<size_t>(p.k.D)),
+      : q(static_cast<size_t>(rows) * p.k.D),
         kt(static_cast<size_t>(kChunk) * p.k.D), v(static_cast<size_t>(kChunk) * p.v.D),
         logits(static_cast<size_t>(rows) * kChunk), pos(kChunk) {
     for (auto& a : acc) a.resize(static_cast<size_t>(rows) * p.v.D);
@@ -166,9 +167,8 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
         const int64_t t_end = std::min<int64_t>(p.T, hi - blk * p.T + 1);
         for (int64_t t = j - blk * p.T; t < t_end && n < kChunk; ++t, ++j, ++n) {
           s.pos[n] = j;
-          raw_row(p.k, kside, h, t, p.H, p.T, p.layout, s.row.data());
-          for (int64_t d = 0; d < D; ++d) s.kt[d * kChunk + n] = s.row[d];
-          if (pass == 1) raw_row(p.v, vside, h, t, p.H, p.T, p.layout, &s.v[n * Dv]);
+          raw_row(p.k, kside, h, t, p.H, p.T, p.layout, &s.kt[n], kChunk);  // column n of kt
+          if (pass == 1) raw_row(p.v, vside, h, t, p.H, p.T, p.layout, &s.v[n * Dv], 1);
         }
       }
       if (n == 0) break;
