@@ -169,9 +169,11 @@ def test_cuda_large_pages_and_fused_qkv_views(T, L, B, off):
     assert torch.allclose(res["cuda"][1], res["cpu"][1], atol=1e-4, rtol=0)
 
 
-def test_cuda_more_sequences_than_a_grid_dimension():
+@pytest.mark.parametrize("shift", [0, 4], ids=["tensor-core cache", "lane cache"])
+def test_cuda_more_sequences_than_a_grid_dimension(shift):
     """65,635 sequences: the grid's sequence dimension holds 65,535, so the launch goes in two
-    parts (b0 0 and 65,535); lengths 0 to 40 over 1,000 shared pages; equal to the CPU path."""
+    parts (b0 0 and 65,535); lengths 0 to 40 over 1,000 shared pages; equal to the CPU path, on
+    both readers (a cache 4 bytes past a 16-byte boundary takes the lane reader)."""
     B, H, group, D, T, N = 65_535 + 100, 1, 2, 64, 16, 1000
     g = torch.Generator().manual_seed(77)
     kv, _, _, _ = make(1, N * T - 2 * T, H, group, D, T, seed=77)  # N pages
@@ -179,7 +181,7 @@ def test_cuda_more_sequences_than_a_grid_dimension():
     sl = torch.randint(0, 41, (B,), generator=g, dtype=torch.int32)
     q = torch.randn(B, H * group, D, generator=g).to(torch.bfloat16)
     want, want_lse = run(kv, bt, sl, q, "cpu", scale_layout="vllm")
-    got, got_lse = run(kv, bt, sl, q, "cuda", scale_layout="vllm")
+    got, got_lse = run(kv, bt, sl, q, "cuda", shift=shift, scale_layout="vllm")
     assert close(got, want) <= REL_L2
     assert torch.equal(got_lse.isinf(), want_lse.isinf())
     fin = ~want_lse.isinf()
@@ -220,11 +222,16 @@ def test_cuda_cache_past_4_gib():
     kg, vg, _ = nv.gather_dequant(five_d(big), (bt + (N - used)).cuda(), sl.cuda(), **kw)
     assert torch.equal(kg.cpu(), kc) and torch.equal(vg.cpu(), vc)
     q = torch.randn(B, H * group, D, generator=g).to(torch.bfloat16)
-    want = nv.decode_attention(q, five_d(small), bt, sl, **kw)
+    want_lse = torch.empty(B, H * group)
+    want = nv.decode_attention(q, five_d(small), bt, sl, lse=want_lse, **kw)
     btg = (bt + (N - used)).cuda()
     ws = nv.decode_workspace(five_d(big), q.cuda(), btg)
-    got = nv.decode_attention(q.cuda(), five_d(big), btg, sl.cuda(), workspace=ws, **kw)
+    got_lse = torch.empty(B, H * group, device="cuda")
+    got = nv.decode_attention(q.cuda(), five_d(big), btg, sl.cuda(), lse=got_lse, workspace=ws, **kw)
     assert close(got.float().cpu(), want.float()) <= REL_L2
+    assert torch.equal(got_lse.isinf().cpu(), want_lse.isinf()) and bool(want_lse[-1].isinf().all())
+    fin = ~want_lse.isinf()
+    assert torch.allclose(got_lse.cpu()[fin], want_lse[fin], atol=1e-4, rtol=0)
 
 
 def test_cuda_split_kv_is_deterministic_and_needs_its_workspace():
