@@ -96,6 +96,7 @@ def store(
     value_cache: Any = None,
     recipe: str = "nvfp4",
     scale_layout: str = "vllm",
+    kv_layout: Optional[str] = None,
     stream: Any = None,
     workspace: Any = None,
 ) -> None:
@@ -120,6 +121,14 @@ def store(
     scale_layout : {"vllm", "linear"}
         "vllm": K scales linear, V scales token-4 interleaved (HND, T % 4 == 0, D % 64 == 0);
         "linear": both linear.
+    kv_layout : {"HND", "NHD"}, optional
+        The cache's memory order within a page side (heads outer, or tokens outer: vLLM's
+        ``get_kv_cache_layout()``). Two 4-D sides are then read by their strides in either
+        dimension order: ``(N, T, H, F)``, or ``(N, H, T, F)`` such as the halves
+        ``kv_cache.split(H, dim=1)`` of a packed cache, which nothing else tells from NHD sides
+        when the packed cache is itself a view. A packed or 5-D cache must agree with it.
+        Default: sides are ``(N, T, H, F)``, except torch halves of a packed cache recognised by
+        their origin (docs/integration.md §1).
     stream : optional
         CUDA stream; default: the current stream of the tensors' framework. Never synchronized.
     workspace : uint8 array, optional
@@ -135,9 +144,10 @@ def store(
     TypeError, ValueError, RuntimeError
         Bad dtype; bad shape/value/device; CUDA failure. The cache is untouched on error.
     """
+    orient = _orientation(kv_cache, value_cache, kv_layout)
     try:
         _C.store(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cache, recipe, scale_layout, stream,
-                 workspace)
+                 workspace, orient)
     except ValueError:
         if not _without_data(key, value, kv_cache, value_cache, slot_mapping, workspace):
             raise
@@ -173,6 +183,7 @@ def prepare_store(
     value_cache: Any = None,
     recipe: str = "nvfp4",
     scale_layout: str = "vllm",
+    kv_layout: Optional[str] = None,
     workspace: Any = None,
 ) -> Any:
     """A store for one layer's cache: ``prepared(key, value, slot_mapping, stream=None)``.
@@ -184,7 +195,8 @@ def prepare_store(
     given as Python or numpy numbers are taken by value, here); do not resize or reallocate
     them. Arguments are validated at each call, as by :func:`store`.
     """
-    return _C.PreparedStore(kv_cache, k_scale, v_scale, value_cache, recipe, scale_layout, workspace)
+    orient = _orientation(kv_cache, value_cache, kv_layout)
+    return _C.PreparedStore(kv_cache, k_scale, v_scale, value_cache, recipe, scale_layout, workspace, orient)
 
 
 def store_workspace_bytes(num_blocks: int, block_size: int) -> int:
@@ -192,15 +204,16 @@ def store_workspace_bytes(num_blocks: int, block_size: int) -> int:
     return _C.store_workspace_bytes(num_blocks, block_size)
 
 
-def store_workspace(kv_cache: Any, value_cache: Any = None) -> Any:
+def store_workspace(kv_cache: Any, value_cache: Any = None, *, kv_layout: Optional[str] = None) -> Any:
     """A zeroed :func:`store` workspace on the cache's device, for caches up to this one's size.
 
     Same framework as the cache (torch, cupy or numpy). Its size is
     ``store_workspace_bytes(N, T)``: 8 bytes per slot and 12 per block (14 MB for 100 000 blocks
     of 16 tokens), against 18 KB per block of an H 8, D 128 cache layer. For a cache given as
-    two sides pass both (one 4-D side alone reads as a packed cache).
+    two sides pass both (one 4-D side alone reads as a packed cache), and ``kv_layout`` as to
+    :func:`store`.
     """
-    n, t = _cache_geometry(kv_cache, value_cache)[:2]
+    n, t = _cache_geometry(kv_cache, value_cache, _orientation(kv_cache, value_cache, kv_layout))[:2]
     nbytes = store_workspace_bytes(n, t)
     return _zeros(kv_cache, nbytes, "uint8")
 
@@ -234,6 +247,7 @@ def reshape_and_cache_flash(
     v_scale: Any,
     *,
     scale_layout: str = "vllm",
+    kv_layout: Optional[str] = None,
     stream: Any = None,
     workspace: Any = None,
 ) -> None:
@@ -241,13 +255,15 @@ def reshape_and_cache_flash(
 
     Same arguments and semantics as vLLM's op (``key_cache``/``value_cache`` are the two sides
     ``kv_cache[:, 0]``, ``kv_cache[:, 1]``), except that out-of-range slots are skipped instead
-    of written out of bounds. See :func:`store` for shapes, dtypes and ``workspace``.
+    of written out of bounds. See :func:`store` for shapes, dtypes, ``kv_layout`` and
+    ``workspace``.
     """
     _check_kv_cache_dtype(kv_cache_dtype)
+    orient = _orientation(key_cache, value_cache, kv_layout)
     # Straight to the binding, as store() does (one Python call less per layer and step).
     try:
         _C.store(key, value, key_cache, slot_mapping, k_scale, v_scale, value_cache, kv_cache_dtype,
-                 scale_layout, stream, workspace)
+                 scale_layout, stream, workspace, orient)
     except ValueError:
         if not _without_data(key, value, key_cache, value_cache, slot_mapping, workspace):
             raise
@@ -294,14 +310,89 @@ def _split_halves(kv_cache: Any, value_cache: Any) -> Optional[Tuple[Any, Any]]:
     return kv_cache.transpose(1, 2), value_cache.transpose(1, 2)
 
 
-def _cache_geometry(kv_cache: Any, value_cache: Any) -> Tuple[int, int, int, int, int]:
-    """(N, T, H, D, Dv) read off the shapes; the ABI validates the rest."""
-    halves = _split_halves(kv_cache, value_cache)
-    if halves is not None:
-        kv_cache, value_cache = halves
+_KV_LAYOUTS = ("HND", "NHD")  # spec.KV_CACHE_LAYOUTS: within a page side, heads outer or tokens outer
+
+
+def _dims(x: Any, arg: str) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    """x's shape and strides in elements (torch, numpy, cupy and arrays like them)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return x.shape, x.stride()  # no per-dimension conversion: this runs per call
+    shape, strides, itemsize = _shape(x, arg), getattr(x, "strides", None), getattr(x, "itemsize", None)
+    if not isinstance(strides, tuple) or not itemsize:
+        raise TypeError(f"{arg}: a {type(x).__name__} received; kv_layout needs torch, numpy or cupy arrays "
+                        "(their strides say which dimension holds the heads)")
+    return shape, tuple(int(s) // int(itemsize) for s in strides)
+
+
+def _heads_first(shape: Tuple[int, ...], strides: Tuple[int, ...], kv_layout: str) -> Optional[bool]:
+    """Whether dimension 1 of a 4-D side (N, A, B, F) holds the heads, by its strides and the
+    memory order kv_layout names (HND: the heads' stride is the larger one); None where A or B is
+    1 (both readings are then the same bytes, and the strides cannot tell)."""
+    if shape[1] == 1 or shape[2] == 1:
+        return None
+    return (strides[1] > strides[2]) == (kv_layout == "HND")
+
+
+def _orientation(kv_cache: Any, value_cache: Any, kv_layout: Optional[str]) -> int:
+    """How the binding reads two 4-D sides, given the memory order the caller names (design
+    notes: "Split halves of a packed cache: oriented in the binding"): 1, dimensions 1 and 2
+    exchanged (sides whose dimension 1 holds the heads, such as the (N, H, T, F) halves of a
+    packed cache: the C ABI reads (N, T, H, F)); 0, as given; -1, the library's own rule (the
+    halves' origin), for kv_layout None and where the strides cannot tell. A packed or 5-D cache
+    carries its order in its shape and strides, which must agree with kv_layout."""
+    if kv_layout is None:
+        return -1
+    if kv_layout not in _KV_LAYOUTS:
+        raise ValueError(f"kv_layout: unknown value {kv_layout!r}; expected 'HND', 'NHD' or None")
+    shape, strides = _dims(kv_cache, "kv_cache" if value_cache is None else "key_cache")
+    if value_cache is None:
+        if len(shape) == 4 and kv_layout == "NHD":
+            raise ValueError(f"kv_cache: a packed (N, 2H, T, F) cache {tuple(shape)} with kv_layout 'NHD'; the "
+                             "packed form is HND (give NHD caches as 5-D (N, 2, T, H, F) or as two sides)")
+        if len(shape) == 5 and shape[2] > 1 and shape[3] > 1 and (strides[3] > strides[2]) != (kv_layout == "HND"):
+            raise ValueError(f"kv_cache: shape {tuple(shape)} with strides {tuple(strides)} is "
+                             f"{'NHD' if kv_layout == 'HND' else 'HND'}, but kv_layout {kv_layout!r} received")
+        return -1
+    vshape, vstrides = _dims(value_cache, "value_cache")
+    if len(shape) != 4 or len(vshape) != 4:
+        return -1  # the C ABI names the shapes it takes
+    first, second = _heads_first(shape, strides, kv_layout), _heads_first(vshape, vstrides, kv_layout)
+    if first is not None and second is not None and first != second:
+        raise ValueError(f"key_cache, value_cache: their strides put the heads in different dimensions "
+                         f"({1 if first else 2} and {1 if second else 2}) under kv_layout {kv_layout!r}")
+    first = first if first is not None else second
+    if first is None:
+        return -1
+    if not first and _split_halves(kv_cache, value_cache) is not None:
+        # The library's own rule would read them transposed: say what contradicts, write nothing.
+        raise ValueError(f"key_cache, value_cache: (N, H, T, F) halves of a packed (N, 2H, T, F) cache (HND), "
+                         f"but kv_layout {kv_layout!r} received; NHD sides split out of an (N, 2T, H, F) "
+                         "buffer are not supported: give them as 5-D (N, 2, T, H, F)")
+    return int(first)
+
+
+def _oriented(kv_cache: Any, value_cache: Any, kv_layout: Optional[str]) -> Tuple[Any, Any]:
+    """The sides as views in the orientation the C ABI reads (_orientation 1: transposed), for
+    the traced calls, whose ops take no orientation."""
+    if _orientation(kv_cache, value_cache, kv_layout) != 1:
+        return kv_cache, value_cache
+    if _framework(kv_cache) == "torch":
+        return kv_cache.transpose(1, 2), value_cache.transpose(1, 2)
+    return kv_cache.swapaxes(1, 2), value_cache.swapaxes(1, 2)
+
+
+def _cache_geometry(kv_cache: Any, value_cache: Any, orient: int = -1) -> Tuple[int, int, int, int, int]:
+    """(N, T, H, D, Dv) read off the shapes (orient: _orientation's); the ABI validates the rest."""
+    if orient < 0:
+        halves = _split_halves(kv_cache, value_cache)
+        if halves is not None:
+            kv_cache, value_cache = halves
     shape = _shape(kv_cache, "kv_cache")
     if value_cache is not None and len(shape) == 4:
         n, t, h, f = shape
+        if orient == 1:
+            t, h = h, t
         fv = (_shape(value_cache, "value_cache") or (f,))[-1]
     elif len(shape) == 5:
         n, _, t, h, f = shape
@@ -368,10 +459,11 @@ def _out_dtype(dtype: Any, key_out: Any, value_out: Any, default: str) -> str:
     return name
 
 
-def _dequantize_outputs(kv_cache: Any, value_cache: Any, dtype: Any, key_out: Any, value_out: Any) -> Tuple[Any, Any]:
+def _dequantize_outputs(kv_cache: Any, value_cache: Any, dtype: Any, key_out: Any, value_out: Any,
+                        orient: int = -1) -> Tuple[Any, Any]:
     """dequantize()'s outputs: the ones given, else new arrays of the cache's geometry."""
     if key_out is None or value_out is None:
-        n, t, h, d, dv = _cache_geometry(kv_cache, value_cache)
+        n, t, h, d, dv = _cache_geometry(kv_cache, value_cache, orient)
         name = _out_dtype(dtype, key_out, value_out, "float32")
         key_out = _empty(kv_cache, (n, t, h, d), name) if key_out is None else key_out
         value_out = _empty(kv_cache, (n, t, h, dv), name) if value_out is None else value_out
@@ -379,12 +471,12 @@ def _dequantize_outputs(kv_cache: Any, value_cache: Any, dtype: Any, key_out: An
 
 
 def _gather_outputs(kv_cache: Any, value_cache: Any, seq_lens: Any, cu_seqlens: Any, computed: bool, dtype: Any,
-                    key_out: Any, value_out: Any) -> Tuple[Any, Any, Any]:
+                    key_out: Any, value_out: Any, orient: int = -1) -> Tuple[Any, Any, Any]:
     """gather_dequant()'s outputs (the ones given, else new arrays of cu_seqlens[-1] rows, read on
     the host: a synchronization with the GPU) and its cu_seqlens (int32 where computed here and
     the outputs are allocated here, if the total fits)."""
     if key_out is None or value_out is None:
-        _, _, h, d, dv = _cache_geometry(kv_cache, value_cache)  # only to allocate (~1 µs)
+        _, _, h, d, dv = _cache_geometry(kv_cache, value_cache, orient)  # only to allocate (~1 µs)
         total = _total_rows(seq_lens, cu_seqlens, computed)
         if computed and total <= _INT32_MAX:  # every entry fits: FlashAttention's dtype
             cu_seqlens = _as_int32(cu_seqlens)
@@ -404,6 +496,7 @@ def dequantize(
     pages: Any = None,
     dtype: Any = None,
     scale_layout: str = "vllm",
+    kv_layout: Optional[str] = None,
     key_out: Any = None,
     value_out: Any = None,
     stream: Any = None,
@@ -412,7 +505,7 @@ def dequantize(
 
     Parameters
     ----------
-    kv_cache, value_cache, k_scale, v_scale, scale_layout, stream
+    kv_cache, value_cache, k_scale, v_scale, scale_layout, kv_layout, stream
         As for :func:`store`.
     pages : int32/int64 array ``[P]``, optional
         Pages to dequantize; page ``p`` is written at index ``p`` of the outputs (paged to
@@ -430,9 +523,11 @@ def dequantize(
         In the cache's framework and device. Values are ``e2m1 * scale * global_scale`` in fp32,
         rounded to nearest even; NaN for groups stored from NaN input.
     """
-    key_out, value_out = _dequantize_outputs(kv_cache, value_cache, dtype, key_out, value_out)
+    orient = _orientation(kv_cache, value_cache, kv_layout)
+    key_out, value_out = _dequantize_outputs(kv_cache, value_cache, dtype, key_out, value_out, orient)
     try:
-        _C.dequantize(kv_cache, value_cache, pages, k_scale, v_scale, scale_layout, key_out, value_out, stream)
+        _C.dequantize(kv_cache, value_cache, pages, k_scale, v_scale, scale_layout, key_out, value_out, stream,
+                      orient)
     except ValueError:
         if not _without_data(kv_cache, value_cache, pages, key_out, value_out):
             raise
@@ -509,6 +604,7 @@ def gather_dequant(
     cu_seqlens: Any = None,
     dtype: Any = None,
     scale_layout: str = "vllm",
+    kv_layout: Optional[str] = None,
     key_out: Any = None,
     value_out: Any = None,
     stream: Any = None,
@@ -521,7 +617,7 @@ def gather_dequant(
 
     Parameters
     ----------
-    kv_cache, value_cache, k_scale, v_scale, scale_layout, stream
+    kv_cache, value_cache, k_scale, v_scale, scale_layout, kv_layout, stream
         As for :func:`store`.
     block_table : int32/int64 array ``[B, max_blocks]``
         Entries < 0 or >= N (and blocks past ``max_blocks``) read as zeros.
@@ -543,14 +639,15 @@ def gather_dequant(
     key, value, cu_seqlens
         Rows outside ``[0, total_tokens)`` are never written.
     """
+    orient = _orientation(kv_cache, value_cache, kv_layout)
     computed = cu_seqlens is None
     if computed:
         cu_seqlens = _prefix_sums(seq_lens)
     key_out, value_out, cu_seqlens = _gather_outputs(kv_cache, value_cache, seq_lens, cu_seqlens, computed, dtype,
-                                                     key_out, value_out)
+                                                     key_out, value_out, orient)
     try:
         _C.gather_dequant(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, k_scale, v_scale,
-                          scale_layout, key_out, value_out, stream)
+                          scale_layout, key_out, value_out, stream, orient)
     except ValueError:
         if not _without_data(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, key_out, value_out):
             raise
@@ -572,10 +669,12 @@ def decode_workspace_bytes(num_seqs: int, q_len: int, num_qo_heads: int, num_kv_
     return _C.decode_workspace_bytes(num_seqs, q_len, num_qo_heads, num_kv_heads, head_size_v, max_blocks_per_seq)
 
 
-def decode_workspace(kv_cache: Any, query: Any, block_table: Any, q_len: int = 1, value_cache: Any = None) -> Any:
+def decode_workspace(kv_cache: Any, query: Any, block_table: Any, q_len: int = 1, value_cache: Any = None, *,
+                     kv_layout: Optional[str] = None) -> Any:
     """A zeroed uint8 :func:`decode_attention` workspace on the cache's device, sized for this
-    call's geometry (an empty array when it needs none). Same framework as the cache."""
-    _, _, h, _, dv = _cache_geometry(kv_cache, value_cache)
+    call's geometry (an empty array when it needs none). Same framework as the cache;
+    ``kv_layout`` as to :func:`store`."""
+    _, _, h, _, dv = _cache_geometry(kv_cache, value_cache, _orientation(kv_cache, value_cache, kv_layout))
     qshape, bshape = _shape(query, "query"), _shape(block_table, "block_table")
     if len(qshape) != 3:
         raise ValueError(f"query: shape {qshape} received; expected (num_seqs * q_len, num_qo_heads, head_size)")
@@ -640,6 +739,7 @@ def decode_attention(
     *,
     value_cache: Any = None,
     scale_layout: str = "vllm",
+    kv_layout: Optional[str] = None,
     sm_scale: Optional[float] = None,
     logits_soft_cap: float = 0.0,
     window_left: int = -1,
@@ -661,7 +761,7 @@ def decode_attention(
     ----------
     query : bfloat16/float16 array ``[B * q_len, Hq, D]``
         Last stride 1. ``Hq = group * H`` (group 1..16); D = the cache's head size, 64, 128 or 256.
-    kv_cache, value_cache, k_scale, v_scale, scale_layout, stream
+    kv_cache, value_cache, k_scale, v_scale, scale_layout, kv_layout, stream
         As for :func:`store`. V's head size ``Dv`` is 64, 128 or 256 too.
     block_table : int32/int64 array ``[B, max_blocks]``
     seq_lens : int32/int64 array ``[B]``
@@ -688,11 +788,12 @@ def decode_attention(
     out
         A row that sees no position is 0. Nothing is written when an argument is rejected.
     """
+    orient = _orientation(kv_cache, value_cache, kv_layout)
     sm, cap, window, rows = _decode_scalars(query, sm_scale, logits_soft_cap, window_left, q_len)
-    out = _decode_out(query, kv_cache, value_cache, out)
+    out = _decode_out(query, kv_cache, value_cache, out)  # Dv: the same in either orientation
     try:
         _C.decode_attention(query, kv_cache, value_cache, block_table, seq_lens, k_scale, v_scale, scale_layout,
-                            rows, sm, cap, window, out, lse, workspace, stream)
+                            rows, sm, cap, window, out, lse, workspace, stream, orient)
     except ValueError:
         if not _without_data(query, kv_cache, value_cache, block_table, seq_lens, out, lse, workspace):
             raise

@@ -150,37 +150,39 @@ def _no_stream(stream) -> None:
         raise ValueError("stream: under torch.compile the ops run on torch's current stream; pass stream=None")
 
 
-def _sides(kv_cache, value_cache):
-    """Split halves of a packed cache as the transposed sides the C ABI reads, decided while
-    tracing: inductor hands the ops views rebuilt from storage, whose _base no longer names the
-    packed cache (the extension's orient_sides would then read them as NHD sides)."""
+def _sides(kv_cache, value_cache, kv_layout):
+    """The sides as the C ABI reads them (kv_layout: api._oriented), and split halves of a packed
+    cache as the transposed sides, decided while tracing: inductor hands the ops views rebuilt
+    from storage, whose _base no longer names the packed cache (the extension's orient_sides would
+    then read them as NHD sides)."""
+    kv_cache, value_cache = _api._oriented(kv_cache, value_cache, kv_layout)
     halves = _api._split_halves(kv_cache, value_cache)
     return halves if halves is not None else (kv_cache, value_cache)
 
 
 @_traced_as(_api.store)
 def _store_traced(key, value, kv_cache, slot_mapping, k_scale=1.0, v_scale=1.0, *, value_cache=None,
-                  recipe="nvfp4", scale_layout="vllm", stream=None, workspace=None):
+                  recipe="nvfp4", scale_layout="vllm", kv_layout=None, stream=None, workspace=None):
     _no_stream(stream)
-    kv_cache, value_cache = _sides(kv_cache, value_cache)
+    kv_cache, value_cache = _sides(kv_cache, value_cache, kv_layout)
     store(key, value, kv_cache, slot_mapping, scale_tensor(k_scale), scale_tensor(v_scale), value_cache, recipe,
           scale_layout, workspace)
 
 
 @_traced_as(_api.reshape_and_cache_flash)
 def _reshape_and_cache_flash_traced(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
-                                    v_scale, *, scale_layout="vllm", stream=None, workspace=None):
+                                    v_scale, *, scale_layout="vllm", kv_layout=None, stream=None, workspace=None):
     _no_stream(stream)
-    key_cache, value_cache = _sides(key_cache, value_cache)
+    key_cache, value_cache = _sides(key_cache, value_cache, kv_layout)
     reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, scale_tensor(k_scale),
                             scale_tensor(v_scale), scale_layout, workspace)
 
 
 @_traced_as(_api.dequantize)
 def _dequantize_traced(kv_cache, k_scale=1.0, v_scale=1.0, *, value_cache=None, pages=None, dtype=None,
-                       scale_layout="vllm", key_out=None, value_out=None, stream=None):
+                       scale_layout="vllm", kv_layout=None, key_out=None, value_out=None, stream=None):
     _no_stream(stream)
-    kv_cache, value_cache = _sides(kv_cache, value_cache)
+    kv_cache, value_cache = _sides(kv_cache, value_cache, kv_layout)
     key_out, value_out = _api._dequantize_outputs(kv_cache, value_cache, dtype, key_out, value_out)
     dequantize(kv_cache, scale_tensor(k_scale), scale_tensor(v_scale), key_out, value_out, value_cache, pages,
                scale_layout)
@@ -189,13 +191,13 @@ def _dequantize_traced(kv_cache, k_scale=1.0, v_scale=1.0, *, value_cache=None, 
 
 @_traced_as(_api.gather_dequant)
 def _gather_dequant_traced(kv_cache, block_table, seq_lens, k_scale=1.0, v_scale=1.0, *, value_cache=None,
-                           cu_seqlens=None, dtype=None, scale_layout="vllm", key_out=None, value_out=None,
-                           stream=None):
+                           cu_seqlens=None, dtype=None, scale_layout="vllm", kv_layout=None, key_out=None,
+                           value_out=None, stream=None):
     _no_stream(stream)
     if key_out is None or value_out is None:
         raise ValueError("key_out, value_out: under torch.compile gather_dequant needs both outputs; their "
                          "row count is data (cu_seqlens[-1]), which a traced call cannot read")
-    kv_cache, value_cache = _sides(kv_cache, value_cache)
+    kv_cache, value_cache = _sides(kv_cache, value_cache, kv_layout)
     computed = cu_seqlens is None
     if computed:
         cu_seqlens = _api._prefix_sums(seq_lens)
@@ -208,10 +210,10 @@ def _gather_dequant_traced(kv_cache, block_table, seq_lens, k_scale=1.0, v_scale
 
 @_traced_as(_api.decode_attention)
 def _decode_attention_traced(query, kv_cache, block_table, seq_lens, k_scale=1.0, v_scale=1.0, *, value_cache=None,
-                             scale_layout="vllm", sm_scale=None, logits_soft_cap=0.0, window_left=-1, q_len=1,
+                             scale_layout="vllm", kv_layout=None, sm_scale=None, logits_soft_cap=0.0, window_left=-1, q_len=1,
                              out=None, lse=None, workspace=None, stream=None):
     _no_stream(stream)
-    kv_cache, value_cache = _sides(kv_cache, value_cache)
+    kv_cache, value_cache = _sides(kv_cache, value_cache, kv_layout)
     sm, cap, window, rows = _api._decode_scalars(query, sm_scale, logits_soft_cap, window_left, q_len)
     out = _api._decode_out(query, kv_cache, value_cache, out)
     decode_attention(query, kv_cache, block_table, seq_lens, scale_tensor(k_scale), scale_tensor(v_scale), out, sm,

@@ -435,7 +435,9 @@ nb::object scale_arg(nb::handle x, const char* name) {
 // only their origin tells them apart: torch halves whose _base is such a packed cache, with the
 // same strides, are read transposed (orient_sides), by every call at every shape, so that a
 // call's head count (the store's key, the reads' outputs) is checked against the cache's own
-// (design notes: "Split halves of a packed cache: oriented in the binding").
+// (design notes: "Split halves of a packed cache: oriented in the binding"). Where the caller
+// names the memory order (kv_layout), the Python API decides by the strides instead and passes
+// `orient` (api._orientation): 0 as given, 1 exchanged; -1 is the rule above.
 bool split_half(nb::handle obj, const Arg& a) {
   const TorchInfo* info = torch_info();
   if (!info || !PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(info->tensor_type))) return false;
@@ -449,9 +451,9 @@ bool split_half(nb::handle obj, const Arg& a) {
   return true;
 }
 
-void orient_sides(Arg& c, nb::handle c_obj, Arg& vc, nb::handle vc_obj) {
-  if (!vc.present || c.t.ndim != 4 || vc.t.ndim != 4) return;
-  if (!split_half(c_obj, c) || !split_half(vc_obj, vc)) return;
+void orient_sides(Arg& c, nb::handle c_obj, Arg& vc, nb::handle vc_obj, int orient) {
+  if (!vc.present || c.t.ndim != 4 || vc.t.ndim != 4 || orient == 0) return;
+  if (orient < 0 && (!split_half(c_obj, c) || !split_half(vc_obj, vc))) return;
   for (Arg* a : {&c, &vc}) {
     std::swap(a->shape[1], a->shape[2]);
     std::swap(a->strides[1], a->strides[2]);
@@ -483,13 +485,13 @@ struct PreparedStore {
   nb::object cache_obj;
 
   PreparedStore(nb::handle kv_cache, nb::handle k_scale_, nb::handle v_scale_, nb::handle value_cache_,
-                nb::handle recipe_, nb::handle scale_layout, nb::handle workspace_) {
+                nb::handle recipe_, nb::handle scale_layout, nb::handle workspace_, int orient) {
     recipe = choice(recipe_, kRecipeNames, 2, "_RECIPES", "recipe");
     profile = choice(scale_layout, kScaleLayoutNames, 2, "_SCALE_LAYOUTS", "scale_layout");
     const nb::object ksc = scale_arg(k_scale_, "k_scale"), vsc = scale_arg(v_scale_, "v_scale");
     import_array(cache, kv_cache, value_cache_.is_none() ? "kv_cache" : "key_cache", true);
     import_optional(value_cache, value_cache_, "value_cache", true);
-    orient_sides(cache, kv_cache, value_cache, value_cache_);
+    orient_sides(cache, kv_cache, value_cache, value_cache_, orient);
     import_scale(k_scale, ksc, "k_scale");
     import_scale(v_scale, vsc, "v_scale");
     import_optional(workspace, workspace_, "workspace", true);
@@ -516,14 +518,14 @@ struct PreparedStore {
 // store(): a PreparedStore used once (the same imports, checks and call).
 void store(nb::handle key, nb::handle value, nb::handle kv_cache, nb::handle slot_mapping,
            nb::handle k_scale, nb::handle v_scale, nb::handle value_cache, nb::handle recipe,
-           nb::handle scale_layout, nb::handle stream, nb::handle workspace) {
-  PreparedStore(kv_cache, k_scale, v_scale, value_cache, recipe, scale_layout, workspace)(key, value, slot_mapping,
-                                                                                         stream);
+           nb::handle scale_layout, nb::handle stream, nb::handle workspace, int orient) {
+  PreparedStore(kv_cache, k_scale, v_scale, value_cache, recipe, scale_layout, workspace, orient)(key, value,
+                                                                                                 slot_mapping, stream);
 }
 
 void dequantize(nb::handle kv_cache, nb::handle value_cache, nb::handle pages, nb::handle k_scale,
                 nb::handle v_scale, nb::handle scale_layout, nb::handle key_out,
-                nb::handle value_out, nb::handle stream) {
+                nb::handle value_out, nb::handle stream, int orient) {
   const int profile = choice(scale_layout, kScaleLayoutNames, 2, "_SCALE_LAYOUTS", "scale_layout");
   const nb::object ksc = scale_arg(k_scale, "k_scale"), vsc = scale_arg(v_scale, "v_scale");
   Arg c, vc, pg, ks, vs, ko, vo;
@@ -534,7 +536,7 @@ void dequantize(nb::handle kv_cache, nb::handle value_cache, nb::handle pages, n
   import_scale(vs, vsc, "v_scale");
   import_array(ko, key_out, "key_out", true);
   import_array(vo, value_out, "value_out", true);
-  orient_sides(c, kv_cache, vc, value_cache);
+  orient_sides(c, kv_cache, vc, value_cache, orient);
   const uintptr_t st_handle = stream_handle(stream, kv_cache, c);
   nvfp4kv_status st;
   {
@@ -549,7 +551,7 @@ void dequantize(nb::handle kv_cache, nb::handle value_cache, nb::handle pages, n
 void gather_dequant(nb::handle kv_cache, nb::handle value_cache, nb::handle block_table,
                     nb::handle seq_lens, nb::handle cu_seqlens, nb::handle k_scale,
                     nb::handle v_scale, nb::handle scale_layout, nb::handle key_out,
-                    nb::handle value_out, nb::handle stream) {
+                    nb::handle value_out, nb::handle stream, int orient) {
   const int profile = choice(scale_layout, kScaleLayoutNames, 2, "_SCALE_LAYOUTS", "scale_layout");
   const nb::object ksc = scale_arg(k_scale, "k_scale"), vsc = scale_arg(v_scale, "v_scale");
   Arg c, vc, bt, sl, cu, ks, vs, ko, vo;
@@ -562,7 +564,7 @@ void gather_dequant(nb::handle kv_cache, nb::handle value_cache, nb::handle bloc
   import_scale(vs, vsc, "v_scale");
   import_array(ko, key_out, "key_out", true);
   import_array(vo, value_out, "value_out", true);
-  orient_sides(c, kv_cache, vc, value_cache);
+  orient_sides(c, kv_cache, vc, value_cache, orient);
   const uintptr_t st_handle = stream_handle(stream, kv_cache, c);
   nvfp4kv_status st;
   {
@@ -594,7 +596,7 @@ float scalar_float(double x, const char* name) {
 void decode_attention(nb::handle query, nb::handle kv_cache, nb::handle value_cache, nb::handle block_table,
                       nb::handle seq_lens, nb::handle k_scale, nb::handle v_scale, nb::handle scale_layout,
                       int64_t q_len, double sm_scale, double logits_soft_cap, int64_t window_left, nb::handle out,
-                      nb::handle lse, nb::handle workspace, nb::handle stream) {
+                      nb::handle lse, nb::handle workspace, nb::handle stream, int orient) {
   const int profile = choice(scale_layout, kScaleLayoutNames, 2, "_SCALE_LAYOUTS", "scale_layout");
   if (q_len < INT32_MIN || q_len > INT32_MAX)  // the C ABI's q_len is an int32_t
     throw nb::value_error(("q_len: " + std::to_string(q_len) + " received; expected 1 to 8 query rows per "
@@ -604,7 +606,7 @@ void decode_attention(nb::handle query, nb::handle kv_cache, nb::handle value_ca
   import_array(q, query, "query", false);
   import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
   import_optional(vc, value_cache, "value_cache", false);
-  orient_sides(c, kv_cache, vc, value_cache);
+  orient_sides(c, kv_cache, vc, value_cache, orient);
   import_array(bt, block_table, "block_table", false);
   import_array(sl, seq_lens, "seq_lens", false);
   import_scale(ks, ksc, "k_scale");
@@ -676,12 +678,12 @@ NB_MODULE(_C, m) {
   m.def("store", &store, nb::arg("key"), nb::arg("value"), nb::arg("kv_cache"),
         nb::arg("slot_mapping"), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
         nb::arg("value_cache").none(), nb::arg("recipe").none(), nb::arg("scale_layout").none(),
-        nb::arg("stream").none(), nb::arg("workspace").none() = nb::none());
+        nb::arg("stream").none(), nb::arg("workspace").none() = nb::none(), nb::arg("orient") = -1);
   nb::class_<PreparedStore>(m, "PreparedStore")
-      .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle>(),
+      .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, int>(),
            nb::arg("kv_cache"), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
            nb::arg("value_cache").none(), nb::arg("recipe").none(), nb::arg("scale_layout").none(),
-           nb::arg("workspace").none())
+           nb::arg("workspace").none(), nb::arg("orient") = -1)
       .def("__call__", &PreparedStore::operator(), nb::arg("key"), nb::arg("value"),
            nb::arg("slot_mapping"), nb::arg("stream").none() = nb::none());
   m.def("store_workspace_bytes", [](int64_t num_blocks, int64_t block_size) {
@@ -692,16 +694,16 @@ NB_MODULE(_C, m) {
   m.def("dequantize", &dequantize, nb::arg("kv_cache"), nb::arg("value_cache").none(),
         nb::arg("pages").none(), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
         nb::arg("scale_layout").none(), nb::arg("key_out"), nb::arg("value_out"),
-        nb::arg("stream").none());
+        nb::arg("stream").none(), nb::arg("orient") = -1);
   m.def("gather_dequant", &gather_dequant, nb::arg("kv_cache"), nb::arg("value_cache").none(),
         nb::arg("block_table"), nb::arg("seq_lens"), nb::arg("cu_seqlens"),
         nb::arg("k_scale").none(), nb::arg("v_scale").none(), nb::arg("scale_layout").none(),
-        nb::arg("key_out"), nb::arg("value_out"), nb::arg("stream").none());
+        nb::arg("key_out"), nb::arg("value_out"), nb::arg("stream").none(), nb::arg("orient") = -1);
   m.def("decode_attention", &decode_attention, nb::arg("query"), nb::arg("kv_cache"), nb::arg("value_cache").none(),
         nb::arg("block_table"), nb::arg("seq_lens"), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
         nb::arg("scale_layout").none(), nb::arg("q_len"), nb::arg("sm_scale"), nb::arg("logits_soft_cap"),
         nb::arg("window_left"), nb::arg("out"), nb::arg("lse").none(), nb::arg("workspace").none(),
-        nb::arg("stream").none());
+        nb::arg("stream").none(), nb::arg("orient") = -1);
   m.def("decode_workspace_bytes",
         [](int64_t num_seqs, int64_t q_len, int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_size_v,
            int64_t max_blocks_per_seq) {

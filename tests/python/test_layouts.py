@@ -10,6 +10,7 @@ view of the packed cache) tells them apart: torch halves work in both orientatio
 and T; a numpy or C caller's (N, H, T, F) halves are named by the C ABI where H != T and a head
 count is given (the store's key, or outputs the caller passes to the reads); outputs allocated
 from the cache's shape and decode_attention read them transposed (docs/integration.md §1).
+With kv_layout (the memory order) the strides decide, whatever the origin: the last tests.
 """
 
 import numpy as np
@@ -230,3 +231,183 @@ def test_halves_of_a_packed_view_are_not_recognised_and_vllm_scales_refuse_them(
         with pytest.raises(ValueError, match=r"NHD|split\(H, dim=1\)"):  # the store's heads check comes first
             call()
     assert not raw.any()
+
+
+# ---- kv_layout: the caller names the memory order ----------------------------------------------
+def packed_view(N, H, T, seed):
+    """A packed cache that is itself a view, as vLLM allocates it (of a raw int8 buffer): its
+    halves' _base is the buffer, so only kv_layout tells them from NHD sides."""
+    raw = packed(N, H, T, seed).view(torch.int8).flatten()
+    return raw.view(torch.uint8).view(N, 2 * H, T, F)
+
+
+def named_views(kv, H, T):
+    """views() with the halves of a packed view added (each over kv's own bytes)."""
+    out = views(kv, H, T)
+    out["halves of a packed view"] = tuple(kv.view(torch.int8).flatten().view(torch.uint8).view(kv.shape).split(H, dim=1))
+    return out
+
+
+@pytest.mark.parametrize("N,H,T", GEOMETRIES, ids=lambda v: str(v))
+@pytest.mark.parametrize("scale_layout", ["vllm", "linear"])
+@pytest.mark.parametrize("name", ["packed", "5d", "5d sides", "store halves (N,T,H,F)", "split halves (N,H,T,F)",
+                                  "halves of a packed view"])
+def test_kv_layout_hnd_reads_every_view_by_its_strides(N, H, T, scale_layout, name):
+    """With kv_layout="HND" every view of an HND cache, in either dimension order, stores,
+    dequantizes, gathers and decodes the packed cache's bytes, the halves of a packed view too
+    (which without it are read as NHD sides: the last test above)."""
+    n = N * T - 3
+    key, value = inputs(n, H, seed=N * H * T)
+    slots = torch.randperm(N * T, generator=torch.Generator().manual_seed(1))[:n]
+    want = packed(N, H, T, seed=5)
+    nv.store(key, value, want, slots, 0.04, 0.06, scale_layout=scale_layout)
+    got = packed(N, H, T, seed=5)
+    kv_cache, value_cache = named_views(got, H, T)[name]
+    kw = dict(value_cache=value_cache, scale_layout=scale_layout, kv_layout="HND")
+    nv.store(key, value, kv_cache, slots, 0.04, 0.06, **kw)
+    if name == "halves of a packed view":
+        assert not torch.equal(got, packed(N, H, T, seed=5)), "the halves write the view's bytes"
+        got = kv_cache._base.view(torch.uint8).view(want.shape)
+    assert torch.equal(got, want)
+    want_k, want_v = nv.dequantize(want, 0.04, 0.06, scale_layout=scale_layout)
+    k, v = nv.dequantize(kv_cache, 0.04, 0.06, **kw)
+    assert np.array_equal(k.numpy(), want_k.numpy(), equal_nan=True)
+    assert np.array_equal(v.numpy(), want_v.numpy(), equal_nan=True)
+    bt, sl = torch.arange(N, dtype=torch.int32).flip(0).reshape(1, N), torch.tensor([N * T - 1])
+    want_g = nv.gather_dequant(want, bt, sl, 0.04, 0.06, scale_layout=scale_layout)
+    got_g = nv.gather_dequant(kv_cache, bt, sl, 0.04, 0.06, **kw)
+    assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(got_g[:2], want_g[:2]))
+    q, bt, sl = decode_inputs(N, H, T)
+    sl = torch.tensor([n])  # the stored tokens only (the rest of the pages is random bytes)
+    want_o = nv.decode_attention(q, want, bt, sl, 0.04, 0.06, scale_layout=scale_layout, q_len=2)
+    ws = nv.decode_workspace(kv_cache, q, bt, q_len=2, value_cache=value_cache, kv_layout="HND")
+    got_o = nv.decode_attention(q, kv_cache, bt, sl, 0.04, 0.06, q_len=2, workspace=ws, **kw)
+    assert torch.equal(got_o.view(torch.int16), want_o.view(torch.int16))
+
+
+@pytest.mark.parametrize("N,H,T", GEOMETRIES, ids=lambda v: str(v))
+@pytest.mark.parametrize("order", ["(N,T,H,F)", "(N,H,T,F)"])
+def test_kv_layout_nhd_reads_nhd_sides_in_either_order(N, H, T, order):
+    """An NHD cache (N, 2, T, H, F): its sides, or the same sides with dimensions 1 and 2
+    exchanged, read as the 5-D cache with kv_layout="NHD"."""
+    g = torch.Generator().manual_seed(N * H * T)
+    nhd = torch.zeros(N, 2, T, H, F, dtype=torch.uint8)
+    key, value = inputs(N * T, H, seed=3)
+    nv.store(key, value, nhd, torch.arange(N * T), 0.04, 0.06, scale_layout="linear")
+    want_k, want_v = nv.dequantize(nhd, 0.04, 0.06, scale_layout="linear", kv_layout="NHD")
+    k, v = nhd[:, 0], nhd[:, 1]
+    if order == "(N,H,T,F)":
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+    got_k, got_v = nv.dequantize(k, 0.04, 0.06, value_cache=v, scale_layout="linear", kv_layout="NHD")
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+    fresh = torch.zeros_like(nhd)
+    k, v = fresh[:, 0], fresh[:, 1]
+    if order == "(N,H,T,F)":
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+    slots = torch.randperm(N * T, generator=g)
+    nv.store(key, value, k, slots, 0.04, 0.06, value_cache=v, scale_layout="linear", kv_layout="NHD")
+    again = torch.zeros_like(nhd)
+    nv.store(key, value, again, slots, 0.04, 0.06, scale_layout="linear")
+    assert torch.equal(fresh, again)
+
+
+def test_kv_layout_hnd_takes_numpy_halves():
+    """A numpy (or C) caller's (N, H, T, F) halves: with kv_layout="HND" they store and read as
+    the packed cache (without it, the C ABI names them: the numpy test above)."""
+    N, H, T = 2, 4, 16
+    kv = packed(N, H, T, seed=9).numpy()
+    want = kv.copy()
+    k, v = np.split(kv, 2, axis=1)
+    rng = np.random.default_rng(0)
+    key, value = rng.standard_normal((5, H, D)).astype(np.float32), rng.standard_normal((5, H, D)).astype(np.float32)
+    nv.store(key, value, k, np.arange(5), 0.1, 0.1, value_cache=v, scale_layout="linear", kv_layout="HND")
+    nv.store(key, value, want, np.arange(5), 0.1, 0.1, scale_layout="linear")
+    assert np.array_equal(kv, want)
+    got = nv.dequantize(k, 0.1, 0.1, value_cache=v, scale_layout="linear", kv_layout="HND")
+    ref = nv.dequantize(want, 0.1, 0.1, scale_layout="linear")
+    assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(got, ref))
+    q = rng.standard_normal((1, 2 * H, D)).astype(np.float16)
+    bt, sl = np.array([[1, 0]], dtype=np.int32), np.array([5], dtype=np.int32)
+    got = nv.decode_attention(q, k, bt, sl, 0.1, 0.1, value_cache=v, scale_layout="linear", kv_layout="HND")
+    ref = nv.decode_attention(q, want, bt, sl, 0.1, 0.1, scale_layout="linear")
+    assert np.array_equal(got, ref)
+
+
+def test_kv_layout_contradictions_are_named_and_write_nothing():
+    N, H, T = 2, 4, 16
+    kv = packed(N, H, T, seed=11)
+    before = kv.clone()
+    key, value = inputs(3, H, seed=1)
+    five = kv.view(N, 2, H, T, F).permute(0, 1, 3, 2, 4)  # HND strides
+    k, v = kv.split(H, dim=1)
+    cases = [
+        (dict(kv_cache=kv, kv_layout="hnd"), "kv_layout: unknown value 'hnd'"),
+        (dict(kv_cache=kv, kv_layout="NHD"), r"packed \(N, 2H, T, F\) cache .* the packed form is HND"),
+        (dict(kv_cache=five, kv_layout="NHD"), r"is HND, but kv_layout 'NHD'"),
+        (dict(kv_cache=k, value_cache=v, kv_layout="NHD"), r"halves of a packed .* but kv_layout 'NHD'"),
+        (dict(kv_cache=k, value_cache=v.transpose(1, 2), kv_layout="HND"), "heads in different dimensions"),
+    ]
+    for kw, match in cases:
+        kw = dict(kw)
+        cache = kw.pop("kv_cache")
+        with pytest.raises(ValueError, match=match):
+            nv.store(key, value, cache, torch.arange(3), 0.04, 0.06, scale_layout="linear", **kw)
+        with pytest.raises(ValueError, match=match):
+            nv.prepare_store(cache, 0.04, 0.06, scale_layout="linear", **kw)
+        with pytest.raises(ValueError, match=match):
+            nv.decode_attention(torch.randn(1, H, D).to(torch.bfloat16), cache, torch.tensor([[0]]),
+                                torch.tensor([3]), scale_layout="linear", **kw)
+    assert torch.equal(kv, before)
+
+
+def test_prepare_store_takes_kv_layout():
+    N, H, T = 3, 16, 16  # H == T: only kv_layout tells the halves of a packed view apart
+    want = packed(N, H, T, seed=5)
+    view = packed_view(N, H, T, seed=5)
+    k, v = view.split(H, dim=1)
+    store = nv.prepare_store(k, 0.04, 0.06, value_cache=v, scale_layout="linear", kv_layout="HND")
+    for step in range(2):
+        key, value = inputs(T, H, seed=step)
+        slots = torch.arange(step * T, (step + 1) * T)
+        nv.store(key, value, want, slots, 0.04, 0.06, scale_layout="linear")
+        store(key, value, slots)
+        assert torch.equal(view, want)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_kv_layout_under_torch_compile(backend):
+    """The traced API orients by kv_layout as eager does: halves of a packed view (H == T),
+    stored and decoded in one compiled function."""
+    N, H, T = 2, 16, 16
+    n = N * T - 3
+    key, value = inputs(n, H, seed=4)
+    slots = torch.randperm(N * T, generator=torch.Generator().manual_seed(2))[:n]
+    want = packed(N, H, T, seed=5)
+    nv.store(key, value, want, slots, 0.04, 0.06, scale_layout="linear")
+    q, bt, sl = decode_inputs(N, H, T)
+    sl = torch.tensor([n])
+    want_o = nv.decode_attention(q, want, bt, sl, 0.04, 0.06, scale_layout="linear", q_len=2)
+
+    def f(kv):
+        k, v = kv.split(H, dim=1)
+        nv.store(key, value, k, slots, 0.04, 0.06, value_cache=v, scale_layout="linear", kv_layout="HND")
+        return nv.decode_attention(q, k, bt, sl, 0.04, 0.06, value_cache=v, scale_layout="linear", kv_layout="HND",
+                                   q_len=2)
+
+    view = packed_view(N, H, T, seed=5)
+    torch._dynamo.reset()
+    got_o = torch.compile(f, fullgraph=True, backend=backend)(view)
+    assert torch.equal(view, want)
+    assert torch.equal(got_o.view(torch.int16), want_o.view(torch.int16))
+
+
+def test_workspaces_follow_kv_layout():
+    """The workspaces are sized by the geometry that kv_layout gives the halves of a packed view
+    (T 16 and H 4, not T 4 and H 16 as without it)."""
+    N, H, T = 3, 4, 16
+    k, v = packed_view(N, H, T, seed=1).split(H, dim=1)
+    assert nv.store_workspace(k, v, kv_layout="HND").numel() == nv.store_workspace_bytes(N, T)
+    assert nv.store_workspace(k, v).numel() == nv.store_workspace_bytes(N, H)
+    q, bt = torch.randn(2, 2 * H, D).to(torch.bfloat16), torch.zeros(2, 4000, dtype=torch.int32)
+    got = nv.decode_workspace(k, q, bt, value_cache=v, kv_layout="HND").numel()
+    assert got == nv.decode_workspace_bytes(2, 1, 2 * H, H, D, 4000)
