@@ -234,6 +234,35 @@ def test_cuda_cache_past_4_gib():
     assert torch.allclose(got_lse.cpu()[fin], want_lse[fin], atol=1e-4, rtol=0)
 
 
+def test_cuda_kv_layout_reads_the_halves_of_a_packed_view():
+    """vLLM allocates its packed cache as a view of a raw buffer, so only kv_layout="HND" tells
+    its split(H, dim=1) halves from NHD sides (H == T here): the store and decode on CUDA give
+    the packed cache's bytes and the CPU path's output."""
+    H, group, D, T, B, L = 16, 2, 128, 16, 3, 700
+    blocks = -(-L // T)
+    N = B * blocks
+    F = nv.nvfp4_kv_cache_full_dim(D)
+    g = torch.Generator().manual_seed(16)
+    key = torch.randn(B * L, H, D, generator=g).to(torch.bfloat16)
+    value = torch.randn(B * L, H, D, generator=g).to(torch.bfloat16)
+    bt = torch.randperm(N, generator=g).reshape(B, blocks).to(torch.int32)
+    pos = torch.arange(L)
+    slots = torch.cat([bt[b, pos // T].long() * T + pos % T for b in range(B)])
+    want = torch.zeros(N, 2 * H, T, F, dtype=torch.uint8)
+    nv.store(key, value, want, slots, 0.03, 0.05)
+    raw = torch.zeros(want.numel(), dtype=torch.int8, device="cuda")
+    k, v = raw.view(torch.uint8).view(want.shape).split(H, dim=1)
+    nv.store(key.cuda(), value.cuda(), k, slots.cuda(), 0.03, 0.05, value_cache=v, kv_layout="HND")
+    assert torch.equal(raw.view(torch.uint8).view(want.shape).cpu(), want)
+    q = torch.randn(B, H * group, D, generator=g).to(torch.bfloat16)
+    sl = torch.tensor([L, L - 5, 17], dtype=torch.int32)
+    ref = nv.decode_attention(q, want, bt, sl, 0.03, 0.05)
+    ws = nv.decode_workspace(k, q.cuda(), bt.cuda(), value_cache=v, kv_layout="HND")
+    got = nv.decode_attention(q.cuda(), k, bt.cuda(), sl.cuda(), 0.03, 0.05, value_cache=v, kv_layout="HND",
+                              workspace=ws)
+    assert close(got.float().cpu(), ref.float()) <= REL_L2
+
+
 def test_cuda_split_kv_is_deterministic_and_needs_its_workspace():
     kv, bt, sl, q = make(1, 20000, 2, 4, 128, 16, seed=5)
     a, la = run(kv, bt, sl, q, "cuda")
