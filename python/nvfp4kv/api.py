@@ -151,8 +151,10 @@ def store(
     except ValueError:
         if not _without_data(key, value, kv_cache, value_cache, slot_mapping, workspace):
             raise
-        _ops().store(key, value, kv_cache, slot_mapping, _ops().scale_tensor(k_scale), _ops().scale_tensor(v_scale),
-                     value_cache, recipe, scale_layout, workspace)
+        ops = _ops()
+        kv_cache, value_cache = ops._sides(kv_cache, value_cache, kv_layout)  # the ops take no orientation
+        ops.store(key, value, kv_cache, slot_mapping, ops.scale_tensor(k_scale), ops.scale_tensor(v_scale),
+                  value_cache, recipe, scale_layout, workspace)
 
 
 def _ops():
@@ -268,6 +270,7 @@ def reshape_and_cache_flash(
         if not _without_data(key, value, key_cache, value_cache, slot_mapping, workspace):
             raise
         ops = _ops()
+        key_cache, value_cache = ops._sides(key_cache, value_cache, kv_layout)
         ops.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                                     ops.scale_tensor(k_scale), ops.scale_tensor(v_scale), scale_layout, workspace)
 
@@ -327,11 +330,17 @@ def _dims(x: Any, arg: str) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
 
 def _heads_first(shape: Tuple[int, ...], strides: Tuple[int, ...], kv_layout: str) -> Optional[bool]:
     """Whether dimension 1 of a 4-D side (N, A, B, F) holds the heads, by its strides and the
-    memory order kv_layout names (HND: the heads' stride is the larger one); None where A or B is
-    1 (both readings are then the same bytes, and the strides cannot tell)."""
-    if shape[1] == 1 or shape[2] == 1:
+    memory order kv_layout names (HND: the heads' stride is the larger one). A dimension of size 1
+    counts by its stride too (split and view keep it: the halves of a packed cache of one head
+    have strides (2TF, TF, F, 1)); None where the two strides are equal and A != B (the strides
+    cannot tell)."""
+    if shape[1] == 1 and shape[2] == 1:
+        return False  # one head and one token: both readings are the same geometry
+    if strides[1] == strides[2]:
         return None
-    return (strides[1] > strides[2]) == (kv_layout == "HND")
+    if strides[1] > strides[2]:  # branches, not a comparison of truth values (symbolic under dynamo)
+        return kv_layout == "HND"
+    return kv_layout == "NHD"
 
 
 def _orientation(kv_cache: Any, value_cache: Any, kv_layout: Optional[str]) -> int:
@@ -339,8 +348,9 @@ def _orientation(kv_cache: Any, value_cache: Any, kv_layout: Optional[str]) -> i
     notes: "Split halves of a packed cache: oriented in the binding"): 1, dimensions 1 and 2
     exchanged (sides whose dimension 1 holds the heads, such as the (N, H, T, F) halves of a
     packed cache: the C ABI reads (N, T, H, F)); 0, as given; -1, the library's own rule (the
-    halves' origin), for kv_layout None and where the strides cannot tell. A packed or 5-D cache
-    carries its order in its shape and strides, which must agree with kv_layout."""
+    halves' origin), for kv_layout None, every other form, and sides whose strides cannot tell. A
+    packed or 5-D cache carries its order in its shape and strides, which must agree with
+    kv_layout."""
     if kv_layout is None:
         return -1
     if kv_layout not in _KV_LAYOUTS:
@@ -350,7 +360,8 @@ def _orientation(kv_cache: Any, value_cache: Any, kv_layout: Optional[str]) -> i
         if len(shape) == 4 and kv_layout == "NHD":
             raise ValueError(f"kv_cache: a packed (N, 2H, T, F) cache {tuple(shape)} with kv_layout 'NHD'; the "
                              "packed form is HND (give NHD caches as 5-D (N, 2, T, H, F) or as two sides)")
-        if len(shape) == 5 and shape[2] > 1 and shape[3] > 1 and (strides[3] > strides[2]) != (kv_layout == "HND"):
+        if len(shape) == 5 and shape[2] > 1 and shape[3] > 1 and (
+                kv_layout == ("NHD" if strides[3] > strides[2] else "HND")):
             raise ValueError(f"kv_cache: shape {tuple(shape)} with strides {tuple(strides)} is "
                              f"{'NHD' if kv_layout == 'HND' else 'HND'}, but kv_layout {kv_layout!r} received")
         return -1
@@ -363,6 +374,9 @@ def _orientation(kv_cache: Any, value_cache: Any, kv_layout: Optional[str]) -> i
                          f"({1 if first else 2} and {1 if second else 2}) under kv_layout {kv_layout!r}")
     first = first if first is not None else second
     if first is None:
+        # Equal strides: a dimension of size 1 whose stride is the other's (NHD sides of one head,
+        # (N, T, 1, F), or pages of one token). The library's own rule then, as without kv_layout:
+        # torch halves of a packed cache by their origin, anything else as (N, T, H, F).
         return -1
     if not first and _split_halves(kv_cache, value_cache) is not None:
         # The library's own rule would read them transposed: say what contradicts, write nothing.
@@ -532,6 +546,7 @@ def dequantize(
         if not _without_data(kv_cache, value_cache, pages, key_out, value_out):
             raise
         ops = _ops()
+        kv_cache, value_cache = ops._sides(kv_cache, value_cache, kv_layout)
         ops.dequantize(kv_cache, ops.scale_tensor(k_scale), ops.scale_tensor(v_scale), key_out, value_out,
                        value_cache, pages, scale_layout)
     return key_out, value_out
@@ -652,6 +667,7 @@ def gather_dequant(
         if not _without_data(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, key_out, value_out):
             raise
         ops = _ops()
+        kv_cache, value_cache = ops._sides(kv_cache, value_cache, kv_layout)
         ops.gather_dequant(kv_cache, block_table, seq_lens, cu_seqlens, ops.scale_tensor(k_scale),
                            ops.scale_tensor(v_scale), key_out, value_out, value_cache, scale_layout)
     return key_out, value_out, cu_seqlens
@@ -798,6 +814,7 @@ def decode_attention(
         if not _without_data(query, kv_cache, value_cache, block_table, seq_lens, out, lse, workspace):
             raise
         ops = _ops()
+        kv_cache, value_cache = ops._sides(kv_cache, value_cache, kv_layout)
         ops.decode_attention(query, kv_cache, block_table, seq_lens, ops.scale_tensor(k_scale),
                              ops.scale_tensor(v_scale), out, sm, lse, value_cache, scale_layout, cap, window, rows,
                              workspace)

@@ -248,7 +248,8 @@ def named_views(kv, H, T):
     return out
 
 
-@pytest.mark.parametrize("N,H,T", GEOMETRIES, ids=lambda v: str(v))
+# (3, 1, 16): one KV head (8 heads at tensor parallelism 8); the size-1 dimension counts by its stride.
+@pytest.mark.parametrize("N,H,T", GEOMETRIES + [(3, 1, 16)], ids=lambda v: str(v))
 @pytest.mark.parametrize("scale_layout", ["vllm", "linear"])
 @pytest.mark.parametrize("name", ["packed", "5d", "5d sides", "store halves (N,T,H,F)", "split halves (N,H,T,F)",
                                   "halves of a packed view"])
@@ -285,11 +286,14 @@ def test_kv_layout_hnd_reads_every_view_by_its_strides(N, H, T, scale_layout, na
     assert torch.equal(got_o.view(torch.int16), want_o.view(torch.int16))
 
 
-@pytest.mark.parametrize("N,H,T", GEOMETRIES, ids=lambda v: str(v))
+@pytest.mark.parametrize("N,H,T", GEOMETRIES + [(3, 1, 16)], ids=lambda v: str(v))
 @pytest.mark.parametrize("order", ["(N,T,H,F)", "(N,H,T,F)"])
 def test_kv_layout_nhd_reads_nhd_sides_in_either_order(N, H, T, order):
     """An NHD cache (N, 2, T, H, F): its sides, or the same sides with dimensions 1 and 2
-    exchanged, read as the 5-D cache with kv_layout="NHD"."""
+    exchanged, read as the 5-D cache with kv_layout="NHD" (one head exchanged has equal strides:
+    test_kv_layout_where_the_strides_cannot_tell)."""
+    if H == 1 and order == "(N,H,T,F)":
+        pytest.skip("equal strides in dimensions 1 and 2: the strides cannot tell")
     g = torch.Generator().manual_seed(N * H * T)
     nhd = torch.zeros(N, 2, T, H, F, dtype=torch.uint8)
     key, value = inputs(N * T, H, seed=3)
@@ -374,8 +378,9 @@ def test_prepare_store_takes_kv_layout():
         assert torch.equal(view, want)
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
-def test_kv_layout_under_torch_compile(backend):
+@pytest.mark.parametrize("backend,dynamic", [("eager", False), ("aot_eager", False), ("inductor", False),
+                                             ("eager", True)])
+def test_kv_layout_under_torch_compile(backend, dynamic):
     """The traced API orients by kv_layout as eager does: halves of a packed view (H == T),
     stored and decoded in one compiled function."""
     N, H, T = 2, 16, 16
@@ -396,7 +401,7 @@ def test_kv_layout_under_torch_compile(backend):
 
     view = packed_view(N, H, T, seed=5)
     torch._dynamo.reset()
-    got_o = torch.compile(f, fullgraph=True, backend=backend)(view)
+    got_o = torch.compile(f, fullgraph=True, backend=backend, dynamic=dynamic)(view)
     assert torch.equal(view, want)
     assert torch.equal(got_o.view(torch.int16), want_o.view(torch.int16))
 
@@ -411,3 +416,54 @@ def test_workspaces_follow_kv_layout():
     q, bt = torch.randn(2, 2 * H, D).to(torch.bfloat16), torch.zeros(2, 4000, dtype=torch.int32)
     got = nv.decode_workspace(k, q, bt, value_cache=v, kv_layout="HND").numel()
     assert got == nv.decode_workspace_bytes(2, 1, 2 * H, H, D, 4000)
+
+
+def test_kv_layout_in_a_graph_traced_with_fake_tensors():
+    """make_fx with fake tensors: the calls go to the torch ops (no data to read), which take the
+    sides as kv_layout orients them."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    N, H, T = 2, 16, 16
+    key, value = inputs(5, H, seed=2)
+    want = packed(N, H, T, seed=0).zero_()
+    nv.store(key, value, want, torch.arange(5), 0.04, 0.06, scale_layout="linear")
+
+    def f(raw, key, value, slots):
+        k, v = raw.view(N, 2 * H, T, F).split(H, dim=1)
+        nv.store(key, value, k, slots, 0.04, 0.06, value_cache=v, scale_layout="linear", kv_layout="HND")
+        return raw
+
+    raw = torch.zeros(want.numel(), dtype=torch.uint8)
+    gm = make_fx(f, tracing_mode="fake")(raw.clone(), key, value, torch.arange(5))
+    gm(raw, key, value, torch.arange(5))
+    assert torch.equal(raw.view(want.shape), want)
+
+
+def test_kv_layout_where_the_strides_cannot_tell():
+    """Equal strides in dimensions 1 and 2: NHD sides of one head (N, T, 1, F), and the halves of
+    a packed cache of one-token pages (N, H, 1, F). The library's own rule decides, as without
+    kv_layout: sides as (N, T, H, F), torch halves by their origin; the halves of a packed view
+    are then taken as sides with H and T exchanged, which the store's heads check refuses."""
+    N, H = 3, 4
+    nhd = torch.zeros(N, 2, 16, 1, F, dtype=torch.uint8)
+    key, value = inputs(5, 1, seed=1)
+    nv.store(key, value, nhd[:, 0], torch.arange(5), 0.04, 0.06, value_cache=nhd[:, 1], scale_layout="linear",
+             kv_layout="NHD")
+    want = torch.zeros_like(nhd)
+    nv.store(key, value, want, torch.arange(5), 0.04, 0.06, scale_layout="linear")
+    assert torch.equal(nhd, want)
+    key, value = inputs(5, H, seed=2)
+    want = packed(N, H, 1, seed=3)
+    got = want.clone()
+    nv.store(key, value, want, torch.arange(3), 0.04, 0.06, scale_layout="linear")
+    k, v = got.split(H, dim=1)  # strides (2HF, F, F, 1): by their origin
+    nv.store(key[:3], value[:3], k, torch.arange(3), 0.04, 0.06, value_cache=v, scale_layout="linear",
+             kv_layout="HND")
+    assert torch.equal(got, want)
+    view = packed_view(N, H, 1, seed=3)
+    before = view.clone()
+    k, v = view.split(H, dim=1)
+    with pytest.raises(ValueError, match="KV heads of key"):
+        nv.store(key[:3], value[:3], k, torch.arange(3), 0.04, 0.06, value_cache=v, scale_layout="linear",
+                 kv_layout="HND")
+    assert torch.equal(view, before)
