@@ -332,10 +332,7 @@ def _heads_first(shape: Tuple[int, ...], strides: Tuple[int, ...], kv_layout: st
     """Whether dimension 1 of a 4-D side (N, A, B, F) holds the heads, by its strides and the
     memory order kv_layout names (HND: the heads' stride is the larger one). A dimension of size 1
     counts by its stride too (split and view keep it: the halves of a packed cache of one head
-    have strides (2TF, TF, F, 1)); None where the two strides are equal and A != B (the strides
-    cannot tell)."""
-    if shape[1] == 1 and shape[2] == 1:
-        return False  # one head and one token: both readings are the same geometry
+    have strides (2TF, TF, F, 1)); None where the two strides are equal (they cannot tell)."""
     if strides[1] == strides[2]:
         return None
     if strides[1] > strides[2]:  # branches, not a comparison of truth values (symbolic under dynamo)
@@ -368,6 +365,8 @@ def _orientation(kv_cache: Any, value_cache: Any, kv_layout: Optional[str]) -> i
     vshape, vstrides = _dims(value_cache, "value_cache")
     if len(shape) != 4 or len(vshape) != 4:
         return -1  # the C ABI names the shapes it takes
+    if shape[1] == 1 and shape[2] == 1:
+        return 0  # one head and one token: both readings are the same geometry
     first, second = _heads_first(shape, strides, kv_layout), _heads_first(vshape, vstrides, kv_layout)
     if first is not None and second is not None and first != second:
         raise ValueError(f"key_cache, value_cache: their strides put the heads in different dimensions "

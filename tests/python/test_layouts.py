@@ -249,7 +249,7 @@ def named_views(kv, H, T):
 
 
 # (3, 1, 16): one KV head (8 heads at tensor parallelism 8); the size-1 dimension counts by its stride.
-@pytest.mark.parametrize("N,H,T", GEOMETRIES + [(3, 1, 16)], ids=lambda v: str(v))
+@pytest.mark.parametrize("N,H,T", GEOMETRIES + [(3, 1, 16), (3, 1, 4)], ids=lambda v: str(v))
 @pytest.mark.parametrize("scale_layout", ["vllm", "linear"])
 @pytest.mark.parametrize("name", ["packed", "5d", "5d sides", "store halves (N,T,H,F)", "split halves (N,H,T,F)",
                                   "halves of a packed view"])
@@ -460,6 +460,13 @@ def test_kv_layout_where_the_strides_cannot_tell():
     nv.store(key[:3], value[:3], k, torch.arange(3), 0.04, 0.06, value_cache=v, scale_layout="linear",
              kv_layout="HND")
     assert torch.equal(got, want)
+    one = torch.zeros(N, 2, 1, F, dtype=torch.uint8)  # one head, one token: nothing to decide
+    k, v = one.split(1, dim=1)
+    nv.store(key[:2, :1], value[:2, :1], k, torch.arange(2), 0.04, 0.06, value_cache=v, scale_layout="linear",
+             kv_layout="HND")
+    want_one = torch.zeros_like(one)
+    nv.store(key[:2, :1], value[:2, :1], want_one, torch.arange(2), 0.04, 0.06, scale_layout="linear")
+    assert torch.equal(one, want_one)
     view = packed_view(N, H, 1, seed=3)
     before = view.clone()
     k, v = view.split(H, dim=1)
