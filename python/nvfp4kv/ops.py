@@ -210,8 +210,8 @@ def _gather_dequant_traced(kv_cache, block_table, seq_lens, k_scale=1.0, v_scale
 
 @_traced_as(_api.decode_attention)
 def _decode_attention_traced(query, kv_cache, block_table, seq_lens, k_scale=1.0, v_scale=1.0, *, value_cache=None,
-                             scale_layout="vllm", kv_layout=None, sm_scale=None, logits_soft_cap=0.0, window_left=-1, q_len=1,
-                             out=None, lse=None, workspace=None, stream=None):
+                             scale_layout="vllm", kv_layout=None, sm_scale=None, logits_soft_cap=0.0,
+                             window_left=-1, q_len=1, out=None, lse=None, workspace=None, stream=None):
     _no_stream(stream)
     kv_cache, value_cache = _sides(kv_cache, value_cache, kv_layout)
     sm, cap, window, rows = _api._decode_scalars(query, sm_scale, logits_soft_cap, window_left, q_len)

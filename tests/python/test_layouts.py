@@ -244,7 +244,8 @@ def packed_view(N, H, T, seed):
 def named_views(kv, H, T):
     """views() with the halves of a packed view added (each over kv's own bytes)."""
     out = views(kv, H, T)
-    out["halves of a packed view"] = tuple(kv.view(torch.int8).flatten().view(torch.uint8).view(kv.shape).split(H, dim=1))
+    over_raw = kv.view(torch.int8).flatten().view(torch.uint8).view(kv.shape)
+    out["halves of a packed view"] = tuple(over_raw.split(H, dim=1))
     return out
 
 
