@@ -52,15 +52,22 @@ def inputs(n, H, seed):
 GEOMETRIES = [(3, 4, 16), (3, 16, 16), (2, 8, 8), (2, 16, 4)]  # N, H, T
 
 
-@pytest.mark.parametrize("N,H,T", GEOMETRIES, ids=lambda v: str(v))
-@pytest.mark.parametrize("scale_layout", ["vllm", "linear"])
-@pytest.mark.parametrize("name", ["5d", "5d sides", "store halves (N,T,H,F)", "split halves (N,H,T,F)"])
-def test_store_through_every_view(N, H, T, scale_layout, name):
+def stored_in_packed(N, H, T, scale_layout):
+    """N*T - 3 tokens stored into random slots of packed(N, H, T, seed=5): the oracle the views'
+    stores are compared with."""
     n = N * T - 3
     key, value = inputs(n, H, seed=N * H * T)
     slots = torch.randperm(N * T, generator=torch.Generator().manual_seed(1))[:n]
     want = packed(N, H, T, seed=5)
     nv.store(key, value, want, slots, 0.04, 0.06, scale_layout=scale_layout)
+    return n, key, value, slots, want
+
+
+@pytest.mark.parametrize("N,H,T", GEOMETRIES, ids=lambda v: str(v))
+@pytest.mark.parametrize("scale_layout", ["vllm", "linear"])
+@pytest.mark.parametrize("name", ["5d", "5d sides", "store halves (N,T,H,F)", "split halves (N,H,T,F)"])
+def test_store_through_every_view(N, H, T, scale_layout, name):
+    n, key, value, slots, want = stored_in_packed(N, H, T, scale_layout)
     got = packed(N, H, T, seed=5)
     kv_cache, value_cache = views(got, H, T)[name]
     nv.store(key, value, kv_cache, slots, 0.04, 0.06, value_cache=value_cache, scale_layout=scale_layout)
@@ -185,6 +192,11 @@ def test_prepare_store_takes_split_halves(N, H, T):
     got = packed(N, H, T, seed=5)
     k, v = got.split(H, dim=1)
     store = nv.prepare_store(k, 0.04, 0.06, value_cache=v, scale_layout="linear")
+    prepared_steps(store, got, want, H, T)
+
+
+def prepared_steps(store, got, want, H, T):
+    """Two steps of T tokens through the prepared store, each equal to a store into `want`."""
     for step in range(2):
         key, value = inputs(T, H, seed=step)
         slots = torch.arange(step * T, (step + 1) * T)
@@ -258,11 +270,7 @@ def test_kv_layout_hnd_reads_every_view_by_its_strides(N, H, T, scale_layout, na
     """With kv_layout="HND" every view of an HND cache, in either dimension order, stores,
     dequantizes, gathers and decodes the packed cache's bytes, the halves of a packed view too
     (which without it are read as NHD sides: the last test above)."""
-    n = N * T - 3
-    key, value = inputs(n, H, seed=N * H * T)
-    slots = torch.randperm(N * T, generator=torch.Generator().manual_seed(1))[:n]
-    want = packed(N, H, T, seed=5)
-    nv.store(key, value, want, slots, 0.04, 0.06, scale_layout=scale_layout)
+    n, key, value, slots, want = stored_in_packed(N, H, T, scale_layout)
     got = packed(N, H, T, seed=5)
     kv_cache, value_cache = named_views(got, H, T)[name]
     kw = dict(value_cache=value_cache, scale_layout=scale_layout, kv_layout="HND")
@@ -371,12 +379,7 @@ def test_prepare_store_takes_kv_layout():
     view = packed_view(N, H, T, seed=5)
     k, v = view.split(H, dim=1)
     store = nv.prepare_store(k, 0.04, 0.06, value_cache=v, scale_layout="linear", kv_layout="HND")
-    for step in range(2):
-        key, value = inputs(T, H, seed=step)
-        slots = torch.arange(step * T, (step + 1) * T)
-        nv.store(key, value, want, slots, 0.04, 0.06, scale_layout="linear")
-        store(key, value, slots)
-        assert torch.equal(view, want)
+    prepared_steps(store, view, want, H, T)
 
 
 @pytest.mark.parametrize("backend,dynamic", [("eager", False), ("aot_eager", False), ("inductor", False),
