@@ -263,6 +263,25 @@ def test_cuda_kv_layout_reads_the_halves_of_a_packed_view():
     assert close(got.float().cpu(), ref.float()) <= REL_L2
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_cuda_decode_on_the_second_gpu_with_the_first_current():
+    """The device guard: every tensor on cuda:1 while cuda:0 is current, split-KV included (its
+    workspace and merge on cuda:1 too); equal to the CPU path, and the current device is left
+    as it was."""
+    kv, bt, sl, q = make(2, 20000, 2, 4, 128, 16, seed=21)
+    want, want_lse = run(kv, bt, sl, q, "cpu")
+    torch.cuda.set_device(0)
+    args = [x.to("cuda:1") for x in (q, kv, bt, sl)]
+    ks, vs = torch.tensor([0.03], device="cuda:1"), torch.tensor([0.05], device="cuda:1")
+    lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device="cuda:1")
+    ws = nv.decode_workspace(args[1], args[0], args[2])
+    assert ws.numel() > 0 and ws.device == torch.device("cuda:1")
+    got = nv.decode_attention(args[0], args[1], args[2], args[3], ks, vs, lse=lse, workspace=ws)
+    assert got.device == torch.device("cuda:1") and torch.cuda.current_device() == 0
+    assert close(got.float().cpu(), want) <= REL_L2
+    assert torch.allclose(lse.cpu(), want_lse, atol=1e-4, rtol=0)
+
+
 def test_cuda_split_kv_is_deterministic_and_needs_its_workspace():
     kv, bt, sl, q = make(1, 20000, 2, 4, 128, 16, seed=5)
     a, la = run(kv, bt, sl, q, "cuda")
