@@ -3,6 +3,7 @@ so the logic that decides which samples count runs without a GPU."""
 
 import pytest
 from nvfp4kv import bench
+from nvfp4kv.progress import Progress
 
 
 class FakeCuda:
@@ -98,12 +99,12 @@ def test_write_json_is_whole_or_nothing(tmp_path):
 def test_progress_writes_whole_lines_off_a_terminal(capsys):
     # Captured stderr is not a terminal: every status is its own line, with no carriage return
     # or escape sequence that a log file or CI output would keep as garbage.
-    status = bench.Progress("[p] ")
+    status = Progress("[p] ")
     status("[1/2] first")
     status("[2/2] second")
     status.done("2 cases")
     assert capsys.readouterr().err == "[p] [1/2] first\n[p] [2/2] second\n[p] 2 cases\n"
-    quiet = bench.Progress(enabled=False)
+    quiet = Progress(enabled=False)
     quiet("x")
     quiet.done("y")
     assert capsys.readouterr().err == ""

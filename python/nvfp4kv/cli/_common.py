@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
-from ..bench import Progress
+from ..progress import Progress
 from ..models import ModelGeometry, get_model
 
 PROG = "nvfp4kv"
@@ -192,7 +192,7 @@ def _model_arg(text: str) -> ModelGeometry:
 
 # ------------------------------------------------------------------------------------- output
 class _Progress(Progress):
-    """The command's status lines on stderr (nvfp4kv.bench.Progress), prefixed with its name."""
+    """The command's status lines on stderr (nvfp4kv.progress.Progress), prefixed with its name."""
 
     def __init__(self, command: str, enabled: bool = True):
         super().__init__(f"[{PROG} {command}] ", enabled)
