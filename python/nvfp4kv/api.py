@@ -13,6 +13,7 @@ import sys
 from typing import Any, Optional, Tuple
 
 from . import _C
+from .spec import KV_CACHE_LAYOUTS  # within a page side, heads outer (HND) or tokens outer (NHD)
 
 _RECIPES = {name: i for i, name in enumerate(_C.RECIPES)}
 _SCALE_LAYOUTS = {name: i for i, name in enumerate(_C.SCALE_LAYOUTS)}
@@ -313,7 +314,6 @@ def _split_halves(kv_cache: Any, value_cache: Any) -> Optional[Tuple[Any, Any]]:
     return kv_cache.transpose(1, 2), value_cache.transpose(1, 2)
 
 
-_KV_LAYOUTS = ("HND", "NHD")  # spec.KV_CACHE_LAYOUTS: within a page side, heads outer or tokens outer
 
 
 def _dims(x: Any, arg: str) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
@@ -350,7 +350,7 @@ def _orientation(kv_cache: Any, value_cache: Any, kv_layout: Optional[str]) -> i
     kv_layout."""
     if kv_layout is None:
         return -1
-    if kv_layout not in _KV_LAYOUTS:
+    if kv_layout not in KV_CACHE_LAYOUTS:
         raise ValueError(f"kv_layout: unknown value {kv_layout!r}; expected 'HND', 'NHD' or None")
     shape, strides = _dims(kv_cache, "kv_cache" if value_cache is None else "key_cache")
     if value_cache is None:

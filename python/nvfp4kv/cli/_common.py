@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
-from ..progress import Progress
 from ..models import ModelGeometry, get_model
+from ..progress import Progress
 
 PROG = "nvfp4kv"
 
