@@ -7,7 +7,9 @@ run instead). Pages are in random order through the block table, global scales a
 device-resident, outputs and the workspace are preallocated; "gpu µs" is device time with the
 host ahead (nvfp4kv.bench). "% copy" counts the NVFP4 bytes read (K and V rows with their scales:
 B * L * Hkv * 2 * (D/2 + D/16); the query's geometry and q_len do not change it) at the copy
-bandwidth; "× SDPA" is SDPA's time over ours.
+bandwidth; "% sized copy" sets them against a device copy moving that many bytes (half read, half
+written), timed the same way: the copy ceiling at the case's own size, its launch ramp-up and tail
+included (nvfp4kv.bench.copy_gpu_us); "× SDPA" is SDPA's time over ours.
 
 Two tables (issue #23, point 4):
 - main cases: Hq 32, Hkv 8, D 128, T 16, bf16, q_len 1, HND at each B×L of CASES; the small ones
@@ -178,6 +180,8 @@ def measure(s, ceil, label, quick=False, graph_columns=False):
         row["sdpa_us"] = bench._queued_per_call(torch, c["sdpa"], sdpa_calls, reps)
         if c["sdpa"] is not c["sdpa_nomask"]:
             row["sdpa_nomask_us"] = bench._queued_per_call(torch, c["sdpa_nomask"], sdpa_calls, reps)
+        row["sized_copy_us"] = bench.copy_gpu_us(torch, nbytes, quick=quick)
+        row["frac_sized_copy"] = row["sized_copy_us"] / row["gpu_us"]
         if graph_columns:
             row["graph_us"] = bench._graph_per_call(torch, c["ours"], GRAPH_CALLS, reps)
             row["sdpa_graph_us"] = bench._graph_per_call(torch, c["sdpa"], GRAPH_CALLS, reps)
@@ -209,7 +213,8 @@ def format_row(r):
         return f"{r['B']:>4} x {r['L']:<7} FAILED: {r['error']}"
     g = f"  graph {r['graph_us']:.2f} us (SDPA {r['sdpa_graph_us']:.2f})" if "graph_us" in r else ""
     return (f"{r['B']:>4} x {r['L']:<7} nvfp4 {r['gpu_us']:9.2f} us  {100 * r['frac_copy']:5.1f}% of copy "
-            f"(copy of its bytes {r['copy_us']:.1f} us)  bf16 SDPA {r['sdpa_us']:9.2f} us  x{r['x_sdpa']:.2f}{g}")
+            f"(its bytes at the copy rate {r['copy_us']:.1f} us; a copy of them {r['sized_copy_us']:.1f} us: "
+            f"{100 * r['frac_sized_copy']:.1f}%)  bf16 SDPA {r['sdpa_us']:9.2f} us  x{r['x_sdpa']:.2f}{g}")
 
 
 VARIANT_HEADER = (f"{'variant (16x4096 unless said)':<30} {'gpu us':>9} {'% copy':>7} {'SDPA us':>9} {'x SDPA':>7}"

@@ -78,8 +78,9 @@ def test_rows_format(bd):
     assert line.split()[2:7] == ["30.00", "60.0%", "90.00", "3.00x", "causal"] and "no mask 88.00 us" in line
     assert "FAILED: RuntimeError: x" in bd.format_variant(dict(label="D 64", error="RuntimeError: x"))
     main = dict(bd.Spec().__dict__, gpu_us=25.0, sdpa_us=80.0, x_sdpa=3.2, frac_copy=0.72, copy_us=18.0,
-                graph_us=4.0, sdpa_graph_us=6.0)
+                sized_copy_us=20.0, frac_sized_copy=0.8, graph_us=4.0, sdpa_graph_us=6.0)
     assert bd.format_row(main).split()[:6] == ["16", "x", "4096", "nvfp4", "25.00", "us"]
+    assert "a copy of them 20.0 us: 80.0%" in bd.format_row(main)
     assert "graph 4.00 us (SDPA 6.00)" in bd.format_row(main)
 
 
