@@ -98,6 +98,14 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv, prog", [(["plan", "--frob"], "nvfp4kv plan"), (["info", "--tokens", "5"], "nvfp4kv info"),
+                                        (["--frob"], "nvfp4kv demo"), (["bench", "x"], "nvfp4kv bench")])
+def test_unknown_options_are_reported_by_their_subcommand(argv, prog):
+    rc, out, err = run(*argv)
+    assert rc == 2 and out == ""
+    assert err == f"{prog}: error: unrecognized arguments: {' '.join(argv[1:] or argv)} (see '{prog} --help')\n", err
+
+
 # Issue #21 item 9: every bad argument of every subcommand, including the ones that only show as
 # bad after parsing, exits 2 with one line in argparse's style, without a traceback.
 @pytest.mark.parametrize(

@@ -104,9 +104,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     not any(a in _COMMANDS or a in ("-h", "--help", "--version") for a in argv)):
         argv = ["demo"] + argv
     try:
-        args = build_parser().parse_args(argv)
+        args, extra = build_parser().parse_known_args(argv)
     except SystemExit as e:  # --help, --version (0) and usage errors (2)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    if extra:  # reported by the subcommand they were given to (argparse names the top level)
+        sys.stderr.write(_usage_line(f"{PROG} {args.command}" if args.command else PROG,
+                                     f"unrecognized arguments: {' '.join(extra)}"))
+        return 2
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
