@@ -561,12 +561,15 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
   // The workspace: read by the CUDA path only, and only where it splits the sequences.
   const int64_t max_blocks = bt.size(1);
   const int64_t splits = decode_splits(B, c.H, max_blocks);
-  const bool use_workspace = where(c.device, c.k_name) == Where::kCuda && splits > 1;
+  // An empty batch splits nothing and needs none, as nvfp4kv_decode_workspace_size says (0 bytes).
+  const int64_t need = where(c.device, c.k_name) == Where::kCuda && splits > 1
+                           ? decode_workspace_bytes(B, q_len, Hq, c.H, c.v.D, max_blocks)
+                           : 0;
+  const bool use_workspace = need > 0;
   float* ws_ptr = nullptr;
   int64_t ws_floats = 0;
   const Tensor ws = workspace && use_workspace ? Tensor(workspace, "workspace") : cache_ref;
   if (use_workspace) {
-    const int64_t need = decode_workspace_bytes(B, q_len, Hq, c.H, c.v.D, max_blocks);
     if (!workspace)
       fail(NVFP4KV_ERROR_INVALID_VALUE,
            "workspace: NULL, but %lld sequences of %lld KV heads and %lld blocks split on the GPU and need "

@@ -293,6 +293,21 @@ def test_cuda_split_kv_is_deterministic_and_needs_its_workspace():
         nv.decode_attention(q.cuda(), kv.cuda(), bt.cuda(), sl.cuda(), 0.03, 0.05)
 
 
+def test_cuda_empty_batch_needs_no_workspace():
+    # A block table of 64 columns would split each sequence, but with no sequences the
+    # workspace's size is 0 bytes, so the call takes None (or that empty workspace) as well.
+    kv, bt, sl, q = make(1, 1024, 2, 4, 128, 16, seed=6)
+    kv, bt, sl, q = kv.cuda(), bt[:0].cuda(), sl[:0].cuda(), q[:0].cuda()
+    assert bt.shape == (0, 64) and nv.decode_workspace_bytes(0, 1, 8, 2, 128, 64) == 0
+    ws = nv.decode_workspace(kv, q, bt)
+    assert ws.numel() == 0
+    for workspace in (None, ws):
+        out = torch.empty_like(q)
+        lse = torch.empty(0, 8, device="cuda")
+        nv.decode_attention(q, kv, bt, sl, 0.03, 0.05, out=out, lse=lse, workspace=workspace)
+    torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("B,L,H,D", [
     (1, 1024, 1, 128),  # 8 splits in 8 blocks: merged inside their thread-block cluster (sm_90+)
     (1, 300, 2, 256),   # 2 splits, 4 blocks: a cluster of 2
