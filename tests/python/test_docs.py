@@ -1,0 +1,76 @@
+"""The examples of the docs run and print what the docs say they print.
+
+Every ```python block of the pages below that holds a `# -> value` comment is a complete script:
+it is run (in this process, its own namespace) and the lines it prints are compared, in order,
+with those comments: equal, or starting with the text before a closing "..." (a long message cut
+short). Text after two spaces in a comment is an annotation, not output. Blocks that need a GPU
+run only where there is one; blocks whose output says "(CPU build)" only on a build without CUDA.
+"""
+import contextlib
+import io
+import os
+import re
+
+import pytest
+
+import nvfp4kv
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+PAGES = ("README.md", "docs/python-api.md", "docs/integration.md", "docs/scales.md")
+
+
+def examples():
+    """(page:line, code) of every python block with at least one `# ->` comment."""
+    found = []
+    for page in PAGES:
+        lines = open(os.path.join(ROOT, page), encoding="utf-8").read().split("\n")
+        i = 0
+        while i < len(lines):
+            if lines[i].strip() == "```python":
+                j = i + 1
+                while lines[j].strip() != "```":
+                    j += 1
+                code = "\n".join(lines[i + 1:j])
+                if "# ->" in code:
+                    found.append(pytest.param(code, id=f"{page}:{i + 2}"))
+                i = j
+            i += 1
+    return found
+
+
+def expected(code):
+    """The printed lines the comments promise, in order (annotations after two spaces dropped)."""
+    return [re.split(r"\s{2,}", m.group(1).strip())[0] for m in re.finditer(r"#\s*->\s*(.*)$", code, re.M)]
+
+
+def matches(line, want):
+    line = line.rstrip()
+    return line == want or (want.endswith("...") and line.startswith(want[:-3].rstrip()))
+
+
+def test_examples_found():
+    assert len(examples()) >= 30  # the pages' examples are found at all
+
+
+@pytest.mark.parametrize("code", examples())
+def test_example_prints_what_the_docs_say(code):
+    if re.search(r"device=\"cuda\"|\.cuda\(\)", code):
+        torch = pytest.importorskip("torch")
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA GPU")
+    if "(CPU build)" in code and nvfp4kv.build_info()["cuda_built"]:
+        pytest.skip("prints what a build without CUDA prints")
+    if "import torch" in code:
+        pytest.importorskip("torch")
+    threads = nvfp4kv.cpu_threads()
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "<docs example>", "exec"), {"__name__": "__docs_example__"})
+    finally:
+        nvfp4kv.set_cpu_threads(threads)
+    printed = out.getvalue().rstrip("\n").split("\n") if out.getvalue() else []
+    want = expected(code)
+    assert len(printed) == len(want), (printed, want)
+    for line, w in zip(printed, want):
+        assert matches(line, w), (line, w)
