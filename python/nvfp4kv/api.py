@@ -308,8 +308,10 @@ def _split_halves(kv_cache: Any, value_cache: Any) -> Optional[Tuple[Any, Any]]:
         return None
     for x in (kv_cache, value_cache):
         base = getattr(x, "_base", None) if isinstance(x, torch.Tensor) else None
+        # A half keeps its base's token and byte dimensions: a permuted side of one token per page,
+        # (N, H, 1, F) viewed as (N, 1, H, F), has its base's strides too, but not that shape.
         if (base is None or x.dim() != 4 or base.dim() != 4 or base.shape[1] != 2 * x.shape[1]
-                or base.stride() != x.stride()):
+                or base.shape[2:] != x.shape[2:] or base.stride() != x.stride()):
             return None
     return kv_cache.transpose(1, 2), value_cache.transpose(1, 2)
 

@@ -444,7 +444,10 @@ bool split_half(nb::handle obj, const Arg& a) {
   nb::object base = nb::getattr(obj, "_base", nb::none());
   if (base.is_none()) return false;
   nb::object shape = base.attr("shape");
-  if (nb::len(shape) != 4 || nb::cast<int64_t>(shape[1]) != 2 * a.shape[1]) return false;
+  // A half keeps its base's token and byte dimensions (api._split_halves says why).
+  if (nb::len(shape) != 4 || nb::cast<int64_t>(shape[1]) != 2 * a.shape[1] ||
+      nb::cast<int64_t>(shape[2]) != a.shape[2] || nb::cast<int64_t>(shape[3]) != a.shape[3])
+    return false;
   nb::object stride = base.attr("stride")();
   for (int i = 0; i < 4; ++i)
     if (nb::cast<int64_t>(stride[i]) != a.strides[i]) return false;

@@ -346,6 +346,33 @@ def test_kv_layout_hnd_takes_numpy_halves():
     assert np.array_equal(got, ref)
 
 
+@pytest.mark.parametrize("kv_layout", [None, "HND"])
+def test_permuted_sides_of_one_token_pages_are_not_halves(kv_layout):
+    """Sides allocated apart as (N, H, 1, F) and permuted to the side form (N, 1, H, F): with H 2
+    their base's dimension 1 is twice theirs and its strides are theirs (both inner strides F),
+    as for the halves of a packed cache, but its shape is not a half's. They are read as given,
+    as numpy views of the same bytes are (they were read with heads and tokens exchanged)."""
+    N, H, T = 6, 2, 1
+    sides = [torch.zeros(N, H, T, F, dtype=torch.uint8).permute(0, 2, 1, 3) for _ in range(2)]
+    assert sides[0]._base.shape[1] == 2 * sides[0].shape[1] and sides[0]._base.stride() == sides[0].stride()
+    arrays = [x.numpy() for x in sides]  # the same bytes, without an origin
+    rng = np.random.default_rng(3)
+    key, value = rng.standard_normal((2, N, H, D)).astype(np.float32)
+    want = [np.zeros_like(a) for a in arrays]
+    nv.store(key, value, want[0], np.arange(N), 0.05, 0.05, value_cache=want[1], scale_layout="linear")
+    nv.store(torch.from_numpy(key), torch.from_numpy(value), sides[0], torch.arange(N), 0.05, 0.05,
+             value_cache=sides[1], scale_layout="linear", kv_layout=kv_layout)
+    assert all(np.array_equal(a, w) for a, w in zip(arrays, want))
+    q = rng.standard_normal((1, 2 * H, D)).astype(np.float16)
+    bt, sl = np.arange(N, dtype=np.int32)[None], np.array([N], dtype=np.int32)
+    ref = nv.decode_attention(q, want[0], bt, sl, 0.05, 0.05, value_cache=want[1], scale_layout="linear")
+    got = nv.decode_attention(torch.from_numpy(q), sides[0], torch.from_numpy(bt), torch.from_numpy(sl), 0.05, 0.05,
+                              value_cache=sides[1], scale_layout="linear", kv_layout=kv_layout)
+    assert np.array_equal(got.numpy(), ref)
+    got = nv.dequantize(sides[0], 0.05, 0.05, value_cache=sides[1], scale_layout="linear", kv_layout=kv_layout)
+    assert all(tuple(g.shape) == (N, T, H, D) for g in got)
+
+
 def test_kv_layout_contradictions_are_named_and_write_nothing():
     N, H, T = 2, 4, 16
     kv = packed(N, H, T, seed=11)
