@@ -4,7 +4,10 @@ Every ```python block of the pages below that holds a `# -> value` comment is a 
 it is run (in this process, its own namespace) and the lines it prints are compared, in order,
 with those comments: equal, or starting with the text before a closing "..." (a long message cut
 short). Text after two spaces in a comment is an annotation, not output. Blocks that need a GPU
-run only where there is one; blocks whose output says "(CPU build)" only on a build without CUDA.
+run only where there is one; blocks whose output says "(CPU build)" only on a build without CUDA;
+blocks that import torch only with the torch the docs name (python-api.md: "each was run with
+... torch X"): their outputs follow from torch's random numbers, which another version may draw
+differently (torch 2.11 on the H200 machine did).
 """
 import contextlib
 import io
@@ -17,6 +20,12 @@ import nvfp4kv
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 PAGES = ("README.md", "docs/python-api.md", "docs/integration.md", "docs/scales.md")
+
+
+def docs_torch():
+    """The torch version the examples were run with, as python-api.md states it."""
+    text = open(os.path.join(ROOT, "docs/python-api.md"), encoding="utf-8").read()
+    return re.search(r"was run with.*?torch (\d+\.\d+\.\d+)", text, re.S).group(1)
 
 
 def examples():
@@ -50,6 +59,7 @@ def matches(line, want):
 
 def test_examples_found():
     assert len(examples()) >= 30  # the pages' examples are found at all
+    assert docs_torch() == "2.13.0"  # the version .ci/run pins
 
 
 @pytest.mark.parametrize("code", examples())
@@ -61,7 +71,9 @@ def test_example_prints_what_the_docs_say(code):
     if "(CPU build)" in code and nvfp4kv.build_info()["cuda_built"]:
         pytest.skip("prints what a build without CUDA prints")
     if "import torch" in code:
-        pytest.importorskip("torch")
+        torch = pytest.importorskip("torch")
+        if torch.__version__.split("+")[0] != docs_torch():
+            pytest.skip(f"the examples print what torch {docs_torch()} draws; this is torch {torch.__version__}")
     threads = nvfp4kv.cpu_threads()
     out = io.StringIO()
     try:
