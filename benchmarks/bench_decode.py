@@ -7,8 +7,8 @@ run instead). Pages are in random order through the block table, global scales a
 device-resident, outputs and the workspace are preallocated; "gpu µs" is device time with the
 host ahead (nvfp4kv.bench). "% copy" counts the NVFP4 bytes read (K and V rows with their scales:
 B * L * Hkv * 2 * (D/2 + D/16); the query's geometry and q_len do not change it) at the copy
-bandwidth; "% sized copy" sets them against a device copy moving that many bytes (half read, half
-written), timed the same way: the copy ceiling at the case's own size, its launch ramp-up and tail
+bandwidth; "a copy of them" is a device copy moving that many bytes (half read, half
+written), timed the same way, with our time as a % of it: the copy ceiling at the case's own size, its ramp-up and tail
 included (nvfp4kv.bench.copy_gpu_us); "× SDPA" is SDPA's time over ours.
 
 Two tables (issue #23, point 4):
