@@ -5,9 +5,12 @@ it is run (in this process, its own namespace) and the lines it prints are compa
 with those comments: equal, or starting with the text before a closing "..." (a long message cut
 short). Text after two spaces in a comment is an annotation, not output. Blocks that need a GPU
 run only where there is one; blocks whose output says "(CPU build)" only on a build without CUDA;
-blocks that import torch only with the torch the docs name (python-api.md: "each was run with
-... torch X"): their outputs follow from torch's random numbers, which another version may draw
-differently (torch 2.11 on the H200 machine did).
+blocks that name torch at all (some use it without importing it: `allocate_kv_cache`'s default
+backend) only where torch is installed, and those that import it only with the torch the docs name
+(python-api.md: "each was run with ... torch X"): their outputs follow from torch's random
+numbers, which another version may draw differently (torch 2.11 on the H200 machine did).
+The pages are read from the checkout; a copy of the tests without them (a wheel's test run
+given only tests/python) skips these tests rather than failing to collect.
 """
 import contextlib
 import io
@@ -22,6 +25,10 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 PAGES = ("README.md", "docs/python-api.md", "docs/integration.md", "docs/scales.md")
 
 
+def have_pages():
+    return all(os.path.isfile(os.path.join(ROOT, page)) for page in PAGES)
+
+
 def docs_torch():
     """The torch version the examples were run with, as python-api.md states it."""
     text = open(os.path.join(ROOT, "docs/python-api.md"), encoding="utf-8").read()
@@ -31,6 +38,8 @@ def docs_torch():
 def examples():
     """(page:line, code) of every python block with at least one `# ->` comment."""
     found = []
+    if not have_pages():
+        return found
     for page in PAGES:
         lines = open(os.path.join(ROOT, page), encoding="utf-8").read().split("\n")
         i = 0
@@ -58,6 +67,8 @@ def matches(line, want):
 
 
 def test_examples_found():
+    if not have_pages():
+        pytest.skip("README.md and docs/ are not next to these tests (a copy of tests/python only)")
     assert len(examples()) >= 30  # the pages' examples are found at all
     assert docs_torch() == "2.13.0"  # the version .ci/run pins
 
@@ -70,8 +81,9 @@ def test_example_prints_what_the_docs_say(code):
             pytest.skip("needs a CUDA GPU")
     if "(CPU build)" in code and nvfp4kv.build_info()["cuda_built"]:
         pytest.skip("prints what a build without CUDA prints")
-    if "import torch" in code:
+    if re.search(r"\btorch\b", code):
         torch = pytest.importorskip("torch")
+    if "import torch" in code:
         if torch.__version__.split("+")[0] != docs_torch():
             pytest.skip(f"the examples print what torch {docs_torch()} draws; this is torch {torch.__version__}")
     threads = nvfp4kv.cpu_threads()
