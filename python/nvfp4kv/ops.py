@@ -122,8 +122,30 @@ def _register() -> None:
         # One Python implementation for every device: the C ABI dispatches on the tensors' device.
         torch.library.impl(qualname, "CompositeExplicitAutograd")(_IMPLS[name])
         torch.library.register_fake(qualname)(_nothing)
+        op = getattr(getattr(torch.ops, _NS), name).default
+        _LIB.impl(name, _version_bump(op), "ADInplaceOrView", with_keyset=True)
 
 
+def _version_bump(op):
+    """The op's ADInplaceOrView kernel: bumps the version counter of every tensor it writes, as
+    torch's in-place ops do, so autograd refuses a backward through a tensor the op overwrote
+    (the C ABI writes through pointers torch does not see). Not reached under inference_mode,
+    whose tensors have no version counter."""
+    args = op._schema.arguments
+    written = [(i, a.name) for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+    below = torch._C._after_ADInplaceOrView_keyset
+
+    def kernel(keyset, *given, **named):
+        for i, name in written:
+            t = given[i] if i < len(given) else named.get(name)
+            if isinstance(t, torch.Tensor):
+                torch.autograd.graph.increment_version(t)
+        return op.redispatch(keyset & below, *given, **named)
+
+    return kernel
+
+
+_LIB = torch.library.Library(_NS, "FRAGMENT")  # holds the ADInplaceOrView kernels (alive with the module)
 _register()
 
 store = torch.ops.nvfp4kv.store.default

@@ -113,8 +113,12 @@ def _check_nvfp4_head_size(name: str, value: int) -> None:
 
 def _integer(value: Any) -> Optional[int]:
     """value as a Python int where it is an integer (a NumPy one too), else None. bool is an int
-    subclass, but True as a block size is always a mistake."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    subclass, but True as a block size is always a mistake; so are NumPy's bool (named "bool_"
+    before NumPy 2, "bool" since, and an integer to NumPy 2.0/2.1's operator.index) and 0-d bool
+    arrays and tensors (torch's take operator.index)."""
+    if isinstance(value, bool) or type(value).__name__ in ("bool_", "bool"):
+        return None
+    if str(getattr(value, "dtype", "")).rsplit(".", 1)[-1] == "bool":  # numpy "bool", torch "torch.bool"
         return None
     try:
         return operator.index(value)

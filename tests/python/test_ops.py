@@ -97,6 +97,29 @@ def test_compile_with_float_scales():
                                                                          c["slots"]), want)
 
 
+def test_float_scale_values_compile_twice_at_most():
+    """docs/integration.md §5: a float scale's second value compiles once more, then it is
+    symbolic; ten values stay within torch's recompile limit under fullgraph, each stored with
+    its own scale."""
+    from torch._dynamo.utils import counters
+
+    c = case(seed=5)
+
+    def f(kv, key, slots, scale):
+        nvfp4kv.store(key, key, kv, slots, scale, scale)
+        return kv
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    for i in range(10):
+        scale = 0.01 * (i + 1)
+        want = c["kv"].clone()
+        nvfp4kv.store(c["key"], c["key"], want, c["slots"], scale, scale)
+        assert torch.equal(compiled(c["kv"].clone(), c["key"], c["slots"], scale), want)
+    assert counters["stats"]["unique_graphs"] <= 2
+
+
 def run_whole(kv, key, value, slots, bt, seq_lens, cu, ks, vs):
     """store_and_read and a decode, on whole tensors only (no views at symbolic offsets,
     docs/integration.md §5)."""
@@ -140,6 +163,29 @@ def test_opcheck(op):
     }[op]
     result = opcheck(getattr(torch.ops.nvfp4kv, op).default, args)
     assert all(v == "SUCCESS" for v in result.values()), result
+
+
+def test_ops_bump_the_version_of_what_they_write():
+    """Found by review: the ops wrote through pointers torch did not see, so autograd ran a backward
+    through a tensor an op had overwritten. Now each written tensor's version moves, as with
+    torch's in-place ops, and that backward is refused; what an op only reads keeps its version."""
+    c = case(seed=4)
+    kv = c["kv"]
+    ko, vo = torch.empty(N, T, H, D), torch.empty(N, T, H, D)
+    before = kv._version, ko._version, vo._version, c["key"]._version
+    torch.ops.nvfp4kv.store(c["key"], c["value"], kv, c["slots"], c["ks"], c["vs"])
+    torch.ops.nvfp4kv.dequantize(kv, c["ks"], c["vs"], key_out=ko, value_out=vo)  # outputs by keyword
+    assert kv._version > before[0] and ko._version > before[1] and vo._version > before[2]
+    assert c["key"]._version == before[3]
+    w = torch.ones(N, T, H, D, requires_grad=True)
+    loss = (w * ko).sum()  # saves ko for the backward
+    torch.ops.nvfp4kv.dequantize(kv, c["ks"], c["vs"], ko, vo)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    with torch.inference_mode():  # no version counters there: the op runs all the same
+        ki, vi = torch.empty(N, T, H, D), torch.empty(N, T, H, D)
+        torch.ops.nvfp4kv.dequantize(kv, c["ks"], c["vs"], ki, vi)
+    assert same((ki, vi), (ko, vo))  # bitwise (random scale bytes include NaN)
 
 
 def test_fake_tensors_never_dereferenced():

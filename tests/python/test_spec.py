@@ -503,8 +503,10 @@ def test_numpy_integers_and_argument_names():
     spec = S.KVCacheSpec(np.int64(16), np.int32(8), np.int64(128))
     assert spec == S.KVCacheSpec(16, 8, 128) and type(spec.block_size) is int
     assert S.nvfp4_kv_cache_full_dim(np.int64(128)) == 72
-    with pytest.raises(ValueError, match="block_size"):
-        S.KVCacheSpec(np.bool_(True), 8, 128)
+    bools = [np.bool_(True), np.array(True)] + ([torch.tensor(True)] if torch is not None else [])
+    for b in bools:  # torch's 0-d bool tensor is an index (1) to operator.index; so was NumPy 2.0's bool
+        with pytest.raises(ValueError, match="block_size"):
+            S.KVCacheSpec(b, 8, 128)
     with pytest.raises(ValueError, match="^cache_dtype: unknown"):
         S.KVCacheSpec(16, 8, 128, cache_dtype="nvfp5")
     with pytest.raises(ValueError, match="^cache_dtype_str: unknown"):
