@@ -316,8 +316,6 @@ def _split_halves(kv_cache: Any, value_cache: Any) -> Optional[Tuple[Any, Any]]:
     return kv_cache.transpose(1, 2), value_cache.transpose(1, 2)
 
 
-
-
 def _dims(x: Any, arg: str) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
     """x's shape and strides in elements (torch, numpy, cupy and arrays like them)."""
     torch = sys.modules.get("torch")
