@@ -78,11 +78,17 @@ def _scale(x: Any, arg: str = "k_scale") -> Any:
         raise TypeError(f"{arg}: a bool received ({x!r}); expected a float (the decode scale) or a "
                         "1-element float32 tensor")
     scalar = isinstance(x, numbers.Real) and not hasattr(x, "__dlpack_device__")
-    if scalar or (_framework(x) == "numpy" and getattr(x, "ndim", 1) == 0):
+    if not scalar and _framework(x) == "numpy" and getattr(x, "ndim", 1) == 0:
+        if getattr(x.dtype, "kind", "") not in "fiu":  # float() would read '0.01' or drop an imaginary part
+            raise TypeError(f"{arg}: a numpy {x.dtype} scalar received; expected a float (the decode scale) "
+                            "or a 1-element float32 tensor")
+        scalar = True
+    if scalar:
         try:
-            return float(x)
+            return float(x)  # the binding checks the float32 range (import_scale)
         except OverflowError:
-            raise ValueError(f"{arg}: {x!r} received; a global scale must be a finite float > 0") from None
+            raise ValueError(f"{arg}: a number past the float range received; a global scale must be a "
+                             "finite float32 > 0") from None
     return x
 
 
@@ -681,7 +687,9 @@ def decode_workspace_bytes(num_seqs: int, q_len: int, num_qo_heads: int, num_kv_
     (``num_seqs``, ``num_kv_heads``, ``max_blocks_per_seq``), so one workspace serves every call
     of that geometry, and a larger one does too.
     """
-    return _C.decode_workspace_bytes(num_seqs, q_len, num_qo_heads, num_kv_heads, head_size_v, max_blocks_per_seq)
+    args = dict(num_seqs=num_seqs, q_len=q_len, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                head_size_v=head_size_v, max_blocks_per_seq=max_blocks_per_seq)
+    return _C.decode_workspace_bytes(*(_int(v, k) for k, v in args.items()))  # a bool is no count
 
 
 def decode_workspace(kv_cache: Any, query: Any, block_table: Any, q_len: int = 1, value_cache: Any = None, *,

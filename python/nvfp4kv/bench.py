@@ -324,18 +324,44 @@ def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = T
     return result
 
 
-def write_json(path: str, result: Dict) -> None:
+def write_json(path: str, result: Dict, *, replace: bool = True) -> None:
     """Writes ``result`` as JSON to ``path`` whole or not at all: into a temporary file beside it,
-    then renamed over it (a failed write leaves what was there)."""
+    then renamed over it (a failed write leaves what was there). ``replace=False``: ``path`` must
+    be a new file, checked when it appears (a hard link, which fails if anything took the name
+    meanwhile: ``FileExistsError``), so nothing is ever overwritten."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".nvfp4kv-", suffix=".json", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(result, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
+        os.chmod(tmp, 0o666 & ~_umask())  # as open() would create it (mkstemp's file is 0600)
+        if replace:
+            os.replace(tmp, path)
+            return
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise
+        except OSError:  # a file system without hard links: an exclusive create instead
+            with open(tmp) as src, open(path, "x") as dst:
+                dst.write(src.read())
         os.unlink(tmp)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux), else the common 022."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
 
 
 def _pct(row: Dict, key: str) -> str:

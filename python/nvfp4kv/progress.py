@@ -11,8 +11,8 @@ class Progress:
 
     def __init__(self, prefix: str = "", enabled: bool = True):
         self.prefix = prefix
-        self.enabled = enabled
-        self.tty = enabled and sys.stderr.isatty()
+        self.enabled = enabled and sys.stderr is not None  # None: started with stderr closed
+        self.tty = self.enabled and sys.stderr.isatty()
 
     def __call__(self, message: str):
         if not self.enabled:
@@ -27,6 +27,8 @@ class Progress:
         """Clears the status line; ``message``, if given, stays as a line of its own."""
         if self.tty:
             sys.stderr.write("\r\033[K")
-        if self.enabled and message:
+        if not self.enabled:
+            return
+        if message:
             sys.stderr.write(self.prefix + message + "\n")
         sys.stderr.flush()

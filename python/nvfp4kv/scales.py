@@ -60,7 +60,11 @@ def amax(x: Any, out: Any = None, *, accumulate: bool = False, stream: Any = Non
     on the stream, safe to capture in a CUDA graph.
     """
     if not isinstance(accumulate, bool):
-        raise TypeError(f"accumulate: {type(accumulate).__name__} received; expected True or False")
+        kind = type(accumulate)
+        raise TypeError(f"accumulate: {accumulate!r} ({kind.__module__}.{kind.__name__}) received; expected "
+                        "True or False (a Python bool)")
+    if x is None:
+        raise TypeError("x: None received; expected an array supporting DLPack (torch, numpy, cupy, ...)")
     if out is None:
         if accumulate:
             raise ValueError("out: None with accumulate=True; pass the amax to accumulate into")
@@ -79,9 +83,24 @@ def decode_scale(amax: Any, margin: float = 1.0) -> Any:
     saturates at 448, so values above ``6 * 448 * scale`` are clipped); < 1 trades clipping of the
     largest values for resolution of the others.
     """
-    if isinstance(margin, numbers.Real):  # a Python float keeps the array's dtype (NumPy's
-        margin = float(margin)  # float64 would widen a float32 amax)
-    return amax * margin / E4M3_MAX
+    return amax * _in_dtype_of(margin, amax) / E4M3_MAX
+
+
+def _in_dtype_of(margin: Any, amax: Any) -> Any:
+    """margin as a Python float, or an array margin in the dtype of an array amax of its framework:
+    the result keeps amax's dtype (a float64 margin would widen a float32 amax, which the store
+    then refuses as a scale)."""
+    if isinstance(margin, numbers.Real):
+        return float(margin)
+    dtype, fw = getattr(amax, "dtype", None), _framework(amax)
+    if fw == "torch":
+        import torch
+
+        return margin.to(dtype) if isinstance(margin, torch.Tensor) else torch.as_tensor(
+            margin, dtype=dtype, device=amax.device)
+    if dtype is not None and _framework(margin) == fw:
+        return margin.astype(dtype)
+    return margin
 
 
 def x6_from_decode(s: Any) -> Any:
@@ -132,6 +151,8 @@ class ScaleTracker:
     """
 
     def __init__(self, layers: Union[int, Sequence[str]], device: Any = None):
+        if isinstance(layers, numbers.Integral) and not isinstance(layers, bool):
+            layers = int(layers)  # a NumPy integer counts too
         if isinstance(layers, bool) or not isinstance(layers, (int, list, tuple)):
             raise TypeError(f"layers: {type(layers).__name__} received; expected a number of layers or a "
                             "list of layer names")
@@ -200,6 +221,8 @@ class ScaleTracker:
         before the value is checked: a call whose value is refused has folded its key (a maximum,
         so repeating the call once the value is fixed gives the same state)."""
         i = self._layer(layer)
+        if key is None and value is None:  # nothing to fold, nor to allocate storage like
+            return
         fresh = self._amax is None
         if fresh:  # like the first array given; given back if the call is refused
             self._allocate(key if key is not None else value)
@@ -287,17 +310,39 @@ class ScaleTracker:
                 raise TypeError(f"state_dict: {name} of dtype {dtype}; expected a float array")
             if bool((x < 0).any()):
                 raise ValueError(f"state_dict: {name} has a negative amax; an amax is max |x| >= 0")
+        # Both converted (float32, the storage's framework and device) before either is copied, so a
+        # refused conversion changes nothing; abs() clears a NaN's sign, which the amax's max would
+        # read as below every value (x86's default NaN is negative): NaN stays sticky.
+        like = self._amax if self._amax is not None else k
+        k, v = (abs(self._converted(name, x, like)) for name, x in (("k_amax", k), ("v_amax", v)))
         if self._amax is None:
             self._allocate(k)
         a = self._amax
         if _framework(a) == "torch":
-            import torch
-
-            a[:, 0].copy_(torch.as_tensor(k))
-            a[:, 1].copy_(torch.as_tensor(v))
+            a[:, 0].copy_(k)
+            a[:, 1].copy_(v)
         else:
             a[:, 0] = k
             a[:, 1] = v
+
+    @staticmethod
+    def _converted(name: str, x: Any, like: Any) -> Any:
+        """x as a float32 array of like's framework and device."""
+        try:
+            fw = _framework(like)
+            if fw == "torch":
+                import torch
+
+                return torch.as_tensor(x).to(device=like.device, dtype=torch.float32)
+            if fw == "cupy":
+                import cupy
+
+                return cupy.asarray(x, dtype=cupy.float32)
+            import numpy
+
+            return numpy.asarray(x, dtype=numpy.float32)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TypeError(f"state_dict: {name} cannot be read as float32 here ({e})") from None
 
     def __repr__(self) -> str:
         layers = self._names if self._names is not None else self._n

@@ -345,14 +345,20 @@ void import_scale(Arg& a, nb::handle obj, const char* name) {
                           "or a 1-element float32 tensor").c_str());
   if (nb::isinstance<nb::float_>(obj) || nb::isinstance<nb::int_>(obj)) {
     const double v = PyFloat_AsDouble(obj.ptr());  // ints too; OverflowError past the double range
-    if (v == -1.0 && PyErr_Occurred()) {
-      PyErr_Clear();
-      throw nb::value_error((std::string(name) + ": " + nb::repr(obj).c_str() +
-                             " received; a global scale must be a finite float > 0").c_str());
-    }
+    const bool past_double = v == -1.0 && PyErr_Occurred();
+    if (past_double) PyErr_Clear();
     {
       const nvfp4kv::FloatModeGuard ieee;  // the caller's FTZ must not flush a subnormal scale to 0
       a.scalar = static_cast<float>(v);
+    }
+    // A number the C ABI's float cannot hold is named here: the ABI would report the inf it became.
+    if (past_double || (std::isinf(a.scalar) && std::isfinite(v))) {
+      std::string text = nb::repr(obj).c_str();
+      if (text.size() > 40)  // a huge int: its first digits and its length
+        text = text.substr(0, 20) + "... (" + std::to_string(text.size() - (text[0] == '-')) + " digits)";
+      throw nb::value_error((std::string(name) + ": " + text +
+                             " received; a global scale must be a finite float32 > 0 (at most 3.4028235e+38)")
+                                .c_str());
     }
     a.t.data = &a.scalar;
     a.t.device = DLDevice{kDLCPU, 0};

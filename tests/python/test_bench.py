@@ -1,6 +1,8 @@
 """The benchmark's timing helpers (python/nvfp4kv/bench.py) on a scripted stand-in for torch.cuda,
 so the logic that decides which samples count runs without a GPU."""
 
+import json
+
 import pytest
 from nvfp4kv import bench
 from nvfp4kv.progress import Progress
@@ -94,6 +96,20 @@ def test_write_json_is_whole_or_nothing(tmp_path):
         bench.write_json(str(path), {"a": 2, "b": object()})
     assert path.read_text().replace(" ", "").replace("\n", "") == '{"a":1}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]  # no temporary file left
+
+
+def test_write_json_new_file_only(tmp_path):
+    """Found by review: --output was checked when parsed, and a file made while the benchmark ran
+    was then replaced; the file also came out 0600. replace=False (what the CLI passes) refuses
+    an existing path at the write itself and leaves it as it was."""
+    path = tmp_path / "r.json"
+    bench.write_json(str(path), {"a": 1}, replace=False)
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert path.stat().st_mode & 0o777 == 0o666 & ~bench._umask()
+    with pytest.raises(FileExistsError):
+        bench.write_json(str(path), {"a": 2}, replace=False)
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
 
 
 def test_progress_writes_whole_lines_off_a_terminal(capsys):

@@ -319,6 +319,31 @@ def test_options_alone_go_to_demo_and_debug_0_is_off(monkeypatch):
     assert rc == 2 and err.count("\n") == 1
 
 
+def test_common_options_before_the_subcommand():
+    """Found by review: `nvfp4kv --json plan` was refused as an unknown --json (the option of every
+    subcommand, given before it); it is `nvfp4kv plan --json` now. Other leading options are still
+    the top level's error."""
+    rc, out, err = run("--json", "-q", "plan", "--memory", "80GiB")
+    assert rc == 0, err
+    assert json.loads(out)["command"] == "plan"
+    rc, out, err = run("--tokens", "64", "plan")
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("nvfp4kv: error: ")
+
+
+def test_closed_stdout_and_stderr_in_subprocess():
+    """Found by review: with stdout closed the command printed nowhere and exited 0; with stderr
+    closed `demo -q` failed flushing the progress it was told not to show."""
+    cmd = [sys.executable, "-m", "nvfp4kv"]
+    p = subprocess.run(cmd + ["plan"], stdout=subprocess.DEVNULL, capture_output=False, check=False,
+                       stderr=subprocess.PIPE, text=True, timeout=120, close_fds=True,
+                       preexec_fn=lambda: os.close(1))
+    assert p.returncode == 1 and p.stderr == "nvfp4kv: error: stdout is closed; nowhere to print the results\n"
+    p = subprocess.run(cmd + ["demo", "-q", "--tokens", "64", "--device", "cpu"], stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL, check=False, text=True, timeout=120,
+                       preexec_fn=lambda: os.close(2))
+    assert p.returncode == 0 and "demo: llama-3.1-8b geometry" in p.stdout
+
+
 def test_bad_argument_in_subprocess_has_no_traceback():
     p = python_m("plan", "--memory", "80G")
     assert p.returncode == 2

@@ -386,6 +386,16 @@ def test_workspace_bytes_rejects(args, arg):
         nvfp4kv.decode_workspace_bytes(*args)
 
 
+@pytest.mark.parametrize("args,arg", [((1, True, 8, 2, 128, 3), "q_len"), ((1.0, 1, 8, 2, 128, 3), "num_seqs"),
+                                      ((1, 1, 8, 2, 128, np.int64(3).astype(float)), "max_blocks_per_seq")])
+def test_workspace_bytes_takes_ints_only(args, arg):
+    """Found by review: a bool q_len was read as 1 (decode_attention refuses it), a float count
+    got the binding's message that names no argument."""
+    with pytest.raises(TypeError, match=f"^{arg}: "):
+        nvfp4kv.decode_workspace_bytes(*args)
+    assert nvfp4kv.decode_workspace_bytes(np.int64(1), 1, 8, 2, 128, np.int32(3)) >= 0  # numpy ints are ints
+
+
 # ------------------------------------------------------------------------------------ bad input
 def bad_cases():
     """(name, change, error, match): change(kw) edits the keyword arguments of a valid call."""

@@ -449,3 +449,42 @@ def test_tensor_subclass_is_torch():
     tr = nvfp4kv.ScaleTracker(1)
     tr.update(0, None, torch.tensor([2.0]))
     assert isinstance(tr.v_amax(), torch.Tensor)
+
+
+def test_tracker_second_review():
+    """Found by the second review: a state whose v_amax passed the checks but not the conversion
+    had already overwritten k_amax; a negative NaN loaded was not sticky (the amax's max read it
+    as below everything); an update with neither key nor value fixed numpy storage; an array
+    margin widened a float32 amax; numpy integer layer counts and None as x were refused by
+    messages that did not say why."""
+    tr = nvfp4kv.ScaleTracker(np.int64(2))  # a numpy integer is a layer count
+    assert tr.num_layers == 2
+    tr.update(0, None, None)  # nothing to fold: no storage fixed
+    assert tr.device is None
+    good = np.array([5.0, 0.0], np.float32)
+    tr.update(0, good, good)
+    before = tr.state_dict()
+    for odd in (np.array([1.0, 2.0], np.longdouble), np.array([1.0, 2.0], ">f4")):
+        if torch is None:
+            break
+        tt = nvfp4kv.ScaleTracker(2, device="cpu")  # torch storage: torch.as_tensor refuses these
+        tt.update(0, torch.tensor([5.0]), torch.tensor([5.0]))
+        k_before = tt.k_amax().clone()
+        with pytest.raises(TypeError, match="v_amax"):
+            tt.load_state_dict({"layers": 2, "k_amax": np.array([100.0, 200.0], np.float32), "v_amax": odd})
+        assert torch.equal(tt.k_amax(), k_before)
+    neg_nan = np.array([np.nan, 1.0], np.float32)
+    neg_nan.view(np.uint32)[0] |= 0x80000000
+    tr.load_state_dict({"layers": 2, "k_amax": neg_nan, "v_amax": good})
+    tr.update(0, np.array([2.0], np.float32))
+    assert np.isnan(tr.k_amax()[0])  # sticky, as documented
+    assert np.array_equal(tr.v_amax(), before["v_amax"])
+    assert nvfp4kv.decode_scale(np.float32([448.0]), np.array(1.5)).dtype == np.float32
+    if torch is not None:
+        assert nvfp4kv.decode_scale(torch.tensor([448.0]), np.array(1.5)).dtype == torch.float32
+        assert nvfp4kv.decode_scale(torch.tensor([448.0]), torch.tensor([1.5], dtype=torch.float64)).dtype \
+            == torch.float32
+    with pytest.raises(TypeError, match="^x: None"):
+        nvfp4kv.amax(None)
+    with pytest.raises(TypeError, match="numpy.bool"):
+        nvfp4kv.amax(good, np.zeros(1, np.float32), accumulate=np.bool_(True))

@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _COMMANDS = ("demo", "plan", "bench", "info")
+_COMMON = ("--json", "-q", "--quiet")  # the options of `common` above
 
 
 def _debug() -> bool:
@@ -99,10 +100,18 @@ def _debug() -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nvfp4kv`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if sys.stdout is None:  # started with stdout closed: every print would vanish, exit 0 after all
+        if sys.stderr is not None:
+            sys.stderr.write(f"{PROG}: error: stdout is closed; nowhere to print the results\n")
+        return 1
     # No subcommand: demo, with the options given (`nvfp4kv --json` is `nvfp4kv demo --json`).
     if not argv or (argv[0].startswith("-") and
                     not any(a in _COMMANDS or a in ("-h", "--help", "--version") for a in argv)):
         argv = ["demo"] + argv
+    # The options every subcommand has, given before it (`nvfp4kv --json plan`): after it.
+    first = next((i for i, a in enumerate(argv) if a in _COMMANDS), 0)
+    if first and all(a in _COMMON for a in argv[:first]):
+        argv = argv[first:first + 1] + argv[:first] + argv[first + 1:]
     try:
         args, extra = build_parser().parse_known_args(argv)
     except SystemExit as e:  # --help, --version (0) and usage errors (2)

@@ -53,7 +53,7 @@ def _cmd_bench(args) -> int:
         print(bench.format_table(result))
     if args.output:
         try:
-            bench.write_json(args.output, result)
+            bench.write_json(args.output, result, replace=False)  # a file made meanwhile stays
         except OSError as e:
             raise CLIError(f"--output {args.output!r}: {e.strerror or e}; the results are on stdout") from None
     return 0
