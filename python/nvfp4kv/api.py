@@ -478,14 +478,36 @@ def _out_dtype(dtype: Any, key_out: Any, value_out: Any, default: str) -> str:
     return name
 
 
-def _dequantize_outputs(kv_cache: Any, value_cache: Any, dtype: Any, key_out: Any, value_out: Any,
-                        orient: int = -1) -> Tuple[Any, Any]:
-    """dequantize()'s outputs: the ones given, else new arrays of the cache's geometry."""
+def _both_given(dtype: Any, key_out: Any, value_out: Any) -> bool:
+    """Whether both outputs are given; a `dtype` given with them must be theirs (it is not ignored)."""
     if key_out is None or value_out is None:
+        return False
+    if dtype is not None:
+        _out_dtype(dtype, key_out, None, "")
+        _out_dtype(dtype, None, value_out, "")
+    return True
+
+
+def _new(like: Any, shape: Tuple[int, ...], name: str, zero: bool) -> Any:
+    out = _empty(like, shape, name)
+    if zero:
+        if _framework(out) == "torch":
+            out.zero_()
+        else:
+            out[...] = 0
+    return out
+
+
+def _dequantize_outputs(kv_cache: Any, value_cache: Any, dtype: Any, key_out: Any, value_out: Any,
+                        orient: int = -1, pages: Any = None) -> Tuple[Any, Any]:
+    """dequantize()'s outputs: the ones given, else new arrays of the cache's geometry (zeros where
+    `pages` leaves pages unread: never memory of whatever was there)."""
+    if not _both_given(dtype, key_out, value_out):
         n, t, h, d, dv = _cache_geometry(kv_cache, value_cache, orient)
         name = _out_dtype(dtype, key_out, value_out, "float32")
-        key_out = _empty(kv_cache, (n, t, h, d), name) if key_out is None else key_out
-        value_out = _empty(kv_cache, (n, t, h, dv), name) if value_out is None else value_out
+        zero = pages is not None
+        key_out = _new(kv_cache, (n, t, h, d), name, zero) if key_out is None else key_out
+        value_out = _new(kv_cache, (n, t, h, dv), name, zero) if value_out is None else value_out
     return key_out, value_out
 
 
@@ -494,15 +516,19 @@ def _gather_outputs(kv_cache: Any, value_cache: Any, seq_lens: Any, cu_seqlens: 
     """gather_dequant()'s outputs (the ones given, else new arrays of cu_seqlens[-1] rows, read on
     the host: a synchronization with the GPU) and its cu_seqlens (int32 where computed here and
     the outputs are allocated here, if the total fits)."""
-    if key_out is None or value_out is None:
+    if not _both_given(dtype, key_out, value_out):
         _, _, h, d, dv = _cache_geometry(kv_cache, value_cache, orient)  # only to allocate (~1 µs)
         total = _total_rows(seq_lens, cu_seqlens, computed)
         if computed and total <= _INT32_MAX:  # every entry fits: FlashAttention's dtype
             cu_seqlens = _as_int32(cu_seqlens)
         default = "bfloat16" if _framework(kv_cache) == "torch" else "float32"
         name = _out_dtype(dtype, key_out, value_out, default)
-        key_out = _empty(kv_cache, (total, h, d), name) if key_out is None else key_out
-        value_out = _empty(kv_cache, (total, h, dv), name) if value_out is None else value_out
+        # One output given: the other gets its row count (a padded output's padding too), as its dtype.
+        given = key_out if key_out is not None else value_out
+        gshape = () if given is None else _shape(given, "key_out" if key_out is not None else "value_out")
+        rows = gshape[0] if gshape else total
+        key_out = _empty(kv_cache, (rows, h, d), name) if key_out is None else key_out
+        value_out = _empty(kv_cache, (rows, h, dv), name) if value_out is None else value_out
     return key_out, value_out, cu_seqlens
 
 
@@ -543,7 +569,7 @@ def dequantize(
         rounded to nearest even; NaN for groups stored from NaN input.
     """
     orient = _orientation(kv_cache, value_cache, kv_layout)
-    key_out, value_out = _dequantize_outputs(kv_cache, value_cache, dtype, key_out, value_out, orient)
+    key_out, value_out = _dequantize_outputs(kv_cache, value_cache, dtype, key_out, value_out, orient, pages)
     try:
         _C.dequantize(kv_cache, value_cache, pages, k_scale, v_scale, scale_layout, key_out, value_out, stream,
                       orient)

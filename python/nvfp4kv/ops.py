@@ -205,7 +205,7 @@ def _dequantize_traced(kv_cache, k_scale=1.0, v_scale=1.0, *, value_cache=None, 
                        scale_layout="vllm", kv_layout=None, key_out=None, value_out=None, stream=None):
     _no_stream(stream)
     kv_cache, value_cache = _sides(kv_cache, value_cache, kv_layout)
-    key_out, value_out = _api._dequantize_outputs(kv_cache, value_cache, dtype, key_out, value_out)
+    key_out, value_out = _api._dequantize_outputs(kv_cache, value_cache, dtype, key_out, value_out, pages=pages)
     dequantize(kv_cache, scale_tensor(k_scale), scale_tensor(v_scale), key_out, value_out, value_cache, pages,
                scale_layout)
     return key_out, value_out

@@ -437,6 +437,44 @@ def test_bad_dtype_argument_and_paged_outputs(nv):
     assert np.all(ko == 9.0)
 
 
+def test_third_review_outputs(nv):
+    """Found by review: dequantize(pages=...) allocated its outputs uninitialised, so the pages it
+    did not read held old memory (zeros under torch.compile); a dtype given with both outputs was
+    ignored, even an invalid one; gather_dequant with one padded output allocated the other with
+    cu_seqlens[-1] rows and then blamed it for not matching."""
+    N, T, H, D = 3, 4, 2, 64
+    for backend in BACKENDS:
+        cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=18)
+        k, v = nv.dequantize(cache.kv_cache, 0.5, 0.25, pages=as_backend(np.array([1]), backend),
+                             scale_layout="linear")
+        k, v = np.asarray(k), np.asarray(v)
+        assert not k[[0, 2]].any() and not v[[0, 2]].any()  # zeros, not whatever memory held
+        kref, _ = ref.dequantize_reference(cache.canonical(cache.snapshot()), 0.5, 0.25, T, H, D, "HND",
+                                           "linear")
+        b, n = float_bits(k[1])
+        wb, wn = float_bits(kref[1])
+        assert np.array_equal(n, wn) and np.array_equal(b[~n], wb[~wn])
+    cache = make_cache(N, T, H, D, "5d", "HND", "torch", seed=19)
+    ko, vo = torch.full((N, T, H, D), 9.0), torch.full((N, T, H, D), 9.0)
+    for bad in ("int8", torch.float64, "float16"):  # invalid, or not the outputs' float32
+        with pytest.raises(ValueError, match="dtype"):
+            nv.dequantize(cache.kv_cache, key_out=ko, value_out=vo, dtype=bad, scale_layout="linear")
+    assert torch.all(ko == 9.0) and torch.all(vo == 9.0)
+    nv.dequantize(cache.kv_cache, key_out=ko, value_out=vo, dtype=torch.float32, scale_layout="linear")
+    bt, sl = torch.tensor([[2, 0]], dtype=torch.int32), torch.tensor([6], dtype=torch.int32)
+    kg, vg = torch.full((9, H, D), 9.0), torch.full((9, H, D), 9.0)
+    with pytest.raises(ValueError, match="dtype"):
+        nv.gather_dequant(cache.kv_cache, bt, sl, key_out=kg, value_out=vg, dtype="bfloat16",
+                          scale_layout="linear")
+    padded = torch.full((9, H, D), 9.0)  # 6 rows of data and 3 of padding
+    k, v, cu = nv.gather_dequant(cache.kv_cache, bt, sl, key_out=padded, scale_layout="linear")
+    assert k is padded and tuple(v.shape) == (9, H, D) and v.dtype == torch.float32 and cu.tolist() == [0, 6]
+    assert torch.all(padded[6:] == 9.0)
+    k2, v2, _ = nv.gather_dequant(cache.kv_cache, bt, sl, dtype=torch.float32, scale_layout="linear")
+    assert torch.equal(k[:6].view(torch.int32), k2.view(torch.int32))  # bitwise: random bytes hold NaN
+    assert torch.equal(v[:6].view(torch.int32), v2.view(torch.int32))
+
+
 # ======================================================================================= GPU
 @pytest.fixture(params=["pages", "rows"])
 def gather_kernel(request, nv):
