@@ -2,8 +2,9 @@
 
 Registered when this module is imported, which ``import nvfp4kv`` does by itself when torch is
 already imported (torch stays optional: nothing here is imported otherwise). Each op declares
-the tensors it writes (``Tensor(a!)``) and bumps their version counters, has a fake implementation (shapes only, no data: under
-``FakeTensorMode`` and while ``torch.compile`` traces, no pointer is ever read), and runs the
+the tensors it writes (``Tensor(a!)``) and bumps their version counters, has a fake
+implementation (shapes only, no data: under ``FakeTensorMode`` and while ``torch.compile``
+traces, no pointer is ever read), and runs the
 same C ABI call as the Python API on the current torch stream. ``nvfp4kv.store``,
 ``reshape_and_cache_flash``, ``dequantize``, ``gather_dequant`` and ``decode_attention`` route through these ops when
 they are traced or given tensors without data (``nvfp4kv.api._route``); eager calls on real
