@@ -214,7 +214,7 @@ Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache, int64
 void apply_profile(Cache& c, nvfp4kv_scale_profile profile) {
   if (profile != NVFP4KV_SCALES_VLLM && profile != NVFP4KV_SCALES_LINEAR)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
-         "scale_layout: profile %d received; expected NVFP4KV_SCALES_VLLM (0, 'vllm') or "
+         "scale_layout (profile): %d received; expected NVFP4KV_SCALES_VLLM (0, 'vllm') or "
          "NVFP4KV_SCALES_LINEAR (1, 'linear')",
          static_cast<int>(profile));
   c.k.interleaved = 0;
@@ -223,16 +223,16 @@ void apply_profile(Cache& c, nvfp4kv_scale_profile profile) {
   if (c.layout != Layout::kHND)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
          "scale_layout: the 'vllm' profile interleaves V scales, which is defined for the HND "
-         "layout only (%s is NHD); use scale_layout='linear'", c.v_name);
+         "layout only (%s is NHD); use the 'linear' profile (NVFP4KV_SCALES_LINEAR)", c.v_name);
   if (c.T % kInterleave != 0)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
          "scale_layout: the 'vllm' profile interleaves V scales over 4 tokens, which needs a block "
-         "size divisible by 4 (%s has block size %lld); use scale_layout='linear'",
+         "size divisible by 4 (%s has block size %lld); use the 'linear' profile (NVFP4KV_SCALES_LINEAR)",
          c.v_name, static_cast<long long>(c.T));
   if (c.v.D % 64 != 0)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
          "scale_layout: the 'vllm' profile interleaves V scales, which needs a V head size "
-         "divisible by 64 (got %d); use scale_layout='linear'",
+         "divisible by 64 (got %d); use the 'linear' profile (NVFP4KV_SCALES_LINEAR)",
          c.v.D);
 }
 
@@ -240,7 +240,7 @@ ScaleArg resolve_scale(const DLTensor* scale, const char* name, DLDevice data_de
   if (!scale) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: NULL; expected a 1-element float32 tensor", name);
   Tensor s(scale, name);
   if (!is_dtype(s.t->dtype, kDLFloat, 32))
-    fail(NVFP4KV_ERROR_INVALID_DTYPE, "%s: dtype %s received; expected a float32 tensor (or a Python float)",
+    fail(NVFP4KV_ERROR_INVALID_DTYPE, "%s: dtype %s received; expected a float32 tensor (from Python, a float too)",
          name, dtype_name(s.t->dtype).c_str());
   if (s.numel() != 1)
     fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: shape %s received; expected exactly one element", name,

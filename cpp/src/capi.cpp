@@ -76,7 +76,7 @@ Where where(DLDevice d, const char* name) {
     return Where::kCuda;
 #else
     fail(NVFP4KV_ERROR_NOT_SUPPORTED,
-         "%s: on %s, but this build of nvfp4kv has no CUDA kernels (see nvfp4kv.build_info())",
+         "%s: on %s, but this build of nvfp4kv has no CUDA kernels (nvfp4kv_cuda_built() is 0)",
          name, device_name(d).c_str());
 #endif
   }

@@ -54,7 +54,8 @@ typedef enum nvfp4kv_status NVFP4KV_ENUM_INT {
   NVFP4KV_ERROR_INVALID_VALUE = 1,   /* bad shape, stride, size or value (Python: ValueError) */
   NVFP4KV_ERROR_INVALID_DTYPE = 2,   /* wrong element type (Python: TypeError) */
   NVFP4KV_ERROR_DEVICE_MISMATCH = 3, /* tensors on different devices (Python: ValueError) */
-  NVFP4KV_ERROR_NOT_SUPPORTED = 4,   /* e.g. a CUDA tensor in a build without CUDA */
+  NVFP4KV_ERROR_NOT_SUPPORTED = 4,   /* e.g. CUDA tensors in a build without CUDA (a call whose
+                                      * tensors are on different devices: DEVICE_MISMATCH) */
   NVFP4KV_ERROR_CUDA = 5,            /* the CUDA runtime reported an error */
   NVFP4KV_ERROR_INTERNAL = 6         /* a bug: please report it */
 } nvfp4kv_status;
@@ -141,7 +142,8 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_store_with_workspace(
 /* Most threads one call on CPU tensors uses, for the whole process: 1 to 256, or 0 (the default)
  * for one per CPU the process may run on (its affinity mask), at most 16. Until it is called,
  * the environment variable NVFP4KV_CPU_THREADS sets it (read once, at the first CPU call or
- * nvfp4kv_cpu_threads(); ignored unless a whole number from 0 to 256). Small calls use fewer
+ * nvfp4kv_cpu_threads(); ignored unless a whole number from 0 to 256, read as strtol does:
+ * leading blanks, a sign and zeros are fine, nothing may follow). Small calls use fewer
  * (about 131072 elements per thread at least). Each thread takes a share of the pages (store,
  * dequantize) or of the output tokens (gather): the bytes are the same for every thread count,
  * duplicate slots included. A call whose tensors share bytes in other ways than a cache split
@@ -220,7 +222,9 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_gather_dequant(const DLTensor* kv_cache,
  *               dimension 0).
  * seq_lens:     [B] int32 or int64: tokens of each sequence, the query rows' tokens included.
  * q_len:        query rows per sequence, 1..8 (causal among them: row i sees positions <= p).
- * sm_scale:     softmax scale (usually 1/sqrt(D)), finite and > 0.
+ * sm_scale:     softmax scale (usually 1/sqrt(D)), finite and > 0. The logits are fp32: a scale
+ *               that takes |q . k| * k_scale * sm_scale past 3.4e38 makes the row NaN (a soft
+ *               cap keeps it finite).
  * logits_soft_cap: finite, >= 0; > 0: logits become cap * tanh(logit / cap); 0: none.
  * window_left:  -1: no window; >= 0: row at position p sees positions [p - window_left, p].
  * out:          [B * q_len, Hq, Dv], the query's dtype, last stride 1, on the cache's device.
