@@ -81,15 +81,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", metavar="{demo,plan,bench,info}")
 
     common = _Parser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
-    common.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    for flags, help_text in _COMMON_OPTIONS:
+        common.add_argument(*flags, action="store_true", help=help_text)
     for module in (demo, plan, bench, info):  # the order of --help
         module.add_parser(sub, common)
     return ap
 
 
 _COMMANDS = ("demo", "plan", "bench", "info")
-_COMMON = ("--json", "-q", "--quiet")  # the options of `common` above
+# The options every subcommand has (flags, help); main() also takes them before the subcommand.
+_COMMON_OPTIONS = ((("--json",), "print machine-readable JSON on stdout"),
+                   (("-q", "--quiet"), "no progress lines on stderr"))
+_COMMON = tuple(flag for flags, _ in _COMMON_OPTIONS for flag in flags)
 
 
 def _debug() -> bool:
