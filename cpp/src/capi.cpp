@@ -131,11 +131,16 @@ int32_t* store_workspace(const Tensor& w, const Tensor& cache_ref, const Cache& 
   if (w.size(0) > 1 && w.stride(0) != 1)
     fail(NVFP4KV_ERROR_INVALID_VALUE, "workspace: stride %lld; expected one contiguous run (stride 1)",
          static_cast<long long>(w.stride(0)));
+  if (c.N > (int64_t{1} << 40) / c.T)
+    fail(NVFP4KV_ERROR_INVALID_VALUE,
+         "workspace: a cache of %lld blocks of %lld tokens received; a store workspace covers at most "
+         "2^40 slots (store without one)",
+         static_cast<long long>(c.N), static_cast<long long>(c.T));
   const int64_t need = store_workspace_bytes(c.N, c.T);
   if (w.size(0) < need)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
          "workspace: %lld bytes, but a cache of %lld blocks of %lld tokens needs %lld "
-         "(nvfp4kv.store_workspace_bytes)",
+         "(nvfp4kv_store_workspace_size, nvfp4kv.store_workspace_bytes)",
          static_cast<long long>(w.size(0)), static_cast<long long>(c.N),
          static_cast<long long>(c.T), static_cast<long long>(need));
   if (reinterpret_cast<uintptr_t>(w.ptr()) % 4 != 0)

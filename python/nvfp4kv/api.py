@@ -715,7 +715,11 @@ def decode_workspace_bytes(num_seqs: int, q_len: int, num_qo_heads: int, num_kv_
     """
     args = dict(num_seqs=num_seqs, q_len=q_len, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
                 head_size_v=head_size_v, max_blocks_per_seq=max_blocks_per_seq)
-    return _C.decode_workspace_bytes(*(_int(v, k) for k, v in args.items()))  # a bool is no count
+    ints = [_int(v, k) for k, v in args.items()]  # a bool is no count
+    for k, v in zip(args, ints):
+        if not -2**63 <= v < 2**63:  # the binding takes int64: name the argument, as the C ABI would
+            raise ValueError(f"{k}: an int past the int64 range received ({len(str(abs(v)))} digits)")
+    return _C.decode_workspace_bytes(*ints)
 
 
 def decode_workspace(kv_cache: Any, query: Any, block_table: Any, q_len: int = 1, value_cache: Any = None, *,
@@ -748,7 +752,10 @@ def _decode_out(query: Any, kv_cache: Any, value_cache: Any, out: Any) -> Any:
 def _real(x: Any, arg: str) -> float:
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"{arg}: {type(x).__name__} received; expected a float")
-    return float(x)
+    try:
+        return float(x)  # the binding checks the float32 range
+    except OverflowError:  # an int (or Fraction) past the double range
+        raise ValueError(f"{arg}: a number past the float range received; expected a finite float32") from None
 
 
 def _int(x: Any, arg: str) -> int:

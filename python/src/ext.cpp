@@ -126,15 +126,15 @@ nb::object call(nb::handle obj, PyObject* name) {
 
 // torch's lazy negation bit (torch.conj(z).imag, torch._neg_view) marks a view whose memory holds
 // the negated values. torch's own exports (__dlpack__, the C exchange table, data_ptr) all hand
-// out that memory as it is, so the binding refuses such a view rather than store the wrong signs.
-// Public torch calls give the bit only to views of a complex tensor's imaginary parts, whose
-// elements lie 2 floats apart: of the tensors the library takes, only a one-element global scale
-// can be such a view (key, value and outputs need 16 or more elements at stride 1). So only
-// floating-point tensors of at most one element are asked (is_neg() costs ~0.1 µs a call).
+// out that memory as it is, so the binding refuses such a view rather than read or write the wrong
+// signs. Public torch calls give the bit only to views of a complex tensor's imaginary parts, whose
+// elements lie an even number of floats apart: no dimension of more than one element has stride
+// +-1. So only floating-point tensors without such a dimension are asked (is_neg() costs ~0.1 µs
+// a call): one-element scales, and an lse given as a strided view.
 bool may_be_negated(const DLTensor& t) {
   if (t.dtype.code != kDLFloat && t.dtype.code != kDLBfloat) return false;
   for (int i = 0; i < t.ndim; ++i)
-    if (t.shape[i] > 1) return false;
+    if (t.shape[i] > 1 && (!t.strides || t.strides[i] == 1 || t.strides[i] == -1)) return false;
   return true;
 }
 
@@ -237,6 +237,7 @@ bool import_torch(Arg& a, nb::handle obj, const char* name) {
   a.t.ndim = static_cast<int32_t>(nd);
   a.t.dtype = info->dl[which];
   a.t.shape = a.shape;
+  a.t.strides = a.strides;
   if (may_be_negated(a.t)) reject_negated(obj, info, name);
   nb::object ptr = call(obj, info->data_ptr);
   if (!ptr.is_valid()) {  // a sparse tensor has no data pointer: say so, naming the argument

@@ -1,6 +1,7 @@
 // The C ABI as a C++ engine would call it: DLTensor views over host buffers. Checks statuses,
 // messages, that rejected calls leave the cache untouched, and that a store touches exactly the
 // targeted rows with the bytes of a known group.
+#include <fenv.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -214,6 +215,21 @@ int main() {
           "%s", nvfp4kv_last_error());
   }
   CHECK(cache == before, "a rejected workspace changed the cache");
+#if UINTPTR_MAX > 0xFFFFFFFFu
+  {
+    // A cache of 2^41 slots takes no workspace: the message names the workspace, not the size
+    // query's arguments (found by review). Its memory is never touched: every slot is padding,
+    // and the address (2^47) lies above any user-space mapping of x86-64 or AArch64 (48 bits).
+    std::vector<int64_t> pad = {-1, -1, -1};
+    View huge(reinterpret_cast<void*>(uintptr_t{1} << 47), kU8, {int64_t{1} << 39, 2, T, H, F}),
+        sp(pad.data(), kI64, {n});
+    st = nvfp4kv_store_with_workspace(&k.t, &v.t, &huge.t, nullptr, &sp.t, &kscale.t, &vscale.t,
+                                      NVFP4KV_RECIPE_NVFP4, NVFP4KV_SCALES_LINEAR, &ws.t, nullptr);
+    CHECK(st == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "workspace: a cache of") &&
+              strstr(nvfp4kv_last_error(), "2^40"),
+          "%s", nvfp4kv_last_error());
+  }
+#endif
   std::vector<uint8_t> plain = cache;
   st = nvfp4kv_store_with_workspace(&k.t, &v.t, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
                                     NVFP4KV_SCALES_LINEAR, &ws.t, nullptr);
@@ -309,6 +325,30 @@ int main() {
     bool untouched = true;
     for (uint16_t x : o) untouched = untouched && x == 0xFFFF;
     CHECK(untouched, "decode: a rejected call wrote out");
+#if defined(__GLIBC__) && (defined(__x86_64__) || defined(__aarch64__))
+    // A caller with floating-point traps enabled: a subnormal scale (whose reciprocal overflows
+    // on the way to its refusal) is refused, not a SIGFPE, and the caller's traps are kept. Found
+    // by review. feenableexcept fails where the CPU cannot trap (many AArch64 cores): skipped.
+    const int traps = FE_DIVBYZERO | FE_INVALID | FE_OVERFLOW;
+    if (feenableexcept(traps) != -1) {
+      ks = 1e-45f;
+      CHECK(nvfp4kv_decode_attention(&qv.t, &zv.t, nullptr, &tv.t, &lv.t, &kscale.t, &vscale.t,
+                                     NVFP4KV_SCALES_LINEAR, static_cast<int32_t>(ql), 0.125f, 0.0f, -1, &ov.t, &sv.t,
+                                     nullptr, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
+                std::string(nvfp4kv_last_error()).find("k_scale") != std::string::npos,
+            "decode with traps: subnormal k_scale: %s", nvfp4kv_last_error());
+      CHECK(nvfp4kv_store(&k.t, &v.t, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                          NVFP4KV_SCALES_LINEAR, nullptr) == NVFP4KV_ERROR_INVALID_VALUE,
+            "store with traps: subnormal k_scale: %s", nvfp4kv_last_error());
+      ks = 1.0f;
+      CHECK(nvfp4kv_decode_attention(&qv.t, &zv.t, nullptr, &tv.t, &lv.t, &kscale.t, &vscale.t,
+                                     NVFP4KV_SCALES_LINEAR, static_cast<int32_t>(ql), 0.125f, 0.0f, -1, &ov.t, &sv.t,
+                                     nullptr, nullptr) == NVFP4KV_SUCCESS,
+            "decode with traps: %s", nvfp4kv_last_error());
+      CHECK(fegetexcept() == traps, "the caller's traps: %x, expected %x", fegetexcept(), traps);
+      fedisableexcept(traps);
+    }
+#endif
     // A CUDA cache in a build without CUDA: NOT_SUPPORTED (before any workspace requirement).
     if (!nvfp4kv_cuda_built()) {
       View cz = zv, cq = qv, co = ov, ct = tv, cl = lv;

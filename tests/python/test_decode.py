@@ -386,6 +386,20 @@ def test_workspace_bytes_rejects(args, arg):
         nvfp4kv.decode_workspace_bytes(*args)
 
 
+@pytest.mark.parametrize("i,arg", [(0, "num_seqs"), (1, "q_len"), (5, "max_blocks_per_seq")])
+@pytest.mark.parametrize("value", [2**63, -2**63 - 1, 2**70])
+def test_workspace_bytes_names_ints_past_int64(i, arg, value):
+    """Found by review: nanobind refused them with a message that names no argument."""
+    args = [1, 1, 8, 2, 128, 3]
+    args[i] = value
+    with pytest.raises(ValueError, match=f"^{arg}: an int past the int64 range"):
+        nvfp4kv.decode_workspace_bytes(*args)
+    cache, q, bt, _ = setup(N=60, seed=1)
+    if arg == "q_len":
+        with pytest.raises(ValueError, match="^q_len: "):
+            nvfp4kv.decode_workspace(cache.kv_cache, q, bt, q_len=value)
+
+
 @pytest.mark.parametrize("args,arg", [((1, True, 8, 2, 128, 3), "q_len"), ((1.0, 1, 8, 2, 128, 3), "num_seqs"),
                                       ((1, 1, 8, 2, 128, np.int64(3).astype(float)), "max_blocks_per_seq")])
 def test_workspace_bytes_takes_ints_only(args, arg):
@@ -462,6 +476,8 @@ def bad_cases():
         ("sm_scale str", set_(sm_scale="1"), TypeError, "sm_scale"),
         ("sm_scale 0 in float", set_(sm_scale=1e-50), ValueError, "sm_scale: 1e-50 .*float32"),
         ("sm_scale inf in float", set_(sm_scale=1e39), ValueError, "sm_scale: 1e\\+39 .*float32"),
+        ("sm_scale int past float", set_(sm_scale=10**400), ValueError, "^sm_scale: .*past the float range"),
+        ("soft cap int past float", set_(logits_soft_cap=-10**400), ValueError, "^logits_soft_cap: .*past the float"),
         ("soft cap 0 in float", set_(logits_soft_cap=1e-50), ValueError, "logits_soft_cap: 1e-50 .*float32"),
         ("soft cap -0 in float", set_(logits_soft_cap=-1e-50), ValueError, "logits_soft_cap"),
         ("soft cap -1", set_(logits_soft_cap=-1.0), ValueError, "logits_soft_cap"),

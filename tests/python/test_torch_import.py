@@ -110,6 +110,27 @@ def test_negated_input_cannot_pass(nv, path):
     assert_bytes_equal(cache.snapshot(), snap, cache)
 
 
+def test_negated_lse_is_refused(nv, path):
+    # lse [rows, Hq] takes any strides, so a negated view (its floats 2 apart) fits it: refused,
+    # out and the view's memory untouched (accepted, every lse came back with its sign flipped).
+    N, T, H, D, Hq = 2, 16, 2, 64, 4
+    cache = make_cache(N, T, H, D, "5d", "HND", "torch", seed=8)
+    q = torch.from_numpy(np.random.default_rng(12).standard_normal((1, Hq, D)).astype(np.float32))
+    q = q.to(torch.bfloat16)
+    bt = torch.tensor([[0, 1]], dtype=torch.int32)
+    sl = torch.tensor([20], dtype=torch.int32)
+    z = torch.zeros(1, Hq, dtype=torch.complex64)
+    lse = torch.conj(z).imag
+    assert lse.is_neg()
+    out = torch.full((1, Hq, D), 7.0, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="lse: a lazily negated torch view.*resolve_neg"):
+        nv.decode_attention(q, cache.kv_cache, bt, sl, out=out, lse=lse)
+    assert torch.equal(z, torch.zeros_like(z)) and bool((out == 7.0).all())
+    good = torch.empty(1, Hq)
+    nv.decode_attention(q, cache.kv_cache, bt, sl, lse=good)
+    nv.decode_attention(q, cache.kv_cache, bt, sl, lse=lse.resolve_neg())  # the remedy (a copy)
+
+
 def test_meta_tensor_is_a_clear_error(nv, path):
     N, T, H, D = 2, 16, 2, 64
     cache = make_cache(N, T, H, D, "5d", "HND", "torch", seed=6)

@@ -128,7 +128,8 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_store(const DLTensor* key, const DLTensor* va
  * workspace:    uint8 [bytes] on the cache's device, contiguous, 4-byte aligned, at least
  *               nvfp4kv_store_workspace_size(N, T) bytes for a cache of N blocks of T tokens (one
  *               workspace serves every cache up to that size; it must not overlap the cache or
- *               an input). Zero it once before its first use;
+ *               an input; a cache of more than 2^40 slots N * T takes none). Zero it once before
+ *               its first use;
  *               each call leaves it ready for the next. Calls that share a workspace must not run
  *               at the same time (use it from one stream, or order the streams). After a call that
  *               failed with NVFP4KV_ERROR_CUDA, zero it again (one in another state can misplace
@@ -154,7 +155,7 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_set_cpu_threads(int threads);
 NVFP4KV_API int nvfp4kv_cpu_threads(void);
 
 /* Bytes of a store workspace for caches of up to num_blocks blocks of block_size tokens
- * (16 + 4 * num_blocks * (2 * block_size + 3)). */
+ * (16 + 4 * num_blocks * (2 * block_size + 3)); at most 2^40 slots (num_blocks * block_size). */
 NVFP4KV_API nvfp4kv_status nvfp4kv_store_workspace_size(int64_t num_blocks, int64_t block_size,
                                                         size_t* bytes);
 
