@@ -12,9 +12,12 @@ from nvfp4kv import bench
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer sizes and samples")
-    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--json", metavar="PATH", type=bench.json_path_arg, help="also write the results as JSON")
     args = ap.parse_args()
-    print(bench.format_amax_table(bench.bench_amax(quick=args.quick, json_path=args.json)))
+    result = bench.bench_amax(quick=args.quick)
+    print(bench.format_amax_table(result), flush=True)  # before the file: a failed write loses nothing
+    if args.json:
+        bench.write_json(args.json, result)
 
 
 if __name__ == "__main__":

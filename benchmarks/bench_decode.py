@@ -28,7 +28,6 @@ Usage: python benchmarks/bench_decode.py [--quick] [--json PATH] [--cases B×L,.
 """
 import argparse
 import dataclasses
-import json
 import sys
 
 CASES = ["16x4096", "64x4096", "16x32768", "64x16384", "128x2048", "1x131072", "4x32768", "1x1024"]
@@ -234,9 +233,12 @@ def format_variant(r):
 
 
 def parse_args(argv=None):
+    from nvfp4kv.bench import json_path_arg
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer samples; no variants unless --variants is given")
-    ap.add_argument("--json", metavar="PATH", help="also write every row and the ceilings as JSON")
+    ap.add_argument("--json", metavar="PATH", type=json_path_arg,
+                    help="also write every row and the ceilings as JSON (checked before the run)")
     ap.add_argument("--cases", default=",".join(CASES), metavar="BxL,...",
                     help=f"main cases (default {','.join(CASES)})")
     ap.add_argument("--variants", nargs="?", const="all", metavar="NAME,...",
@@ -281,8 +283,7 @@ def main(argv=None):
     print(f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, empty kernel {ceil['empty_launch_us']:.2f} us back to back, "
           f"{ceil['empty_graph_node_us']:.2f} us per graph node")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+        bench.write_json(a.json, res)
     return 1 if any("error" in r for r in res["decode"] + res["variants"]) else 0
 
 

@@ -53,16 +53,36 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         "from bf16 attention rounding (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    args.seq_lens = [int(s) for s in args.seq_lens.split(",") if s.strip()]
-    if not args.seq_lens or min(args.seq_lens) < 0:
-        p.error("--seq-lens: give non-negative lengths, e.g. 128,7")
+    try:
+        args.seq_lens = [int(s) for s in args.seq_lens.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--seq-lens {args.seq_lens!r}: give comma-separated integers, e.g. 128,7")
+    if not args.seq_lens or min(args.seq_lens) < 0 or max(args.seq_lens) == 0:
+        p.error("--seq-lens: give non-negative lengths, at least one above 0, e.g. 128,7")
+    for name in ("heads", "kv_heads", "head_size", "block_size"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.extra_blocks < 0:
+        p.error("--extra-blocks must be 0 or more")
     if args.heads % args.kv_heads:
         p.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
     if args.head_size % 16:
         p.error("--head-size must be a multiple of 16")
+    if not 0 <= args.seed < 2**63:
+        p.error(f"--seed must be 0 to 2**63 - 1, got {args.seed}")
+    cuda = torch.cuda.is_available() and nvfp4kv.build_info()["cuda_available"]
     if args.device is None:
-        cuda = torch.cuda.is_available() and nvfp4kv.build_info()["cuda_available"]
         args.device = "cuda" if cuda else "cpu"
+    else:
+        try:
+            kind = torch.device(args.device).type
+        except RuntimeError as e:
+            p.error(f"--device {args.device}: {e}")
+        if kind not in ("cpu", "cuda"):
+            p.error(f"--device {args.device}: expected cpu or cuda")
+        if kind == "cuda" and not cuda:
+            p.error(f"--device {args.device}: no usable GPU here (torch sees one: {torch.cuda.is_available()}; "
+                    f"this nvfp4kv build can use CUDA: {nvfp4kv.build_info()['cuda_available']})")
     return args
 
 

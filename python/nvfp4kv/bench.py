@@ -43,8 +43,32 @@ def _torch():
     import torch
 
     if not torch.cuda.is_available():
-        raise SystemExit("nvfp4kv bench: no CUDA device visible to torch; the benchmark needs a GPU")
+        who = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "nvfp4kv"
+        raise SystemExit(f"{who}: no CUDA device visible to torch; the benchmark needs a GPU")
     return torch
+
+
+def check_json_path(path: str, *, new: bool) -> str:
+    """``path`` if the results can be written there after the run, else ``ValueError`` saying
+    why (checked before a long run, so a bad path costs nothing). ``new``: an existing file is
+    refused (nothing is overwritten). The directory is probed by creating a file in it:
+    ``os.access`` says yes to root and on read-only mounts."""
+    if not path.strip():
+        raise ValueError("empty path")
+    if os.path.isdir(path):
+        raise ValueError(f"{path!r} is a directory")
+    if new and os.path.lexists(path):
+        raise ValueError(f"{path!r} exists; choose a new path (nothing is overwritten)")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ValueError(f"{path!r}: directory {parent!r} does not exist")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".nvfp4kv-", suffix=".probe", dir=parent)
+    except OSError as e:
+        raise ValueError(f"{path!r}: cannot create a file in {parent!r} ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return path
 
 
 def _medians_per_call(torch, fns: List[Callable[[], None]], calls: int, repeats: int) -> List[float]:
@@ -493,13 +517,25 @@ def format_amax_table(result: Dict) -> str:
     return "\n".join(lines)
 
 
+def json_path_arg(text: str) -> str:
+    """argparse ``type`` of a results file the benchmark scripts may replace."""
+    try:
+        return check_json_path(text, new=False)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="nvfp4kv bench", description=__doc__.splitlines()[0])
+    """``benchmarks/bench_store.py``: the table on stdout, then the JSON (replaced if it exists;
+    ``nvfp4kv bench --output`` writes only new files)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
-    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    ap.add_argument("--json", metavar="PATH", type=json_path_arg, help="also write the results as JSON")
     args = ap.parse_args(argv)
-    result = run(quick=args.quick, json_path=args.json)
-    print(format_table(result))
+    result = run(quick=args.quick)
+    print(format_table(result), flush=True)  # before the file: a failed write loses nothing
+    if args.json:
+        write_json(args.json, result)
     return 0
 
 

@@ -124,3 +124,19 @@ def test_progress_writes_whole_lines_off_a_terminal(capsys):
     quiet("x")
     quiet.done("y")
     assert capsys.readouterr().err == ""
+
+
+def test_json_path_is_checked_before_a_run(tmp_path):
+    """Found by review: the benchmark scripts wrote --json after the run, so a bad path lost the
+    results with a traceback; now refused when parsed, and existing files may be replaced."""
+    assert bench.check_json_path(str(tmp_path / "r.json"), new=True)
+    (tmp_path / "r.json").write_text("{}")
+    assert bench.check_json_path(str(tmp_path / "r.json"), new=False)
+    for path, needle, new in [(str(tmp_path / "r.json"), "exists", True), (str(tmp_path), "is a directory", False),
+                              (str(tmp_path / "no" / "r.json"), "does not exist", False), (" ", "empty", False)]:
+        with pytest.raises(ValueError, match=needle):
+            bench.check_json_path(path, new=new)
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--json", str(tmp_path / "no" / "r.json")])
+    assert e.value.code == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # the probe left nothing

@@ -82,3 +82,22 @@ def test_command_line_prints_table(example, capsys):
     assert np.isfinite(r["nvfp4"]["attn"]["rel_l2"])
     with pytest.raises(SystemExit):
         example.main(["--heads", "3", "--kv-heads", "2"])
+
+
+@pytest.mark.parametrize("argv", [["--kv-heads", "0"], ["--block-size", "0"], ["--seq-lens", "abc"],
+                                  ["--seq-lens", "0,0"], ["--head-size", "0"], ["--extra-blocks", "-1"],
+                                  ["--device", "tpu"], ["--device", "nonsense"], ["--heads", "0"]])
+def test_bad_arguments_are_one_line_errors(example, capsys, argv):
+    """Found by review: these ended in tracebacks (ZeroDivisionError, torch errors)."""
+    with pytest.raises(SystemExit) as e:
+        example.main(["--device", "cpu"] + argv if argv[0] != "--device" else argv)
+    assert e.value.code == 2
+    assert ": error: --" in capsys.readouterr().err
+
+
+def test_cuda_without_a_gpu_is_a_one_line_error(example, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(SystemExit) as e:
+        example.main(["--device", "cuda"])
+    assert e.value.code == 2 and "no usable GPU" in capsys.readouterr().err

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from ._common import CLIError, _print_json
 
@@ -12,18 +11,12 @@ from ._common import CLIError, _print_json
 def _output_path_arg(text: str) -> str:
     """A new file the JSON can be written to later (checked now, not after the benchmark ran):
     an existing file is not replaced."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("empty path")
-    if os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is a directory")
-    if os.path.lexists(text):
-        raise argparse.ArgumentTypeError(f"{text!r} exists; choose a new path (nothing is overwritten)")
-    parent = os.path.dirname(os.path.abspath(text))
-    if not os.path.isdir(parent):
-        raise argparse.ArgumentTypeError(f"{text!r}: directory {parent!r} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text!r}: directory {parent!r} is not writable")
-    return text
+    from ..bench import check_json_path
+
+    try:
+        return check_json_path(text, new=True)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _cmd_bench(args) -> int:
@@ -44,7 +37,7 @@ def _cmd_bench(args) -> int:
         result = bench.run(quick=args.quick, progress=not args.quiet)
     except SystemExit as e:  # bench reports a missing GPU as SystemExit("message")
         if isinstance(e.code, str):
-            raise CLIError(e.code.replace("nvfp4kv bench: ", "", 1)) from None
+            raise CLIError(e.code.split(": ", 1)[-1]) from None
         return e.code or 0
     # The results reach stdout before the file is written, so a failed write loses nothing.
     if args.json:
