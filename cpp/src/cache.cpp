@@ -223,16 +223,16 @@ void apply_profile(Cache& c, nvfp4kv_scale_profile profile) {
   if (c.layout != Layout::kHND)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
          "scale_layout: the 'vllm' profile interleaves V scales, which is defined for the HND "
-         "layout only (%s is NHD); use the 'linear' profile (NVFP4KV_SCALES_LINEAR)", c.v_name);
+         "layout only (%s is NHD); use scale_layout 'linear' (NVFP4KV_SCALES_LINEAR in C)", c.v_name);
   if (c.T % kInterleave != 0)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
          "scale_layout: the 'vllm' profile interleaves V scales over 4 tokens, which needs a block "
-         "size divisible by 4 (%s has block size %lld); use the 'linear' profile (NVFP4KV_SCALES_LINEAR)",
+         "size divisible by 4 (%s has block size %lld); use scale_layout 'linear' (NVFP4KV_SCALES_LINEAR in C)",
          c.v_name, static_cast<long long>(c.T));
   if (c.v.D % 64 != 0)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
          "scale_layout: the 'vllm' profile interleaves V scales, which needs a V head size "
-         "divisible by 64 (got %d); use the 'linear' profile (NVFP4KV_SCALES_LINEAR)",
+         "divisible by 64 (got %d); use scale_layout 'linear' (NVFP4KV_SCALES_LINEAR in C)",
          c.v.D);
 }
 

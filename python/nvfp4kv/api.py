@@ -597,9 +597,10 @@ def _prefix_sums(seq_lens: Any) -> Any:
     if fw not in ("torch", "numpy", "cupy"):
         raise TypeError(f"seq_lens: a {type(seq_lens).__name__} received; without cu_seqlens, expected "
                         "a torch, numpy or cupy array (its prefix sums are computed here)")
-    if len(shape) != 1 or str(seq_lens.dtype).replace("torch.", "") not in ("int32", "int64"):
-        raise ValueError(f"seq_lens: shape {shape}, dtype {seq_lens.dtype} received; expected an int32 "
-                         "or int64 array [B]")
+    if str(seq_lens.dtype).replace("torch.", "") not in ("int32", "int64"):  # as the C ABI: type, then shape
+        raise TypeError(f"seq_lens: dtype {seq_lens.dtype} received; expected int32 or int64")
+    if len(shape) != 1:
+        raise ValueError(f"seq_lens: shape {shape} received; expected an int32 or int64 array [B]")
     if fw == "torch":
         import torch
 

@@ -688,11 +688,13 @@ def allocate_kv_cache(
             raise ValueError("backend='torch' needs torch, which is not installed") from e
         key = "bfloat16" if spec.cache_dtype == "auto" else spec.cache_dtype
         dtype = STR_DTYPE_TO_TORCH_DTYPE[key]
-        try:
-            buf = torch.zeros(physical, dtype=dtype, device=device)
-        except (RuntimeError, AssertionError) as e:  # an unknown device, or CUDA not built or present
+        try:  # an unknown device, or CUDA not built or present: probed with an empty tensor
+            torch.empty(0, dtype=dtype, device=device)
+        except (RuntimeError, AssertionError) as e:
             raise ValueError(f"device: {device!r}: {e}") from None
-        return buf.permute(order)
+        # Out of memory stays torch's error (torch.OutOfMemoryError on a GPU), which an engine
+        # sizing its cache catches.
+        return torch.zeros(physical, dtype=dtype, device=device).permute(order)
 
     import numpy as np  # noqa: PLC0415
 

@@ -689,13 +689,17 @@ NB_MODULE(_C, m) {
         nb::arg("slot_mapping"), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
         nb::arg("value_cache").none(), nb::arg("recipe").none(), nb::arg("scale_layout").none(),
         nb::arg("stream").none(), nb::arg("workspace").none() = nb::none(), nb::arg("orient") = -1);
-  nb::class_<PreparedStore>(m, "PreparedStore")
+  nb::class_<PreparedStore>(m, "PreparedStore",
+                            "One layer's store, made by nvfp4kv.prepare_store: call it as "
+                            "prepared(key, value, slot_mapping, stream=None).")
       .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, int>(),
            nb::arg("kv_cache"), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
            nb::arg("value_cache").none(), nb::arg("recipe").none(), nb::arg("scale_layout").none(),
            nb::arg("workspace").none(), nb::arg("orient") = -1)
       .def("__call__", &PreparedStore::operator(), nb::arg("key"), nb::arg("value"),
-           nb::arg("slot_mapping"), nb::arg("stream").none() = nb::none());
+           nb::arg("slot_mapping"), nb::arg("stream").none() = nb::none(),
+           "Store key and value [tokens, H, D] at slot_mapping, as nvfp4kv.store with the prepared "
+           "cache, scales and workspace.");
   m.def("store_workspace_bytes", [](int64_t num_blocks, int64_t block_size) {
     size_t bytes = 0;
     raise_for(nvfp4kv_store_workspace_size(num_blocks, block_size, &bytes));

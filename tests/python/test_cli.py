@@ -143,6 +143,8 @@ def test_unknown_options_are_reported_by_their_subcommand(argv, prog):
         (["plan", "--model", "gemma-2-9b", "--head-size", "528"], "not a supported head size"),
         # memory too small for the weights
         (["plan", "--weights", "100GiB"], "exceed the usable memory"),
+        (["plan", "--memory", "0"], "no memory is left for the cache"),
+        (["plan", "--memory", "10GiB", "--utilization", "0.5", "--weights", "5GiB"], "no memory is left"),
         (
             ["plan", "--memory", "1GiB", "--utilization", "0.5", "--weights", "513MiB"],
             "exceed the usable memory",

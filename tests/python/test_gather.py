@@ -419,6 +419,16 @@ def test_bad_inputs_rejected_outputs_untouched(nv, case):
     assert_bytes_equal(cache.snapshot(), snap, cache)
 
 
+@pytest.mark.parametrize("seq_lens,exc", [(np.array([3.0, 4.0], np.float32), TypeError),
+                                         (np.array([[3, 4]], np.int32), ValueError)])
+def test_seq_lens_without_cu_seqlens_errors_like_with_them(nv, seq_lens, exc):
+    """Found by review: without cu_seqlens a float seq_lens raised ValueError (TypeError with them,
+    and for every other wrong element type)."""
+    cache = make_cache(3, 4, 2, 64, "5d", "HND", "numpy", seed=16)
+    with pytest.raises(exc, match="^seq_lens: "):
+        nv.gather_dequant(cache.kv_cache, np.array([[0, 1], [2, 0]], np.int32), seq_lens, scale_layout="linear")
+
+
 def test_bad_dtype_argument_and_paged_outputs(nv):
     cache = make_cache(3, 4, 2, 64, "5d", "HND", "numpy", seed=17)
     bt, sl = np.array([[0]], np.int32), np.array([2], np.int32)

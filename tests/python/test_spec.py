@@ -518,3 +518,15 @@ def test_empty_numpy_cache_keeps_its_layout():
     kv = S.allocate_kv_cache(spec, 0, backend="numpy")
     want = S.allocate_kv_cache(spec, 1, backend="numpy")
     assert kv.shape[0] == 0 and kv.strides == want.strides  # HND, as with pages (not NumPy's 0s)
+
+
+def test_allocation_errors_keep_their_kind():
+    """Found by review: out of memory became ValueError("device: ..."), which an engine sizing its
+    cache by catching torch.OutOfMemoryError (a RuntimeError) would miss. A bad device is still
+    ValueError."""
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="^device: 'tpu'"):
+        S.allocate_kv_cache(S.KVCacheSpec(16, 2, 64), 1, device="tpu")
+    with pytest.raises(RuntimeError) as e:  # 2^40 pages of 4.5 KB: no machine has that
+        S.allocate_kv_cache(S.KVCacheSpec(16, 2, 64), 2**40, backend="torch")
+    assert not isinstance(e.value, ValueError) and torch is not None

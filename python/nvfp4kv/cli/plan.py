@@ -54,6 +54,11 @@ def plan_capacity(
             f"({_human_bytes(memory_bytes)} x {float(utilization):g} = "
             f"{_human_bytes(usable)})"
         )
+    if budget == 0:
+        raise UsageError(
+            f"no memory is left for the cache: the usable memory ({_human_bytes(memory_bytes)} x "
+            f"{float(utilization):g} = {_human_bytes(usable)}) minus the weights is 0"
+        )
     pages_per_seq = -(-context // block_size)
     rows = _format_sizes(geo, block_size)
     for r in rows:
