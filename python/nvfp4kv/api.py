@@ -503,6 +503,7 @@ def _dequantize_outputs(kv_cache: Any, value_cache: Any, dtype: Any, key_out: An
     """dequantize()'s outputs: the ones given, else new arrays of the cache's geometry (zeros where
     `pages` leaves pages unread: never memory of whatever was there)."""
     if not _both_given(dtype, key_out, value_out):
+        _uint8_cache(kv_cache, value_cache)  # a bf16 cache's shape is no NVFP4 geometry to allocate
         n, t, h, d, dv = _cache_geometry(kv_cache, value_cache, orient)
         name = _out_dtype(dtype, key_out, value_out, "float32")
         zero = pages is not None
@@ -512,13 +513,17 @@ def _dequantize_outputs(kv_cache: Any, value_cache: Any, dtype: Any, key_out: An
 
 
 def _gather_outputs(kv_cache: Any, value_cache: Any, seq_lens: Any, cu_seqlens: Any, computed: bool, dtype: Any,
-                    key_out: Any, value_out: Any, orient: int = -1) -> Tuple[Any, Any, Any]:
+                    key_out: Any, value_out: Any, orient: int = -1, block_table: Any = None) -> Tuple[Any, Any, Any]:
     """gather_dequant()'s outputs (the ones given, else new arrays of cu_seqlens[-1] rows, read on
     the host: a synchronization with the GPU) and its cu_seqlens (int32 where computed here and
     the outputs are allocated here, if the total fits)."""
     if not _both_given(dtype, key_out, value_out):
+        _uint8_cache(kv_cache, value_cache)
         _, _, h, d, dv = _cache_geometry(kv_cache, value_cache, orient)  # only to allocate (~1 µs)
-        total = _total_rows(seq_lens, cu_seqlens, computed)
+        total = _total_rows(seq_lens, cu_seqlens, computed, block_table)
+        if total * h * max(d, dv) >= 2**62:
+            raise ValueError(f"{'seq_lens' if computed else 'cu_seqlens'}: {total} rows in all received; "
+                             "outputs of that size cannot be allocated")
         if computed and total <= _INT32_MAX:  # every entry fits: FlashAttention's dtype
             cu_seqlens = _as_int32(cu_seqlens)
         default = "bfloat16" if _framework(kv_cache) == "torch" else "float32"
@@ -597,8 +602,7 @@ def _prefix_sums(seq_lens: Any) -> Any:
     if fw not in ("torch", "numpy", "cupy"):
         raise TypeError(f"seq_lens: a {type(seq_lens).__name__} received; without cu_seqlens, expected "
                         "a torch, numpy or cupy array (its prefix sums are computed here)")
-    if str(seq_lens.dtype).replace("torch.", "") not in ("int32", "int64"):  # as the C ABI: type, then shape
-        raise TypeError(f"seq_lens: dtype {seq_lens.dtype} received; expected int32 or int64")
+    _host_readable_index(seq_lens, "seq_lens")  # as the C ABI: type, then shape
     if len(shape) != 1:
         raise ValueError(f"seq_lens: shape {shape} received; expected an int32 or int64 array [B]")
     if fw == "torch":
@@ -613,6 +617,27 @@ def _prefix_sums(seq_lens: Any) -> Any:
     return cu
 
 
+def _host_readable_index(x: Any, arg: str) -> None:
+    """Refuses, as the C ABI would, an index array this module is about to read or sum on the
+    host (its error would otherwise be the framework's, naming no argument): not int32/int64, or
+    a torch tensor that is not strided."""
+    layout = getattr(x, "layout", None)
+    if layout is not None and str(layout) != "torch.strided":
+        raise TypeError(f"{arg}: a torch tensor of layout {layout} received; expected a dense (torch.strided) "
+                        "tensor (x.to_dense())")
+    if str(getattr(x, "dtype", "")).replace("torch.", "") not in ("int32", "int64"):
+        raise TypeError(f"{arg}: dtype {getattr(x, 'dtype', type(x).__name__)} received; expected int64 or int32")
+
+
+def _uint8_cache(kv_cache: Any, value_cache: Any) -> None:
+    """Refuses, as the C ABI would, a cache whose shape this module is about to allocate from but
+    that holds no NVFP4 bytes (a bf16 cache's last dimension is no F = D/2 + D/16)."""
+    for arg, c in (("kv_cache", kv_cache), ("value_cache", value_cache)):
+        dt = getattr(c, "dtype", None)
+        if dt is not None and str(dt).replace("torch.", "") != "uint8":
+            raise TypeError(f"{arg}: dtype {dt} received; expected uint8 (the NVFP4 page bytes)")
+
+
 def _as_int32(x: Any) -> Any:
     if _framework(x) == "torch":
         import torch
@@ -621,7 +646,7 @@ def _as_int32(x: Any) -> Any:
     return x.astype("int32")
 
 
-def _total_rows(seq_lens: Any, cu_seqlens: Any, computed: bool) -> int:
+def _total_rows(seq_lens: Any, cu_seqlens: Any, computed: bool, block_table: Any = None) -> int:
     """``cu_seqlens[-1]``, read on the host (a sync), to allocate the outputs; checked here since
     this module does the reading. `computed`: cu_seqlens came from :func:`_prefix_sums`, whose
     input is then the argument to blame."""
@@ -631,9 +656,18 @@ def _total_rows(seq_lens: Any, cu_seqlens: Any, computed: bool) -> int:
             raise ValueError(f"seq_lens: a negative length ({int(lo)}) received; lengths must be >= 0")
         return int(cu_seqlens[-1])
     shape = _shape(cu_seqlens, "cu_seqlens") if not isinstance(cu_seqlens, (list, tuple)) else (len(cu_seqlens),)
+    if not isinstance(cu_seqlens, (list, tuple)):
+        _host_readable_index(cu_seqlens, "cu_seqlens")
     if len(shape) != 1 or shape[0] == 0:
         raise ValueError(f"cu_seqlens: shape {shape} received; expected [B + 1] (B + 1 >= 1 entries: its "
                          "last entry is the output's row count)")
+    # The counts the C ABI checks, before the last entry sizes the outputs.
+    bshape, lens_shape = tuple(getattr(block_table, "shape", ())), tuple(getattr(seq_lens, "shape", ()))
+    if len(bshape) == 2 and len(lens_shape) == 1:
+        if lens_shape[0] != bshape[0]:
+            raise ValueError(f"seq_lens: {lens_shape[0]} entries received; expected {bshape[0]}")
+        if shape[0] != bshape[0] + 1:
+            raise ValueError(f"cu_seqlens: {shape[0]} entries received; expected {bshape[0] + 1}")
     total = int(cu_seqlens[-1])
     if total < 0:
         raise ValueError(f"cu_seqlens: last entry {total} received; it is the output's row count, so >= 0")
@@ -691,7 +725,7 @@ def gather_dequant(
     if computed:
         cu_seqlens = _prefix_sums(seq_lens)
     key_out, value_out, cu_seqlens = _gather_outputs(kv_cache, value_cache, seq_lens, cu_seqlens, computed, dtype,
-                                                     key_out, value_out, orient)
+                                                     key_out, value_out, orient, block_table)
     try:
         _C.gather_dequant(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, k_scale, v_scale,
                           scale_layout, key_out, value_out, stream, orient)
@@ -738,14 +772,19 @@ def decode_workspace(kv_cache: Any, query: Any, block_table: Any, q_len: int = 1
     return _zeros(kv_cache, nbytes, "uint8")
 
 
-def _decode_out(query: Any, kv_cache: Any, value_cache: Any, out: Any) -> Any:
+def _decode_out(query: Any, kv_cache: Any, value_cache: Any, out: Any, block_table: Any, q_len: int) -> Any:
     """decode_attention()'s output: the one given, else a new array [rows, Hq, Dv] in the query's
-    dtype, framework and device."""
+    dtype, framework and device (after the row count is checked, as the C ABI would: a query of
+    wrong rows must not cost an allocation of its size)."""
     if out is not None:
         return out
     qshape = _shape(query, "query")
     if len(qshape) != 3:
         raise ValueError(f"query: shape {qshape} received; expected (num_seqs * q_len, num_qo_heads, head_size)")
+    bshape = _shape(block_table, "block_table")
+    if len(bshape) == 2 and qshape[0] != bshape[0] * q_len:
+        raise ValueError(f"query: {qshape[0]} rows (shape {tuple(qshape)}) but block_table has {bshape[0]} "
+                         f"sequences of q_len {q_len}; expected {bshape[0] * q_len} rows")
     dv = _cache_geometry(kv_cache, value_cache)[4]
     return _empty(query, (qshape[0], qshape[1], dv), query.dtype)
 
@@ -847,7 +886,7 @@ def decode_attention(
     """
     orient = _orientation(kv_cache, value_cache, kv_layout)
     sm, cap, window, rows = _decode_scalars(query, sm_scale, logits_soft_cap, window_left, q_len)
-    out = _decode_out(query, kv_cache, value_cache, out)  # Dv: the same in either orientation
+    out = _decode_out(query, kv_cache, value_cache, out, block_table, rows)  # Dv: the same in either orientation
     try:
         _C.decode_attention(query, kv_cache, value_cache, block_table, seq_lens, k_scale, v_scale, scale_layout,
                             rows, sm, cap, window, out, lse, workspace, stream, orient)

@@ -225,7 +225,7 @@ def _gather_dequant_traced(kv_cache, block_table, seq_lens, k_scale=1.0, v_scale
     if computed:
         cu_seqlens = _api._prefix_sums(seq_lens)
     key_out, value_out, cu_seqlens = _api._gather_outputs(kv_cache, value_cache, seq_lens, cu_seqlens, computed,
-                                                          dtype, key_out, value_out)
+                                                          dtype, key_out, value_out, block_table=block_table)
     gather_dequant(kv_cache, block_table, seq_lens, cu_seqlens, scale_tensor(k_scale), scale_tensor(v_scale),
                    key_out, value_out, value_cache, scale_layout)
     return key_out, value_out, cu_seqlens
@@ -238,7 +238,7 @@ def _decode_attention_traced(query, kv_cache, block_table, seq_lens, k_scale=1.0
     _no_stream(stream)
     kv_cache, value_cache = _sides(kv_cache, value_cache, kv_layout)
     sm, cap, window, rows = _api._decode_scalars(query, sm_scale, logits_soft_cap, window_left, q_len)
-    out = _api._decode_out(query, kv_cache, value_cache, out)
+    out = _api._decode_out(query, kv_cache, value_cache, out, block_table, rows)
     decode_attention(query, kv_cache, block_table, seq_lens, scale_tensor(k_scale), scale_tensor(v_scale), out, sm,
                      lse, value_cache, scale_layout, cap, window, rows, workspace)
     return out

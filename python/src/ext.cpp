@@ -124,19 +124,12 @@ nb::object call(nb::handle obj, PyObject* name) {
   return nb::steal(PyObject_CallMethodObjArgs(obj.ptr(), name, nullptr));
 }
 
-// torch's lazy negation bit (torch.conj(z).imag, torch._neg_view) marks a view whose memory holds
-// the negated values. torch's own exports (__dlpack__, the C exchange table, data_ptr) all hand
-// out that memory as it is, so the binding refuses such a view rather than read or write the wrong
-// signs. Public torch calls give the bit only to views of a complex tensor's imaginary parts, whose
-// elements lie an even number of floats apart: no dimension of more than one element has stride
-// +-1. So only floating-point tensors without such a dimension are asked (is_neg() costs ~0.1 µs
-// a call): one-element scales, and an lse given as a strided view.
-bool may_be_negated(const DLTensor& t) {
-  if (t.dtype.code != kDLFloat && t.dtype.code != kDLBfloat) return false;
-  for (int i = 0; i < t.ndim; ++i)
-    if (t.shape[i] > 1 && (!t.strides || t.strides[i] == 1 || t.strides[i] == -1)) return false;
-  return true;
-}
+// torch's lazy negation bit (torch.conj(z).imag, torch._neg_view, and views of them) marks a view
+// whose memory holds the negated values. torch's own exports (__dlpack__, the C exchange table,
+// data_ptr) all hand out that memory as it is, so the binding refuses such a view rather than read
+// or write the wrong signs. Every floating-point tensor is asked (is_neg() costs ~0.1 µs a call):
+// the bit is not visible in the strides (as_strided gives an imaginary part stride 1).
+bool may_be_negated(const DLTensor& t) { return t.dtype.code == kDLFloat || t.dtype.code == kDLBfloat; }
 
 void reject_negated(nb::handle obj, const TorchInfo* info, const char* name) {
   nb::object neg = call(obj, info->is_neg);
@@ -237,7 +230,6 @@ bool import_torch(Arg& a, nb::handle obj, const char* name) {
   a.t.ndim = static_cast<int32_t>(nd);
   a.t.dtype = info->dl[which];
   a.t.shape = a.shape;
-  a.t.strides = a.strides;
   if (may_be_negated(a.t)) reject_negated(obj, info, name);
   nb::object ptr = call(obj, info->data_ptr);
   if (!ptr.is_valid()) {  // a sparse tensor has no data pointer: say so, naming the argument

@@ -398,3 +398,35 @@ def test_array_its_exporter_refuses_says_why(nv):
     s = Setup("numpy")
     assert_rejected(nv, s, s.store(key=s.key.astype(">f4")), TypeError, "key: expected an array supporting "
                     "DLPack.*got ndarray: .*byte order")
+
+
+# ------------------------------------------------------------- checks before an output is allocated
+def test_bad_arguments_are_named_before_outputs_are_allocated():
+    """Found by fuzzing: the Python layer allocated outputs from arguments the C ABI would refuse
+    (a query of 2^36 rows, a bf16 cache, cu_seqlens of the wrong length ending at 2^40), so the
+    call ended in the allocator's MemoryError naming no argument; and it read index arrays of any
+    dtype or layout on the host (complex, sparse) with the framework's errors."""
+    torch = pytest.importorskip("torch")
+    import nvfp4kv
+
+    kv = nvfp4kv.allocate_kv_cache(nvfp4kv.KVCacheSpec(16, 2, 64), 2)
+    bt = torch.zeros(1, 2, dtype=torch.int32)
+    sl = torch.ones(1, dtype=torch.int32)
+    q = torch.zeros(1, 4, 64, dtype=torch.bfloat16).expand(2**36, 4, 64)  # no memory behind it
+    with pytest.raises(ValueError, match="^query: 68719476736 rows .* expected 1 rows"):
+        nvfp4kv.decode_attention(q, kv, bt, sl)
+    bf16 = torch.zeros(1, 2, 16, 2, 64, dtype=torch.bfloat16).expand(2**24, 2, 16, 2, 64)
+    with pytest.raises(TypeError, match="^kv_cache: dtype torch.bfloat16"):
+        nvfp4kv.dequantize(bf16, scale_layout="linear")
+    with pytest.raises(TypeError, match="^kv_cache: dtype torch.bfloat16"):
+        nvfp4kv.gather_dequant(bf16, bt, sl, scale_layout="linear")
+    for cu, exc, needle in [(torch.tensor([0, 1, 2**40]), ValueError, "^cu_seqlens: 3 entries received; expected 2"),
+                            (torch.tensor([0, 1], dtype=torch.complex64), TypeError, "^cu_seqlens: dtype"),
+                            (torch.tensor([0, 1]).to_sparse(), TypeError, "^cu_seqlens: a torch tensor of layout"),
+                            (np.array([0.0, np.nan]), TypeError, "^cu_seqlens: dtype"),
+                            (np.array([0, 2**64 - 1], np.uint64), TypeError, "^cu_seqlens: dtype"),
+                            (torch.tensor([0, 2**63 - 1]), ValueError, "^cu_seqlens: .* cannot be allocated")]:
+        with pytest.raises(exc, match=needle):
+            nvfp4kv.gather_dequant(kv, bt, sl, cu_seqlens=cu)
+    with pytest.raises(TypeError, match="^seq_lens: a torch tensor of layout"):
+        nvfp4kv.gather_dequant(kv, bt, torch.tensor([1]).to_sparse())

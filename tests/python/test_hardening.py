@@ -428,8 +428,8 @@ def test_seq_lens_that_is_no_array_is_a_type_error():
 
 
 def test_seq_lens_of_a_float_dtype_is_rejected_naming_it():
-    cache = filled_cache()
-    with pytest.raises(ValueError, match=r"seq_lens: .*float32"):
+    cache = filled_cache()  # TypeError, as for every wrong element type (was ValueError here)
+    with pytest.raises(TypeError, match=r"seq_lens: .*float32"):
         nv.gather_dequant(cache.kv_cache, torch.tensor([[0, 1]]), torch.tensor([8.0]), **LINEAR)
 
 

@@ -96,8 +96,7 @@ def test_negated_scale_is_refused(nv, path, shape):
 
 
 def test_negated_input_cannot_pass(nv, path):
-    # Inputs need D >= 16 elements at stride 1; a public negated view has them 2 apart, so it is
-    # refused (for its stride) before any byte is written.
+    # A negated key is refused before any byte is written.
     rng = np.random.default_rng(10)
     N, T, H, D, n = 2, 16, 2, 64, 5
     vals = rng.standard_normal((n, H, D)).astype(np.float32)
@@ -108,6 +107,28 @@ def test_negated_input_cannot_pass(nv, path):
     with pytest.raises(ValueError, match="key"):
         nv.store(key, torch.from_numpy(vals), cache.kv_cache, slots)
     assert_bytes_equal(cache.snapshot(), snap, cache)
+
+
+def test_negated_views_with_unit_strides_are_refused(nv, path):
+    """Found by fuzzing: as_strided gives an imaginary part stride 1, and torch._neg_view makes a
+    negated view of any tensor; the binding asked is_neg() only of tensors without a unit stride,
+    so such a key was stored with its signs flipped and such an out received -attention."""
+    N, T, H, D = 2, 4, 2, 64
+    z = torch.randn(3, H, D, dtype=torch.complex64)
+    key = torch.conj(z).imag.as_strided((3, H, D), (2 * H * D, 2 * D, 1))
+    assert key.is_neg() and key.stride()[-1] == 1
+    cache = make_cache(N, T, H, D, "5d", "HND", "torch", seed=9)
+    snap = cache.snapshot()
+    with pytest.raises(ValueError, match="key: a lazily negated torch view"):
+        nv.store(key, key.resolve_neg(), cache.kv_cache, torch.arange(3), scale_layout="linear")
+    assert_bytes_equal(cache.snapshot(), snap, cache)
+    q = torch.randn(1, 4, D).to(torch.bfloat16)
+    buf = torch.full((1, 4, D), 7.0, dtype=torch.bfloat16)
+    out = torch._neg_view(buf)
+    with pytest.raises(ValueError, match="out: a lazily negated torch view"):
+        nv.decode_attention(q, cache.kv_cache, torch.tensor([[0, 1]], dtype=torch.int32),
+                            torch.tensor([5], dtype=torch.int32), out=out, scale_layout="linear")
+    assert bool((buf == 7.0).all())
 
 
 def test_negated_lse_is_refused(nv, path):
