@@ -3,11 +3,12 @@
 // whole by one thread: the bytes do not depend on the thread count.
 //
 // Per unit, the rows r = i * group + g (query row i, query head h * group + g) share every K and
-// V row read. Two passes over the tokens, in increasing position: the first finds each row's
-// largest logit m, the second sums p_j = exp(l_j - m) and p_j * v_j (the logits are recomputed,
-// with the same operations, so they are the values of the first pass). Memory stays bounded by a
-// chunk of tokens whatever the sequence lengths. The sums run in three levels (design notes:
-// "Decode attention on the CPU: sums in three levels").
+// V row read. One pass over the tokens, in increasing position, a chunk at a time: each chunk's K
+// and V rows are decoded once, each row's logits computed, and the row's running maximum m raised
+// to the chunk's largest logit, its sums rescaled by exp(m_old - m) when it rises (design notes:
+// "Decode attention on the CPU: one pass"); then p_j = exp(l_j - m) and p_j * v_j are summed.
+// Memory stays bounded by a chunk of tokens whatever the sequence lengths. The sums run in three
+// levels (design notes: "Decode attention on the CPU: sums in three levels").
 #include <math.h>
 
 #include <algorithm>
@@ -38,8 +39,22 @@ inline void store_o(void* base, int64_t idx, float v) {
   static_cast<uint16_t*>(base)[idx] = kDType == DType::kFloat16 ? float_to_f16(v) : float_to_bf16(v);
 }
 
+// The two e2m1 values of each code byte (low nibble first): one load per byte instead of the
+// decoder's bit operations per nibble, which were most of this reader's time.
+struct CodePair {
+  float lo, hi;
+};
+struct CodePairs {
+  CodePair v[256];
+  CodePairs() {
+    for (uint32_t b = 0; b < 256; ++b) v[b] = CodePair{e2m1_decode(b & 0xFu), e2m1_decode(b >> 4)};
+  }
+};
+const CodePairs kCodePairs;
+
 // Raw values e2m1 * e4m3 of row (h, t) of one side of one page (NaN for a NaN group), element d
-// at y[d * stride].
+// at y[d * stride]: dequantize_group's values with a global scale of 1 (its last product is then
+// exact), from the format core's two decoders, a byte at a time.
 void raw_row(const CacheSide& s, const uint8_t* side, int64_t h, int64_t t, int32_t H, int32_t T, Layout layout,
              float* y, int64_t stride) {
   const int64_t D = s.D;
@@ -48,11 +63,19 @@ void raw_row(const CacheSide& s, const uint8_t* side, int64_t h, int64_t t, int3
   for (int64_t g16 = 0; g16 < D / kGroupSize; ++g16) {
     const int64_t soff = s.interleaved ? scale_offset_interleaved(h, t, g16, T, H, D)
                                        : scale_offset_linear(row, g16, H, T, D);
-    uint32_t w[2] = {0, 0};
-    for (int b = 0; b < 8; ++b) w[b / 4] |= static_cast<uint32_t>(data[8 * g16 + b]) << (8 * (b % 4));
-    float out[kGroupSize];
-    dequantize_group(w, side[soff], 1.0f, out);
-    for (int i = 0; i < kGroupSize; ++i) y[(g16 * kGroupSize + i) * stride] = out[i];
+    const uint32_t sfb = side[soff];
+    float* out = y + g16 * kGroupSize * stride;
+    if ((sfb & 0x7Fu) == kScaleNaN) {
+      for (int i = 0; i < kGroupSize; ++i) out[i * stride] = quiet_nan();
+      continue;
+    }
+    const float sf = e4m3_decode(sfb);
+    const uint8_t* codes = data + 8 * g16;  // element 2b in byte b's low nibble, 2b + 1 in its high
+    for (int b = 0; b < 8; ++b) {
+      const CodePair& c = kCodePairs.v[codes[b]];
+      out[(2 * b) * stride] = mul_rn(c.lo, sf);
+      out[(2 * b + 1) * stride] = mul_rn(c.hi, sf);
+    }
   }
 }
 
@@ -149,54 +172,70 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
       }
     }
   };
+  // Multiplies every level of row r's sums by a (its maximum rose).
+  const auto rescale = [&](int64_t r, float a) {
+    for (int level = 0; level < 3; ++level) {
+      sum[level][r] = mul_rn(sum[level][r], a);
+      float* acc = &s.acc[level][r * Dv];
+      for (int64_t d = 0; d < Dv; ++d) acc[d] = mul_rn(acc[d], a);
+    }
+  };
   int folds = 0;  // level-0 partials in level 1
 
-  for (int pass = 0; pass < 2 && lo <= hi; ++pass) {
-    for (int64_t j = lo; j <= hi;) {
-      // The next chunk: up to kChunk positions, in increasing order, of pages that the block
-      // table names (a masked page is skipped, never read).
-      int64_t n = 0;
-      while (n < kChunk && j <= hi) {
-        const int64_t blk = j / p.T, page = load_index(bt_row, blk);
-        if (page < 0 || page >= p.N) {
-          j = (blk + 1) * p.T;
-          continue;
-        }
-        const uint8_t* kside = p.k.base + page * p.k.page_stride;
-        const uint8_t* vside = p.v.base + page * p.v.page_stride;
-        const int64_t t_end = std::min<int64_t>(p.T, hi - blk * p.T + 1);
-        for (int64_t t = j - blk * p.T; t < t_end && n < kChunk; ++t, ++j, ++n) {
-          s.pos[n] = j;
-          raw_row(p.k, kside, h, t, p.H, p.T, p.layout, &s.kt[n], kChunk);  // column n of kt
-          if (pass == 1) raw_row(p.v, vside, h, t, p.H, p.T, p.layout, &s.v[n * Dv], 1);
-        }
+  for (int64_t j = lo; j <= hi;) {
+    // The next chunk: up to kChunk positions, in increasing order, of pages that the block
+    // table names (a masked page is skipped, never read).
+    int64_t n = 0;
+    while (n < kChunk && j <= hi) {
+      const int64_t blk = j / p.T, page = load_index(bt_row, blk);
+      if (page < 0 || page >= p.N) {
+        j = (blk + 1) * p.T;
+        continue;
       }
-      if (n == 0) break;
-      for (int64_t r = 0; r < R; ++r) {
-        if (range[r].lo > s.pos[n - 1] || range[r].hi < s.pos[0]) continue;
-        logits(r, n);
-        const float* l = &s.logits[r * kChunk];
-        for (int64_t i = 0; i < n; ++i) {
-          if (s.pos[i] < range[r].lo || s.pos[i] > range[r].hi) continue;
-          if (pass == 0) {
-            m[r] = max_nan(m[r], l[i]);
-            ++seen[r];
-            continue;
-          }
-          const float e = expf(sub_rn(l[i], m[r]));
-          sum[0][r] = add_rn(sum[0][r], e);
-          const float* v = &s.v[i * Dv];
-          float* acc = &s.acc[0][r * Dv];
-          for (int64_t d = 0; d < Dv; ++d) acc[d] = add_rn(acc[d], mul_rn(e, v[d]));
-        }
+      const uint8_t* kside = p.k.base + page * p.k.page_stride;
+      const uint8_t* vside = p.v.base + page * p.v.page_stride;
+      const int64_t t_end = std::min<int64_t>(p.T, hi - blk * p.T + 1);
+      for (int64_t t = j - blk * p.T; t < t_end && n < kChunk; ++t, ++j, ++n) {
+        s.pos[n] = j;
+        raw_row(p.k, kside, h, t, p.H, p.T, p.layout, &s.kt[n], kChunk);  // column n of kt
+        raw_row(p.v, vside, h, t, p.H, p.T, p.layout, &s.v[n * Dv], 1);
       }
-      if (pass == 1) {  // a chunk is kChunk positions but at the end of the range or the table
-        fold(0);
-        if (++folds == kFold) {
-          fold(1);
-          folds = 0;
+    }
+    if (n == 0) break;
+    for (int64_t r = 0; r < R; ++r) {
+      if (range[r].lo > s.pos[n - 1] || range[r].hi < s.pos[0]) continue;
+      logits(r, n);
+      const float* l = &s.logits[r * kChunk];
+      const bool whole = range[r].lo <= s.pos[0] && s.pos[n - 1] <= range[r].hi;
+      const auto sees = [&](int64_t i) { return whole || (s.pos[i] >= range[r].lo && s.pos[i] <= range[r].hi); };
+      float cm = -INFINITY;
+      int64_t count = 0;
+      for (int64_t i = 0; i < n; ++i)
+        if (sees(i)) {
+          cm = max_nan(cm, l[i]);
+          ++count;
         }
+      if (count == 0) continue;
+      seen[r] += count;
+      if (!(cm <= m[r])) {  // the maximum rises (or turns NaN, which then reaches every sum)
+        const float m_new = max_nan(m[r], cm);
+        if (m[r] != -INFINITY) rescale(r, expf(sub_rn(m[r], m_new)));
+        m[r] = m_new;
       }
+      float* acc = &s.acc[0][r * Dv];
+      for (int64_t i = 0; i < n; ++i) {
+        if (!sees(i)) continue;
+        const float e = expf(sub_rn(l[i], m[r]));
+        sum[0][r] = add_rn(sum[0][r], e);
+        const float* v = &s.v[i * Dv];
+        for (int64_t d = 0; d < Dv; ++d) acc[d] = add_rn(acc[d], mul_rn(e, v[d]));
+      }
+    }
+    // A chunk is kChunk positions but at the end of the range or the table.
+    fold(0);
+    if (++folds == kFold) {
+      fold(1);
+      folds = 0;
     }
   }
   fold(0);
