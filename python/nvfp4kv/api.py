@@ -782,7 +782,7 @@ def _decode_out(query: Any, kv_cache: Any, value_cache: Any, out: Any, block_tab
     if len(qshape) != 3:
         raise ValueError(f"query: shape {qshape} received; expected (num_seqs * q_len, num_qo_heads, head_size)")
     bshape = _shape(block_table, "block_table")
-    if len(bshape) == 2 and qshape[0] != bshape[0] * q_len:
+    if len(bshape) == 2 and 1 <= q_len <= 8 and qshape[0] != bshape[0] * q_len:  # else the C ABI names q_len
         raise ValueError(f"query: {qshape[0]} rows (shape {tuple(qshape)}) but block_table has {bshape[0]} "
                          f"sequences of q_len {q_len}; expected {bshape[0] * q_len} rows")
     dv = _cache_geometry(kv_cache, value_cache)[4]

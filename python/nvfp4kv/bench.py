@@ -39,12 +39,17 @@ TOKENS = (1, 16, 64, 256, 1024, 4096, 16384, 65536)
 GRAPH_NODES = 100  # captures per CUDA graph, the same for the empty kernel and the store
 
 
+def _who() -> str:
+    """The program to name in messages: the benchmark script, or the CLI (nvfp4kv)."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return name if name.endswith(".py") else "nvfp4kv bench"
+
+
 def _torch():
     import torch
 
     if not torch.cuda.is_available():
-        who = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "nvfp4kv"
-        raise SystemExit(f"{who}: no CUDA device visible to torch; the benchmark needs a GPU")
+        raise SystemExit(f"{_who()}: no CUDA device visible to torch; the benchmark needs a GPU")
     return torch
 
 
@@ -120,7 +125,7 @@ def _queued_per_call(torch, fn: Callable[[], None], calls: int, repeats: int) ->
         elif spin < 1 << 34:
             spin *= 2
         else:
-            raise RuntimeError("nvfp4kv bench: the host cannot queue the calls ahead of the GPU")
+            raise RuntimeError(f"{_who()}: the host cannot queue the calls ahead of the GPU")
     return statistics.median(samples)
 
 
@@ -299,7 +304,7 @@ def run(quick: bool = False, json_path: Optional[str] = None, progress: bool = T
 
     info = nvfp4kv.build_info()
     if not info["cuda_available"]:
-        raise SystemExit(f"nvfp4kv bench: CUDA unavailable in nvfp4kv: {info['cuda_unavailable_reason']}")
+        raise SystemExit(f"{_who()}: CUDA unavailable in nvfp4kv: {info['cuda_unavailable_reason']}")
     cases: List[Dict] = []
     tokens = (1, 64, 4096, 65536) if quick else TOKENS
     for n in tokens:
@@ -462,7 +467,7 @@ def bench_amax_case(torch, nvfp4kv, numel: int, dtype: str = "bfloat16", layout:
     torch.cuda.synchronize()
     want = x.abs().max().float()
     if not torch.equal(out[0], want):
-        raise RuntimeError(f"nvfp4kv bench: amax {out.item()} != torch's {want.item()} ({dtype}, {layout})")
+        raise RuntimeError(f"{_who()}: amax {out.item()} != torch's {want.item()} ({dtype}, {layout})")
     nbytes = x.numel() * elem
     us, launch_us, gpu_us = _time_case(torch, call, nbytes, quick)
     return {"numel": x.numel(), "dtype": dtype, "layout": layout, "accumulate": accumulate, "bytes": nbytes,

@@ -571,3 +571,30 @@ def test_compiled_equals_eager():
     torch._dynamo.reset()
     got = torch.compile(f, fullgraph=True, backend="eager")(q, cache.kv_cache, bt, sl)
     assert torch.equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize("L", [64, 65, 200])
+def test_logits_of_minus_inf_weigh_zero_wherever_they_fall(L):
+    """Found by review of the one-pass reader: logits that overflow to -inf in a chunk before the
+    row's first finite one were summed as exp(-inf - -inf) = NaN (at L 65: 64 such positions
+    fill the first chunk). They weigh 0, as on the GPU: the row attends its one finite logit."""
+    T, D = 16, 64
+    cache = nvfp4kv.allocate_kv_cache(nvfp4kv.KVCacheSpec(T, 1, D), -(-L // T))
+    k = torch.zeros(L, 1, D)
+    k[:-1, 0, 0] = -6.0  # q . k = -12: times sm_scale 3e38, -inf in fp32
+    v = torch.zeros(L, 1, D)
+    v[-1] = 1.0
+    nvfp4kv.store(k, v, cache, torch.arange(L), 1.0, 1.0, scale_layout="linear")
+    q = torch.zeros(1, 1, D, dtype=torch.bfloat16)
+    q[0, 0, 0] = 2.0
+    bt = torch.arange(-(-L // T), dtype=torch.int32)[None]
+    lse = torch.empty(1, 1)
+    out = nvfp4kv.decode_attention(q, cache, bt, torch.tensor([L], dtype=torch.int32), 1.0, 1.0,
+                                   scale_layout="linear", sm_scale=3e38, lse=lse)
+    _, vd = nvfp4kv.dequantize(cache, 1.0, 1.0, scale_layout="linear")  # [N, T, 1, D]
+    want = vd.reshape(-1, 1, D)[L - 1].to(torch.bfloat16)
+    assert torch.equal(out[0], want) and float(lse) == 0.0
+    # Every logit -inf: no weight anywhere, the result of a row that sees no position.
+    out = nvfp4kv.decode_attention(q, cache, bt, torch.tensor([L - 1], dtype=torch.int32), 1.0, 1.0,
+                                   scale_layout="linear", sm_scale=3e38, lse=lse)
+    assert not out.float().any() and float(lse) == -math.inf

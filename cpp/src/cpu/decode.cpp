@@ -118,14 +118,12 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
   const IndexVec bt_row = block_table_row(p, b);
   Range range[kMaxRows];
   float m[kMaxRows], sum[3][kMaxRows];  // the sums of p_j, by level, as acc
-  int64_t seen[kMaxRows];
   for (int64_t i = 0; i < p.q_len; ++i) {
     const Range ri = row_range(p, len, i, cap);
     for (int64_t g = 0; g < G; ++g) {
       const int64_t r = i * G + g;
       range[r] = ri;
       m[r] = -INFINITY;
-      seen[r] = 0;
       const int64_t qrow = (b * p.q_len + i) * p.q_stride[0] + (h * G + g) * p.q_stride[1];
       for (int64_t d = 0; d < D; ++d) s.q[r * D + d] = load_q<kDType>(p.query, qrow + d);
       for (int level = 0; level < 3; ++level) {
@@ -209,23 +207,21 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
       const bool whole = range[r].lo <= s.pos[0] && s.pos[n - 1] <= range[r].hi;
       const auto sees = [&](int64_t i) { return whole || (s.pos[i] >= range[r].lo && s.pos[i] <= range[r].hi); };
       float cm = -INFINITY;
-      int64_t count = 0;
       for (int64_t i = 0; i < n; ++i)
-        if (sees(i)) {
-          cm = max_nan(cm, l[i]);
-          ++count;
-        }
-      if (count == 0) continue;
-      seen[r] += count;
+        if (sees(i)) cm = max_nan(cm, l[i]);
       if (!(cm <= m[r])) {  // the maximum rises (or turns NaN, which then reaches every sum)
         const float m_new = max_nan(m[r], cm);
         if (m[r] != -INFINITY) rescale(r, expf(sub_rn(m[r], m_new)));
         m[r] = m_new;
       }
+      // A logit of -inf (an fp32 overflow) weighs 0, also while the maximum is -inf: subtracting
+      // 0 then, not -inf (whose difference is NaN), as the CUDA reader does; 0 x a NaN V group
+      // still reaches the row.
+      const float mu = m[r] == -INFINITY ? 0.0f : m[r];
       float* acc = &s.acc[0][r * Dv];
       for (int64_t i = 0; i < n; ++i) {
         if (!sees(i)) continue;
-        const float e = expf(sub_rn(l[i], m[r]));
+        const float e = expf(sub_rn(l[i], mu));
         sum[0][r] = add_rn(sum[0][r], e);
         const float* v = &s.v[i * Dv];
         for (int64_t d = 0; d < Dv; ++d) acc[d] = add_rn(acc[d], mul_rn(e, v[d]));
@@ -245,10 +241,12 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
     const int64_t i = r / G, g = r % G, row = b * p.q_len + i, hq = h * G + g;
     const int64_t orow = row * p.out_stride[0] + hq * p.out_stride[1];
     const float* acc = &s.acc[2][r * Dv];
+    // Total 0: the row saw no position, or only logits of -inf (output 0, lse -inf, as the CUDA
+    // reader gives); NaN: a NaN logit (or +inf), which then reaches everything.
     const float total = sum[2][r];
-    for (int64_t d = 0; d < Dv; ++d)
-      store_o<kDType>(p.out, orow + d, seen[r] ? mul_rn(acc[d] / total, v_scale) : 0.0f);
-    if (p.lse) p.lse[row * p.lse_stride[0] + hq * p.lse_stride[1]] = seen[r] ? add_rn(m[r], logf(total)) : -INFINITY;
+    const bool some = !(total <= 0.0f);
+    for (int64_t d = 0; d < Dv; ++d) store_o<kDType>(p.out, orow + d, some ? mul_rn(acc[d] / total, v_scale) : 0.0f);
+    if (p.lse) p.lse[row * p.lse_stride[0] + hq * p.lse_stride[1]] = some ? add_rn(m[r], logf(total)) : -INFINITY;
   }
 }
 
