@@ -706,3 +706,14 @@ def test_cli_package_names_and_python_m_cli():
                        check=False, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout == run("plan", "--list-models")[1]
+
+
+def test_subcommand_options_before_the_subcommand_are_named():
+    """Found by review: `nvfp4kv --seed 5 plan` said "invalid choice: '5'"."""
+    rc, out, err = run("--seed", "5", "plan")
+    assert rc == 2 and out == ""
+    assert err == ("nvfp4kv: error: --seed 5: a subcommand's options go after it (nvfp4kv plan --seed 5) "
+                   "(see 'nvfp4kv --help')\n"), err
+    rc, out, _ = run("--json", "-q", "plan")  # the common options still may
+    assert rc == 0 and out.startswith("{")
+

@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="NVFP4 paged KV cache: demo, capacity planner, benchmark, "
         "build info. Without a subcommand, runs 'demo'.",
+        epilog="A subcommand's options follow it (nvfp4kv plan --memory 141GB); --json and -q "
+        "may also come before it.",
     )
     ap.add_argument("--version", action="version", version=f"{PROG} {version}")
     sub = ap.add_subparsers(dest="command", metavar="{demo,plan,bench,info}")
@@ -115,6 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     first = next((i for i, a in enumerate(argv) if a in _COMMANDS), 0)
     if first and all(a in _COMMON for a in argv[:first]):
         argv = argv[first:first + 1] + argv[:first] + argv[first + 1:]
+    elif first and argv[0].startswith("-") and not any(a in ("-h", "--help", "--version") for a in argv[:first]):
+        # `nvfp4kv --seed 5 plan`: argparse would call 5 an invalid subcommand
+        sys.stderr.write(_usage_line(PROG, f"{' '.join(argv[:first])}: a subcommand's options go after it "
+                                           f"({PROG} {argv[first]} {' '.join(argv[:first])})"))
+        return 2
     try:
         args, extra = build_parser().parse_known_args(argv)
     except SystemExit as e:  # --help, --version (0) and usage errors (2)
