@@ -42,7 +42,7 @@ GRAPH_NODES = 100  # captures per CUDA graph, the same for the empty kernel and 
 def _who() -> str:
     """The program to name in messages: the benchmark script, or the CLI (nvfp4kv)."""
     name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    return name if name.endswith(".py") else "nvfp4kv bench"
+    return name if name.endswith(".py") and name != "__main__.py" else "nvfp4kv bench"  # python -m nvfp4kv
 
 
 def _torch():
