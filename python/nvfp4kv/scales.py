@@ -234,10 +234,11 @@ class ScaleTracker:
                 _C.amax(x, store[i], 1, stream)
                 folded = True
             except (ValueError, TypeError) as e:
+                where = f"the tracker's amax is on {self.device}"
                 if fresh and not folded:
                     self._amax, self._k, self._v = None, [], []
-                raise type(e)(f"ScaleTracker.update(layer {layer!r}) {side}: {e} (the tracker's amax is on "
-                              f"{self.device})") from None
+                    where = "the tracker has no storage yet: the first update allocates it like its array"
+                raise type(e)(f"ScaleTracker.update(layer {layer!r}) {side}: {e} ({where})") from None
 
     def _need(self) -> Any:
         if self._amax is None:

@@ -233,6 +233,7 @@ def nvfp4_kv_cache_split_views(kv_cache: Any, scale_layout: str = "vllm"):
         sn, s2, st, sh, sf = strides
         if two != 2:
             raise ValueError(f"{name}: dimension 1 of a 5-D cache must be 2 (K, V), got {two}")
+        _check_nonempty(T, H, name)  # before the strides, whose checks an empty side confuses
         layout = _side_layout(T, H, F, st, sh, sf, name)
         if s2 != H * T * F:
             # The C ABI takes a 5-D cache only with V right after K (stride H*T*F).
@@ -251,6 +252,7 @@ def nvfp4_kv_cache_split_views(kv_cache: Any, scale_layout: str = "vllm"):
                 f"{name}: dimension 1 of a packed 4-D cache (2H) must be even, got {H2}"
             )
         H = H2 // 2
+        _check_nonempty(T, H, name)
         if sf != 1 or not _stride_ok(st, F, T) or not _stride_ok(sh, T * F, H2):
             raise ValueError(
                 f"{name}: a packed 4-D cache (N, 2H, T, F) must have HND strides "
@@ -265,7 +267,6 @@ def nvfp4_kv_cache_split_views(kv_cache: Any, scale_layout: str = "vllm"):
             f"{name}: expected a 5-D (N, 2, T, H, F) or packed 4-D (N, 2H, T, F) cache, "
             f"got {len(shape)}-D shape {shape}"
         )
-    _check_nonempty(T, H, name)
     D = _head_size_from_full_dim(F, name)
     v_scale_layout = "linear"
     if scale_layout == "vllm":

@@ -422,6 +422,8 @@ def test_tracker_refusals_change_nothing():
     with pytest.raises(TypeError):
         tr.update(0, [1.0, 2.0])
     assert tr.device is None  # no storage fixed by a refused call
+    with pytest.raises(TypeError, match=r"float64 .*\(the tracker has no storage yet"):  # said "is on None"
+        tr.update(0, np.ones(3))
     good = np.array([1.0, 2.0], np.float32)
     tr.update(0, good, good)
     before = tr.state_dict()

@@ -536,3 +536,13 @@ def test_rejects_scale_layout():
     # and the same caches are fine with linear scales
     V.nvfp4_kv_cache_split_views(_np_cache(layout="NHD"), "linear")
     V.nvfp4_kv_cache_split_views(_np_cache(T=6), "linear")
+
+
+@pytest.mark.parametrize("cut", ["T", "H"])
+def test_empty_sides_are_named_as_such(cut):
+    """Found by review: a 5-D cache with T or H 0 got a message about its strides."""
+    kv = SP.allocate_kv_cache(SP.KVCacheSpec(16, 8, 128), 2, backend="numpy")
+    empty = kv[:, :, :0] if cut == "T" else kv[:, :, :, :0]
+    with pytest.raises(ValueError, match="must be positive"):
+        V.nvfp4_kv_cache_split_views(empty, "linear")
+
