@@ -598,3 +598,41 @@ def test_logits_of_minus_inf_weigh_zero_wherever_they_fall(L):
     out = nvfp4kv.decode_attention(q, cache, bt, torch.tensor([L - 1], dtype=torch.int32), 1.0, 1.0,
                                    scale_layout="linear", sm_scale=3e38, lse=lse)
     assert not out.float().any() and float(lse) == -math.inf
+
+
+@pytest.mark.parametrize("T,D,scale_layout,seed", [(16, 128, "vllm", 0), (4, 64, "linear", 1), (3, 256, "linear", 2),
+                                                   (16, 64, "vllm", 3)])
+def test_cache_of_random_bytes_against_the_reference(T, D, scale_layout, seed):
+    """Every byte a reader may meet, not only what the store writes: codes of every value, scale
+    bytes with the sign bit, and NaN groups (0x7F, 0xFF), in an HND cache. The NaN pattern of out
+    and lse is the reference's exactly (a NaN K group: the rows that see it; a NaN V group: those
+    rows' 16 elements of it), and the finite rows agree within the usual tolerances."""
+    rng = np.random.default_rng(seed)
+    N, H, G, q_len, B = 6, 2, 4, 2, 3
+    F = D // 2 + D // 16
+    side = H * T * F
+    raw = rng.integers(0, 256, (N, 2, side), dtype=np.uint8)
+    scales = rng.integers(0, 0x3C, (N, 2, side - H * T * D // 2)).astype(np.uint8)  # up to 1.5
+    scales |= (rng.random(scales.shape) < 0.3).astype(np.uint8) << 7  # negative scales
+    nan = rng.random(scales.shape) < 0.005
+    scales[nan] = rng.choice(np.array([0x7F, 0xFF], np.uint8), int(nan.sum()))
+    raw[:, :, H * T * D // 2:] = scales
+    buf = torch.from_numpy(raw.reshape(-1))
+    kv = torch.as_strided(buf, (N, 2, T, H, F), (2 * side, side, F, T * F, 1))  # HND
+    bt = torch.from_numpy(rng.integers(-1, N + 1, (B, 4)).astype(np.int32))
+    sl = torch.tensor([4 * T, 3 * T - 1, T + 1], dtype=torch.int32)
+    q = torch.from_numpy(rng.standard_normal((B * q_len, H * G, D)).astype(np.float32)).to(torch.bfloat16)
+    lse = torch.empty(B * q_len, H * G)
+    out = nvfp4kv.decode_attention(q, kv, bt, sl, 0.05, 0.3, scale_layout=scale_layout, q_len=q_len,
+                                   window_left=2 * T, lse=lse)
+    kd, vd = nvfp4kv.dequantize(kv, 0.05, 0.3, scale_layout=scale_layout)
+    want, want_lse = reference(q.float().numpy(), kd.numpy(), vd.numpy(), bt.numpy(), sl.numpy(), q_len,
+                               1 / math.sqrt(D), 0.0, 2 * T, N, T)
+    o, lo = out.float().numpy().astype(np.float64), lse.numpy().astype(np.float64)
+    assert np.array_equal(np.isnan(o), np.isnan(want)) and np.array_equal(np.isnan(lo), np.isnan(want_lse))
+    assert np.array_equal(np.isneginf(lo), np.isneginf(want_lse))
+    assert np.isnan(want).any() and (~np.isnan(want)).any()  # both kinds of rows are exercised
+    fin = ~np.isnan(want)
+    assert np.linalg.norm(o[fin] - want[fin]) <= REL_L2_TOL * np.linalg.norm(want[fin])
+    lf = np.isfinite(want_lse)
+    assert np.abs(lo[lf] - want_lse[lf]).max() <= LSE_TOL
