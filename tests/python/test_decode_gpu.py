@@ -619,3 +619,34 @@ def test_cuda_v_nan_group_reaches_only_the_rows_that_attend_it(T, D, elem, shift
     ok = ~torch.isnan(want.float())
     assert close(out.float().cpu()[ok], want.float()[ok]) <= REL_L2
     assert torch.allclose(lse.cpu(), want_lse, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("T,D,scale_layout,q_len", [(16, 128, "vllm", 1), (16, 64, "vllm", 3), (4, 128, "linear", 2),
+                                                     (1, 64, "linear", 1), (12, 256, "linear", 4)])
+def test_cuda_random_scale_bytes_equal_cpu(T, D, scale_layout, q_len):
+    """Scale bytes the store never writes: the sign bit set, and NaN groups of both encodings (0x7F,
+    0xFF) in K and V, long enough for split-KV. The NaN pattern of out and lse is the CPU path's
+    exactly (held to the fp64 reference by test_decode.py), the rest within the tolerances.
+    Added on 2026-12-05 without a device: first run in the next device session."""
+    g = torch.Generator().manual_seed(T * D + q_len)
+    B, H, group, L = 3, 2, 4, 40 * T
+    blocks = -(-L // T)
+    N = B * blocks + 2
+    F = nv.nvfp4_kv_cache_full_dim(D)
+    raw = torch.randint(0, 256, (N, 2, H * T * F), generator=g, dtype=torch.uint8)
+    sc = raw[:, :, H * T * (D // 2):]
+    sc &= 0xBB  # magnitudes below 0x3C (1.5), sign bit kept as drawn
+    nan = torch.rand(sc.shape, generator=g) < 0.0005
+    sc[nan] = torch.where(torch.rand(sc.shape, generator=g) < 0.5, 0x7F, 0xFF).to(torch.uint8)[nan]
+    kv = raw.view(N, 2, H, T, F).permute(0, 1, 3, 2, 4)
+    bt = torch.randperm(N, generator=g)[: B * blocks].reshape(B, blocks).to(torch.int32)
+    seq_lens = torch.tensor([L, L - T // 2 - 1, 7], dtype=torch.int32)
+    q = torch.randn(B * q_len, H * group, D, generator=g).to(torch.bfloat16)
+    want, want_lse = run(kv, bt, seq_lens, q, "cpu", q_len=q_len, scale_layout=scale_layout, window_left=25 * T)
+    got, got_lse = run(kv, bt, seq_lens, q, "cuda", q_len=q_len, scale_layout=scale_layout, window_left=25 * T)
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got_lse.isnan(), want_lse.isnan())
+    assert bool(want.isnan().any()) and bool((~want.isnan()).any())
+    fin = ~want.isnan()
+    assert close(got[fin], want[fin]) <= REL_L2
+    lf = want_lse.isfinite()
+    assert torch.allclose(got_lse[lf], want_lse[lf], atol=1e-4, rtol=0)
