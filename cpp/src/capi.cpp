@@ -445,7 +445,7 @@ int64_t decode_workspace_bytes(int64_t B, int64_t q_len, int64_t Hq, int64_t H, 
     fail(NVFP4KV_ERROR_INVALID_VALUE, "max_blocks_per_seq: %lld received; expected >= 0",
          static_cast<long long>(max_blocks));
   const int64_t splits = decode_splits(B, H, max_blocks);
-  if (splits <= 1) return 0;
+  if (splits <= 1 || B == 0) return 0;  // an empty batch needs none, whatever its heads
   int64_t bytes = 4 * q_len * decode_partial_floats(Dv) * splits;  // at most 4 * 8 * 258 * 64
   if (__builtin_mul_overflow(bytes, Hq, &bytes) || __builtin_mul_overflow(bytes, B, &bytes) ||
       bytes > (int64_t{1} << 62))

@@ -101,6 +101,24 @@ int main() {
     CHECK(st == NVFP4KV_SUCCESS && pinned == cache, "store into a kDLCUDAHost cache: %s", nvfp4kv_last_error());
   }
 
+  // A dimension of one element may have any stride (it addresses nothing): one token of key with
+  // a token stride of 2^62 stores what a compact one does (found by fuzzing: the CPU path's
+  // threading arithmetic overflowed on it, undefined behaviour though the bytes were right).
+  {
+    std::vector<uint8_t> one_tok(cache.size(), 0xA5), compact(cache.size(), 0xA5);
+    std::vector<int64_t> slot = {6};
+    View ck(one_tok.data(), kU8, {N, 2, T, H, F}), cc(compact.data(), kU8, {N, 2, T, H, F}),
+        k1(key.data(), kF32, {1, H, D}), v1(value.data(), kF32, {1, H, D}), s1(slot.data(), kI64, {1});
+    const int64_t huge[3] = {int64_t{1} << 62, D, 1}, huge1[1] = {int64_t{1} << 62};
+    CHECK(nvfp4kv_store(&k1.t, &v1.t, &cc.t, nullptr, &s1.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                        NVFP4KV_SCALES_LINEAR, nullptr) == NVFP4KV_SUCCESS, "%s", nvfp4kv_last_error());
+    k1.t.strides = const_cast<int64_t*>(huge);
+    s1.t.strides = const_cast<int64_t*>(huge1);
+    CHECK(nvfp4kv_store(&k1.t, &v1.t, &ck.t, nullptr, &s1.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                        NVFP4KV_SCALES_LINEAR, nullptr) == NVFP4KV_SUCCESS && one_tok == compact,
+          "store of one token with a huge token stride: %s", nvfp4kv_last_error());
+  }
+
   // Rejected calls: status, message naming the argument, cache untouched.
   before = cache;
   ks = 0.0f;
@@ -367,6 +385,9 @@ int main() {
           "decode workspace with 15 columns: %zu bytes", bytes);  // fewer than 8 per split: one split
     CHECK(nvfp4kv_decode_workspace_size(512, 1, 8, 1, 128, 100, &bytes) == NVFP4KV_SUCCESS && bytes == 0,
           "decode workspace of one split: %zu bytes", bytes);
+    CHECK(nvfp4kv_decode_workspace_size(0, 1, int64_t{1} << 60, int64_t{1} << 60, 128, 64, &bytes) ==
+                  NVFP4KV_SUCCESS && bytes == 0,
+          "decode workspace of an empty batch with 2^60 heads: %s", nvfp4kv_last_error());  // found by fuzzing
     CHECK(nvfp4kv_decode_workspace_size(1, 1, 8, 2, 128, 3, nullptr) == NVFP4KV_ERROR_INVALID_VALUE,
           "decode workspace: NULL bytes");
     CHECK(nvfp4kv_decode_workspace_size(1, 1, 8, 2, 96, 3, &bytes) == NVFP4KV_ERROR_INVALID_VALUE,

@@ -93,6 +93,13 @@ inline bool in_share(int64_t i, int k, int n) {
   return static_cast<int>(((static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull) >> 32) % static_cast<uint64_t>(n)) == k;
 }
 
+// a * b wrapping around (no signed overflow): the strides below may be anything where their
+// dimension has one element (it addresses nothing), and a product with such a stride is then
+// multiplied by 0 or never used. Memory that exists never makes these products wrap.
+int64_t wrap_mul(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+}
+
 // Bytes [lo, hi) that `count` blocks of `bytes` bytes, `stride` bytes apart from `base`, cover
 // (stride >= 0; an empty span for count 0).
 struct Span {
@@ -100,7 +107,9 @@ struct Span {
 };
 Span span_of(const void* base, int64_t count, int64_t stride, int64_t bytes) {
   const uintptr_t lo = reinterpret_cast<uintptr_t>(base);
-  return count <= 0 ? Span{} : Span{lo, lo + static_cast<uintptr_t>((count - 1) * stride + bytes)};
+  return count <= 0 ? Span{}
+                    : Span{lo, lo + static_cast<uintptr_t>(count - 1) * static_cast<uintptr_t>(stride) +
+                                   static_cast<uintptr_t>(bytes)};
 }
 bool apart(Span a, Span b) { return a.hi <= a.lo || b.hi <= b.lo || a.hi <= b.lo || b.hi <= a.lo; }
 
@@ -121,7 +130,7 @@ bool separable(const void* a, int64_t a_stride, int64_t a_bytes, const void* b, 
 // Bytes of an index vector's entries.
 Span span_of(const IndexVec& v, int64_t count) {
   const int64_t e = v.is_int64 ? 8 : 4;
-  return v.ptr && v.stride >= 0 ? span_of(v.ptr, count, v.stride * e, e) : Span{};
+  return v.ptr && v.stride >= 0 ? span_of(v.ptr, count, wrap_mul(v.stride, e), e) : Span{};
 }
 
 int64_t side_bytes(const CacheSide& c, int64_t H, int64_t T) { return H * T * full_dim(c.D); }
@@ -198,7 +207,8 @@ void store_impl(const StoreParams& p) {
   bool separate = separable(p.k.cache.base, p.k.cache.page_stride, kb, p.v.cache.base, p.v.cache.page_stride, vb, N);
   for (const StoreSide* in : {&p.k, &p.v}) {
     const bool forward = in->token_stride >= 0 && in->head_stride >= 0;
-    const Span x = span_of(in->src, p.num_tokens, in->token_stride * e, ((p.H - 1) * in->head_stride + in->cache.D) * e);
+    const Span x = span_of(in->src, p.num_tokens, wrap_mul(in->token_stride, e),
+                           wrap_mul(wrap_mul(p.H - 1, in->head_stride) + in->cache.D, e));
     separate = separate && forward && apart(x, ck) && apart(x, cv);
   }
   const Span sl = span_of(p.slots, p.num_tokens);
@@ -251,8 +261,8 @@ bool outputs_separate(const DequantSide& k, const DequantSide& v, int64_t units,
     // Strides of T and H: out_stride[1], [2] for dequantize; gather (T = 0 here) has H at [1].
     const int64_t s1 = T > 0 ? st[1] : 0, s2 = T > 0 ? st[2] : st[1];
     if (st[0] < 0 || s1 < 0 || s2 < 0) return false;
-    stride[i] = st[0] * e;
-    bytes[i] = ((T > 0 ? T - 1 : 0) * s1 + (H - 1) * s2 + sides[i]->cache.D) * e;
+    stride[i] = wrap_mul(st[0], e);
+    bytes[i] = wrap_mul(wrap_mul(T > 0 ? T - 1 : 0, s1) + wrap_mul(H - 1, s2) + sides[i]->cache.D, e);
   }
   if (!separable(k.out, stride[0], bytes[0], v.out, stride[1], bytes[1], units)) return false;
   for (int i = 0; i < 2; ++i) {
@@ -289,8 +299,8 @@ template <DType kDType>
 void gather_impl(const GatherParams& p) {
   const double work = static_cast<double>(p.total_tokens) * p.H * (p.k.cache.D + p.v.cache.D);
   const Span bt = p.bt_stride[0] >= 0 && p.bt_stride[1] >= 0
-                      ? span_of(p.block_table, p.B, p.bt_stride[0] * (p.bt_int64 ? 8 : 4),
-                                ((p.max_blocks - 1) * p.bt_stride[1] + 1) * (p.bt_int64 ? 8 : 4))
+                      ? span_of(p.block_table, p.B, wrap_mul(p.bt_stride[0], p.bt_int64 ? 8 : 4),
+                                wrap_mul(wrap_mul(p.max_blocks - 1, p.bt_stride[1]) + 1, p.bt_int64 ? 8 : 4))
                       : Span{0, ~uintptr_t{0}};
   const Span ck = cache_span(p.k.cache, p.N, p.H, p.T), cv = cache_span(p.v.cache, p.N, p.H, p.T);
   const bool separate = outputs_separate(p.k, p.v, p.total_tokens, 0, p.H, dtype_bytes(p.dtype),
