@@ -499,11 +499,14 @@ def _new(like: Any, shape: Tuple[int, ...], name: str, zero: bool) -> Any:
 
 
 def _dequantize_outputs(kv_cache: Any, value_cache: Any, dtype: Any, key_out: Any, value_out: Any,
-                        orient: int = -1, pages: Any = None) -> Tuple[Any, Any]:
+                        orient: int = -1, pages: Any = None, checked: bool = True) -> Tuple[Any, Any]:
     """dequantize()'s outputs: the ones given, else new arrays of the cache's geometry (zeros where
-    `pages` leaves pages unread: never memory of whatever was there)."""
+    `pages` leaves pages unread: never memory of whatever was there). `checked`: refuse first what
+    the C ABI would (eager calls; a traced call allocates nothing real, and an error raised while
+    tracing would reach the caller as Dynamo's Unsupported, not as the op's own error)."""
     if not _both_given(dtype, key_out, value_out):
-        _uint8_cache(kv_cache, value_cache)  # a bf16 cache's shape is no NVFP4 geometry to allocate
+        if checked:
+            _uint8_cache(kv_cache, value_cache)  # a bf16 cache's shape is no NVFP4 geometry to allocate
         n, t, h, d, dv = _cache_geometry(kv_cache, value_cache, orient)
         name = _out_dtype(dtype, key_out, value_out, "float32")
         zero = pages is not None
@@ -772,17 +775,18 @@ def decode_workspace(kv_cache: Any, query: Any, block_table: Any, q_len: int = 1
     return _zeros(kv_cache, nbytes, "uint8")
 
 
-def _decode_out(query: Any, kv_cache: Any, value_cache: Any, out: Any, block_table: Any, q_len: int) -> Any:
+def _decode_out(query: Any, kv_cache: Any, value_cache: Any, out: Any, block_table: Any, q_len: int,
+                checked: bool = True) -> Any:
     """decode_attention()'s output: the one given, else a new array [rows, Hq, Dv] in the query's
     dtype, framework and device (after the row count is checked, as the C ABI would: a query of
-    wrong rows must not cost an allocation of its size)."""
+    wrong rows must not cost an allocation of its size; `checked` as for _dequantize_outputs)."""
     if out is not None:
         return out
     qshape = _shape(query, "query")
     if len(qshape) != 3:
         raise ValueError(f"query: shape {qshape} received; expected (num_seqs * q_len, num_qo_heads, head_size)")
     bshape = _shape(block_table, "block_table")
-    if len(bshape) == 2 and 1 <= q_len <= 8 and qshape[0] != bshape[0] * q_len:  # else the C ABI names q_len
+    if checked and len(bshape) == 2 and 1 <= q_len <= 8 and qshape[0] != bshape[0] * q_len:  # else the C ABI
         raise ValueError(f"query: {qshape[0]} rows (shape {tuple(qshape)}) but block_table has {bshape[0]} "
                          f"sequences of q_len {q_len}; expected {bshape[0] * q_len} rows")
     dv = _cache_geometry(kv_cache, value_cache)[4]

@@ -60,7 +60,9 @@ def scale_tensor(x) -> torch.Tensor:
         return x
     if isinstance(x, bool):
         raise TypeError("k_scale/v_scale: a bool received; expected a float or a 1-element float32 tensor")
-    return torch.tensor(float(x), dtype=torch.float32)
+    # Not torch.tensor(x): under aot_eager and inductor its value is specialised back to a
+    # constant, a recompile per value; a sum with x stays symbolic after the second value.
+    return torch.zeros((), dtype=torch.float32) + float(x)
 
 
 def _store_impl(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cache=None, recipe="nvfp4",
@@ -206,7 +208,8 @@ def _dequantize_traced(kv_cache, k_scale=1.0, v_scale=1.0, *, value_cache=None, 
                        scale_layout="vllm", kv_layout=None, key_out=None, value_out=None, stream=None):
     _no_stream(stream)
     kv_cache, value_cache = _sides(kv_cache, value_cache, kv_layout)
-    key_out, value_out = _api._dequantize_outputs(kv_cache, value_cache, dtype, key_out, value_out, pages=pages)
+    key_out, value_out = _api._dequantize_outputs(kv_cache, value_cache, dtype, key_out, value_out, pages=pages,
+                                                  checked=False)  # the op's own check raises at run time
     dequantize(kv_cache, scale_tensor(k_scale), scale_tensor(v_scale), key_out, value_out, value_cache, pages,
                scale_layout)
     return key_out, value_out
@@ -238,7 +241,7 @@ def _decode_attention_traced(query, kv_cache, block_table, seq_lens, k_scale=1.0
     _no_stream(stream)
     kv_cache, value_cache = _sides(kv_cache, value_cache, kv_layout)
     sm, cap, window, rows = _api._decode_scalars(query, sm_scale, logits_soft_cap, window_left, q_len)
-    out = _api._decode_out(query, kv_cache, value_cache, out, block_table, rows)
+    out = _api._decode_out(query, kv_cache, value_cache, out, block_table, rows, checked=False)
     decode_attention(query, kv_cache, block_table, seq_lens, scale_tensor(k_scale), scale_tensor(v_scale), out, sm,
                      lse, value_cache, scale_layout, cap, window, rows, workspace)
     return out

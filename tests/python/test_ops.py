@@ -97,10 +97,12 @@ def test_compile_with_float_scales():
                                                                          c["slots"]), want)
 
 
-def test_float_scale_values_compile_twice_at_most():
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_float_scale_values_compile_twice_at_most(backend):
     """docs/integration.md §5: a float scale's second value compiles once more, then it is
     symbolic; ten values stay within torch's recompile limit under fullgraph, each stored with
-    its own scale."""
+    its own scale. (Found by review: aot_eager and inductor compiled every value, up to the limit,
+    while the scale was made with torch.tensor.)"""
     from torch._dynamo.utils import counters
 
     c = case(seed=5)
@@ -111,13 +113,34 @@ def test_float_scale_values_compile_twice_at_most():
 
     torch._dynamo.reset()
     counters.clear()
-    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
     for i in range(10):
         scale = 0.01 * (i + 1)
         want = c["kv"].clone()
         nvfp4kv.store(c["key"], c["key"], want, c["slots"], scale, scale)
         assert torch.equal(compiled(c["kv"].clone(), c["key"], c["slots"], scale), want)
     assert counters["stats"]["unique_graphs"] <= 2
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_bad_input_raises_the_ops_own_errors(backend):
+    """Found by review: the Python layer's checks before allocating (a query of the wrong rows, a
+    cache that is not uint8) ran while tracing, so compiled code raised Dynamo's Unsupported; they
+    are eager-only, and the op raises the documented ValueError / TypeError at run time."""
+    c = case(seed=6)
+    q = torch.randn(5, 4, D).to(torch.bfloat16)  # 5 rows for 3 sequences of q_len 2
+
+    def dec(q, kv, bt, sl):
+        return nvfp4kv.decode_attention(q, kv, bt, sl, q_len=2)
+
+    def deq(kv):
+        return nvfp4kv.dequantize(kv, scale_layout="linear")
+
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="query: 5 rows"):
+        torch.compile(dec, fullgraph=True, backend=backend)(q, c["kv"], c["bt"], c["seq_lens"])
+    with pytest.raises(TypeError, match="kv_cache: dtype"):
+        torch.compile(deq, fullgraph=True, backend=backend)(torch.zeros(2, 2, 16, 2, 36, dtype=torch.bfloat16))
 
 
 def run_whole(kv, key, value, slots, bt, seq_lens, cu, ks, vs):
