@@ -111,8 +111,13 @@ void run(const Cache& c, const Params& p, void (*cpu)(const Params&),
 #endif
 }
 
+// A store workspace covers at most 2^40 slots (its words are counted in int64 with room to spare).
+bool store_workspace_covers(int64_t num_blocks, int64_t block_size) {
+  return num_blocks >= 0 && block_size > 0 && num_blocks <= (int64_t{1} << 40) / block_size;
+}
+
 int64_t store_workspace_bytes(int64_t num_blocks, int64_t block_size) {
-  if (num_blocks < 0 || block_size <= 0 || num_blocks > (int64_t{1} << 40) / block_size)
+  if (!store_workspace_covers(num_blocks, block_size))
     fail(NVFP4KV_ERROR_INVALID_VALUE,
          "num_blocks %lld, block_size %lld received; expected num_blocks >= 0, block_size > 0 "
          "and at most 2^40 slots",
@@ -131,7 +136,7 @@ int32_t* store_workspace(const Tensor& w, const Tensor& cache_ref, const Cache& 
   if (w.size(0) > 1 && w.stride(0) != 1)
     fail(NVFP4KV_ERROR_INVALID_VALUE, "workspace: stride %lld; expected one contiguous run (stride 1)",
          static_cast<long long>(w.stride(0)));
-  if (c.N > (int64_t{1} << 40) / c.T)
+  if (!store_workspace_covers(c.N, c.T))
     fail(NVFP4KV_ERROR_INVALID_VALUE,
          "workspace: a cache of %lld blocks of %lld tokens received; a store workspace covers at most "
          "2^40 slots (store without one)",

@@ -522,10 +522,11 @@ def format_amax_table(result: Dict) -> str:
     return "\n".join(lines)
 
 
-def json_path_arg(text: str) -> str:
-    """argparse ``type`` of a results file the benchmark scripts may replace."""
+def json_path_arg(text: str, *, new: bool = False) -> str:
+    """argparse ``type`` of a results file: :func:`check_json_path` with argparse's error (the
+    benchmark scripts may replace a file; ``nvfp4kv bench --output`` passes ``new=True``)."""
     try:
-        return check_json_path(text, new=False)
+        return check_json_path(text, new=new)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 

@@ -54,7 +54,8 @@ const CodePairs kCodePairs;
 
 // Raw values e2m1 * e4m3 of row (h, t) of one side of one page (NaN for a NaN group), element d
 // at y[d * stride]: dequantize_group's values with a global scale of 1 (its last product is then
-// exact), from the format core's two decoders, a byte at a time.
+// exact), from the format core's two decoders, a byte at a time (the NaN bits may differ from
+// nan_group's: only the math reads them).
 void raw_row(const CacheSide& s, const uint8_t* side, int64_t h, int64_t t, int32_t H, int32_t T, Layout layout,
              float* y, int64_t stride) {
   const int64_t D = s.D;
@@ -63,13 +64,8 @@ void raw_row(const CacheSide& s, const uint8_t* side, int64_t h, int64_t t, int3
   for (int64_t g16 = 0; g16 < D / kGroupSize; ++g16) {
     const int64_t soff = s.interleaved ? scale_offset_interleaved(h, t, g16, T, H, D)
                                        : scale_offset_linear(row, g16, H, T, D);
-    const uint32_t sfb = side[soff];
     float* out = y + g16 * kGroupSize * stride;
-    if ((sfb & 0x7Fu) == kScaleNaN) {
-      for (int i = 0; i < kGroupSize; ++i) out[i * stride] = quiet_nan();
-      continue;
-    }
-    const float sf = e4m3_decode(sfb);
+    const float sf = e4m3_decode(side[soff]);  // NaN for a NaN group's byte: its 16 products are NaN
     const uint8_t* codes = data + 8 * g16;  // element 2b in byte b's low nibble, 2b + 1 in its high
     for (int b = 0; b < 8; ++b) {
       const CodePair& c = kCodePairs.v[codes[b]];

@@ -3,20 +3,15 @@
 
 from __future__ import annotations
 
-import argparse
-
 from ._common import CLIError, _print_json
 
 
 def _output_path_arg(text: str) -> str:
     """A new file the JSON can be written to later (checked now, not after the benchmark ran):
     an existing file is not replaced."""
-    from ..bench import check_json_path
+    from ..bench import json_path_arg
 
-    try:
-        return check_json_path(text, new=True)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    return json_path_arg(text, new=True)
 
 
 def _cmd_bench(args) -> int:
