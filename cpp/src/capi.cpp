@@ -2,6 +2,8 @@
 // of DLPack views into the parameter structs, and dispatch to a backend (backend.h). Errors are
 // thrown as `Failure` (tensor.h) and turned into a status plus a thread-local message at the
 // boundary (guarded); nothing escapes an extern "C" function.
+#include <stdio.h>
+
 #include <exception>
 #include <initializer_list>
 #include <string>
@@ -27,23 +29,31 @@
 namespace nvfp4kv {
 namespace {
 
-thread_local std::string g_last_error;
+// The message of the calling thread's last failed call. A fixed buffer, written with snprintf:
+// reporting an error allocates nothing, so running out of memory is an error like the others
+// (a std::string here threw std::bad_alloc out of the catch handlers, past the extern "C" boundary).
+// fail() formats into 1024 bytes, and the entry point's name comes first.
+thread_local char g_last_error[1024 + 128];
+
+void set_last_error(const char* fn, const char* what, const char* detail) {
+  snprintf(g_last_error, sizeof g_last_error, "%s: %s%s", fn, what, detail);
+}
 
 // Runs `body` and converts whatever it throws into a status; the only exit from the ABI.
 template <class Body>
-nvfp4kv_status guarded(const char* fn, Body&& body) {
+nvfp4kv_status guarded(const char* fn, Body&& body) noexcept {
   const FloatModeGuard ieee;  // the caller's FTZ/DAZ or rounding mode changes no check and no byte
   try {
     body();
-    g_last_error.clear();
+    g_last_error[0] = '\0';
     return NVFP4KV_SUCCESS;
   } catch (const Failure& f) {
-    g_last_error = std::string(fn) + ": " + f.message;
+    set_last_error(fn, f.message.c_str(), "");
     return f.status;
   } catch (const std::exception& e) {
-    g_last_error = std::string(fn) + ": internal error: " + e.what();
+    set_last_error(fn, "internal error: ", e.what());
   } catch (...) {
-    g_last_error = std::string(fn) + ": internal error";
+    set_last_error(fn, "internal error", "");
   }
   return NVFP4KV_ERROR_INTERNAL;
 }
@@ -459,8 +469,10 @@ int64_t decode_workspace_bytes(int64_t B, int64_t q_len, int64_t Hq, int64_t H, 
   return bytes;
 }
 
-// The decode workspace, checked: float32 or uint8, contiguous, 16-byte aligned, on the cache's
-// device, at least `need` bytes.
+// The decode workspace, checked: float32 or uint8, contiguous, on the cache's device; where the
+// call uses it (`need` > 0), also 16-byte aligned and at least `need` bytes. A workspace given to
+// a call that needs none is checked all the same but for its size, so that an engine's CPU runs
+// refuse what its GPU runs would.
 float* decode_workspace(const Tensor& w, const Tensor& cache_ref, int64_t need) {
   expect_same_device(w, cache_ref);
   const bool f32 = is_dtype(w.t->dtype, kDLFloat, 32);
@@ -474,6 +486,7 @@ float* decode_workspace(const Tensor& w, const Tensor& cache_ref, int64_t need) 
            w.shape_str().c_str(), w.strides_str().c_str());
     expected *= w.size(i);
   }
+  if (need == 0) return nullptr;
   const int64_t bytes = w.numel() * (f32 ? 4 : 1);
   if (bytes < need)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
@@ -578,7 +591,8 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
   const bool use_workspace = need > 0;
   float* ws_ptr = nullptr;
   int64_t ws_floats = 0;
-  const Tensor ws = workspace && use_workspace ? Tensor(workspace, "workspace") : cache_ref;
+  const Tensor ws = workspace ? Tensor(workspace, "workspace") : cache_ref;
+  if (workspace) ws_ptr = decode_workspace(ws, cache_ref, need);
   if (use_workspace) {
     if (!workspace)
       fail(NVFP4KV_ERROR_INVALID_VALUE,
@@ -586,7 +600,6 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
            "%lld bytes of workspace (nvfp4kv_decode_workspace_size, nvfp4kv.decode_workspace)",
            static_cast<long long>(B), static_cast<long long>(c.H), static_cast<long long>(max_blocks),
            static_cast<long long>(need));
-    ws_ptr = decode_workspace(ws, cache_ref, need);
     ws_floats = need / 4;
   }
 
@@ -661,7 +674,7 @@ NVFP4KV_API const char* nvfp4kv_status_string(nvfp4kv_status status) {
   return "unknown status";
 }
 
-NVFP4KV_API const char* nvfp4kv_last_error(void) { return nvfp4kv::g_last_error.c_str(); }
+NVFP4KV_API const char* nvfp4kv_last_error(void) { return nvfp4kv::g_last_error; }
 
 NVFP4KV_API int nvfp4kv_cuda_built(void) {
 #if defined(NVFP4KV_WITH_CUDA)

@@ -48,6 +48,16 @@ std::string dtype_name(DLDataType t) {
   return s;
 }
 
+namespace {
+
+// Bytes of one element (its lanes together), rounded up.
+int64_t element_bytes(DLDataType t) { return (int64_t{t.bits} * t.lanes + 7) / 8; }
+
+// The most bytes a tensor may span, and the largest byte_offset: more than any memory.
+constexpr uint64_t kMaxSpan = uint64_t{1} << 62;
+
+}  // namespace
+
 bool is_dtype(DLDataType t, uint8_t code, uint8_t bits) {
   return t.code == code && t.bits == bits && t.lanes == 1;
 }
@@ -105,6 +115,34 @@ Tensor::Tensor(const DLTensor* tensor, const char* n) : t(tensor), name(n) {
          "%s: NULL data pointer for a tensor of %lld elements (a meta or fake tensor has no memory "
          "to read or write)",
          name, static_cast<long long>(numel_));
+  // The bytes its elements span, and their addresses: byte_offset and strides that no memory can
+  // have (elements past 2^62 bytes from the first, or addresses that wrap around) describe no
+  // tensor. Refused here, every later product of an index and a stride stays in range.
+  if (numel_ > 0) {
+    const uint64_t esize = static_cast<uint64_t>(element_bytes(t->dtype));
+    uint64_t below = 0, above = 0;  // elements before and after the first one's address
+    bool ok = t->byte_offset <= kMaxSpan;
+    for (int i = 0; ok && i < t->ndim; ++i) {
+      if (t->shape[i] <= 1) continue;
+      const uint64_t mag = stride_[i] < 0 ? 0 - static_cast<uint64_t>(stride_[i]) : static_cast<uint64_t>(stride_[i]);
+      uint64_t reach = 0;
+      uint64_t& side = stride_[i] < 0 ? below : above;
+      ok = !__builtin_mul_overflow(static_cast<uint64_t>(t->shape[i] - 1), mag, &reach) &&
+           !__builtin_add_overflow(side, reach, &side) && side <= kMaxSpan;
+    }
+    uint64_t lo_bytes = 0, hi_bytes = 0;
+    ok = ok && !__builtin_mul_overflow(below, esize, &lo_bytes) && !__builtin_mul_overflow(above + 1, esize, &hi_bytes) &&
+         lo_bytes + hi_bytes <= kMaxSpan;
+    const uintptr_t base = reinterpret_cast<uintptr_t>(t->data);
+    uintptr_t first = 0, end = 0;
+    ok = ok && !__builtin_add_overflow(base, static_cast<uintptr_t>(t->byte_offset), &first) && first >= lo_bytes &&
+         !__builtin_add_overflow(first, static_cast<uintptr_t>(hi_bytes), &end);
+    if (!ok)
+      fail(NVFP4KV_ERROR_INVALID_VALUE,
+           "%s: shape %s with strides %s at byte_offset %llu addresses elements past the address space "
+           "(more than 2^62 bytes apart, or wrapping around); no memory has that layout",
+           name, shape_str().c_str(), strides_str().c_str(), static_cast<unsigned long long>(t->byte_offset));
+  }
   // Every path reads and writes whole elements at their type (the CPU's as C++ objects, the
   // kernels' by typed loads, where a misaligned address faults and ends the CUDA context), and the
   // strides count elements: an address that is a multiple of the element size keeps every element
@@ -184,7 +222,7 @@ bool overlap(const Tensor& a, const Tensor& b) {
       const int64_t span = (x.size(i) - 1) * x.stride(i);
       (span < 0 ? first : last) += span;
     }
-    const int64_t bytes = (x.t->dtype.bits * x.t->dtype.lanes + 7) / 8;
+    const int64_t bytes = element_bytes(x.t->dtype);
     lo = reinterpret_cast<uintptr_t>(x.ptr()) + first * bytes;
     hi = reinterpret_cast<uintptr_t>(x.ptr()) + last * bytes + bytes;
     return true;
@@ -233,8 +271,8 @@ bool self_overlapping(const Tensor& x) {
 // (conservative: a false "overlap" only for interleaved views of different layouts).
 bool elements_overlap(const Tensor& a, const Tensor& b) {
   if (!overlap(a, b)) return false;
-  const int64_t e = (a.t->dtype.bits * a.t->dtype.lanes + 7) / 8;
-  if ((b.t->dtype.bits * b.t->dtype.lanes + 7) / 8 != e || a.ndim() != b.ndim() || e == 0) return true;
+  const int64_t e = element_bytes(a.t->dtype);
+  if (element_bytes(b.t->dtype) != e || a.ndim() != b.ndim() || e == 0) return true;
   struct Dim {
     int64_t stride, lo, hi;  // j in [lo, hi]
   } dims[8];

@@ -48,7 +48,7 @@ int main() {
   std::printf("nvfp4kv %s (header %d.%d.%d), CUDA kernels %s\n", nvfp4kv_version_string(),
               NVFP4KV_VERSION_MAJOR, NVFP4KV_VERSION_MINOR, NVFP4KV_VERSION_PATCH,
               nvfp4kv_cuda_built() ? "built" : "not built");
-  check(nvfp4kv_version() == NVFP4KV_VERSION, "header and loaded library versions agree");
+  check(NVFP4KV_VERSION_COMPATIBLE(nvfp4kv_version()), "the loaded library serves this header (same MAJOR.MINOR, no older patch)");
 
   // Three tokens; token 1 is padding (slot -1). Token 0 -> page 1, position 1; token 2 -> page 0,
   // position 2. Every group is the grid {0, .5, 1, 1.5, 2, 3, 4, 6, 0, -.5, -1, ..., -6} times m:

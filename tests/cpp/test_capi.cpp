@@ -41,6 +41,9 @@ static const DLDataType kF32{kDLFloat, 32, 1}, kU8{kDLUInt, 8, 1}, kI64{kDLInt, 
 
 int main() {
   CHECK(nvfp4kv_version() == NVFP4KV_VERSION, "header and library versions differ");
+  CHECK(NVFP4KV_VERSION_COMPATIBLE(NVFP4KV_VERSION) && NVFP4KV_VERSION_COMPATIBLE(NVFP4KV_VERSION + 1) &&
+            !NVFP4KV_VERSION_COMPATIBLE(NVFP4KV_VERSION - 1) && !NVFP4KV_VERSION_COMPATIBLE(NVFP4KV_VERSION + 100),
+        "NVFP4KV_VERSION_COMPATIBLE: a later patch serves, an earlier one or another minor does not");
   CHECK(std::string(nvfp4kv_status_string(NVFP4KV_ERROR_INVALID_DTYPE)) == "invalid dtype", "status string");
 
   // N=2 pages, T=4, H=2, D=32 (F=18): 5-D NHD (contiguous) cache.
@@ -340,6 +343,29 @@ int main() {
                   NVFP4KV_ERROR_INVALID_VALUE &&
               std::string(nvfp4kv_last_error()).find("sm_scale") != std::string::npos,
           "decode: sm_scale NaN: %s", nvfp4kv_last_error());
+    // A workspace is checked on the CPU path too, though unused there (all but its size): a
+    // CPU-tested engine meets the errors of its GPU runs. Found by review: nothing was checked.
+    {
+      std::vector<uint16_t> half_ws(64);
+      View wv(half_ws.data(), kBF16, {64});
+      DLTensor no_shape = wv.t;
+      no_shape.shape = nullptr;
+      View gw(zc.data(), kU8, {0});
+      gw.t.device = DLDevice{kDLCUDA, 0};
+      const struct {
+        const DLTensor* ws;
+        nvfp4kv_status want;
+        const char* says;
+      } cases[] = {{&wv.t, NVFP4KV_ERROR_INVALID_DTYPE, "workspace: dtype bfloat16"},
+                   {&no_shape, NVFP4KV_ERROR_INVALID_VALUE, "workspace: rank 1 with a NULL shape"},
+                   {&gw.t, NVFP4KV_ERROR_DEVICE_MISMATCH, "workspace: on cuda:0"}};
+      for (const auto& w : cases)
+        CHECK(nvfp4kv_decode_attention(&qv.t, &zv.t, nullptr, &tv.t, &lv.t, &kscale.t, &vscale.t,
+                                       NVFP4KV_SCALES_LINEAR, static_cast<int32_t>(ql), 0.125f, 0.0f, -1, &ov.t,
+                                       &sv.t, w.ws, nullptr) == w.want &&
+                  std::string(nvfp4kv_last_error()).find(w.says) != std::string::npos,
+              "decode: CPU workspace (%s): %s", w.says, nvfp4kv_last_error());
+    }
     bool untouched = true;
     for (uint16_t x : o) untouched = untouched && x == 0xFFFF;
     CHECK(untouched, "decode: a rejected call wrote out");
@@ -392,6 +418,42 @@ int main() {
           "decode workspace: NULL bytes");
     CHECK(nvfp4kv_decode_workspace_size(1, 1, 8, 2, 96, 3, &bytes) == NVFP4KV_ERROR_INVALID_VALUE,
           "decode workspace: head size 96");
+  }
+
+  // A byte_offset or strides that put elements past the address space describe no memory: refused
+  // before anything is read or written (found by review: a byte_offset of 2^64 - 4 wrapped to the
+  // bytes before the buffer and the store wrote there; strides of 2^61 overflowed the overlap
+  // check's arithmetic and crashed amax).
+  {
+    std::vector<uint8_t> guard(cache.size(), 0xA5);
+    View gc(guard.data(), kU8, {N, 2, T, H, F});
+    gc.t.byte_offset = ~uint64_t{0} - 3;
+    CHECK(nvfp4kv_store(&k.t, &v.t, &gc.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                        NVFP4KV_SCALES_LINEAR, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
+              std::string(nvfp4kv_last_error()).find("past the address space") != std::string::npos,
+          "byte_offset 2^64 - 4: %s", nvfp4kv_last_error());
+    gc.t.byte_offset = 0;
+    int64_t huge[3] = {int64_t{1} << 61, D, 1};
+    View hk(key.data(), kF32, {n, H, D});
+    hk.t.strides = huge;
+    CHECK(nvfp4kv_store(&hk.t, &v.t, &gc.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                        NVFP4KV_SCALES_LINEAR, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
+              std::string(nvfp4kv_last_error()).find("key: shape (3, 2, 32) with strides") != std::string::npos,
+          "key strides 2^61: %s", nvfp4kv_last_error());
+    int64_t neg[3] = {-(int64_t{1} << 50), D, 1};  // token 2 would lie 2^53 bytes below: under address 0
+    hk.t.strides = neg;
+    CHECK(nvfp4kv_store(&hk.t, &v.t, &gc.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                        NVFP4KV_SCALES_LINEAR, nullptr) == NVFP4KV_ERROR_INVALID_VALUE,
+          "key strides -2^50: %s", nvfp4kv_last_error());
+    bool untouched = true;
+    for (uint8_t x : guard) untouched = untouched && x == 0xA5;
+    CHECK(untouched, "a refused layout wrote the cache");
+    float a = 0.0f;
+    int64_t amax_huge[1] = {int64_t{1} << 61};
+    View xh(key.data(), kF32, {2}), ah(&a, kF32, {1});
+    xh.t.strides = amax_huge;
+    CHECK(nvfp4kv_amax(&xh.t, &ah.t, 0, nullptr) == NVFP4KV_ERROR_INVALID_VALUE, "amax, stride 2^61: %s",
+          nvfp4kv_last_error());
   }
 
   // amax: max |x| over any strides, NaN sticky, accumulate, empty inputs, rejected arguments.

@@ -9,6 +9,10 @@
 // -ffp-contract=off as a second line of defence.
 #pragma once
 
+#if !defined(__cplusplus)
+#error "nvfp4kv/format.h is C++ (the format core); a C program includes nvfp4kv/nvfp4kv.h only"
+#endif
+
 #include <stdint.h>
 #if !defined(__CUDACC__)
 #include <string.h>

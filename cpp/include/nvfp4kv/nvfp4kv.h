@@ -30,6 +30,9 @@
 #define NVFP4KV_VERSION_PATCH 0
 #define NVFP4KV_VERSION \
   (NVFP4KV_VERSION_MAJOR * 10000 + NVFP4KV_VERSION_MINOR * 100 + NVFP4KV_VERSION_PATCH)
+/* Whether a library of version v (nvfp4kv_version()) serves code compiled against this header:
+   the same MAJOR.MINOR (the ABI, as the SONAME libnvfp4kv.so.MAJOR.MINOR) and no older patch. */
+#define NVFP4KV_VERSION_COMPATIBLE(v) ((v) / 100 == NVFP4KV_VERSION / 100 && (v) >= NVFP4KV_VERSION)
 
 #if defined(_WIN32)
 #define NVFP4KV_API __declspec(dllexport)
@@ -70,7 +73,7 @@ typedef enum nvfp4kv_scale_profile NVFP4KV_ENUM_INT {
   NVFP4KV_SCALES_LINEAR = 1 /* K and V scales linear */
 } nvfp4kv_scale_profile;
 
-/* Version of the library actually loaded (compare with NVFP4KV_VERSION), and as "0.1.0". */
+/* Version of the library actually loaded (check it with NVFP4KV_VERSION_COMPATIBLE), and as "0.1.0". */
 NVFP4KV_API int nvfp4kv_version(void);
 NVFP4KV_API const char* nvfp4kv_version_string(void);
 
@@ -235,7 +238,8 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_gather_dequant(const DLTensor* kv_cache,
  *               (nvfp4kv_decode_workspace_size gives more than 0 bytes), and then required:
  *               float32 or uint8, contiguous, 16-byte aligned, at least that size, on the cache's
  *               device, sharing no byte with any other argument; its contents need no
- *               initialization. Ignored otherwise (and always on the CPU: NULL is fine).
+ *               initialization. Unused otherwise (and always on the CPU: NULL is fine), where
+ *               one given is still checked for dtype, contiguity and device, not for size.
  * stream:       cudaStream_t for CUDA tensors; ignored on the CPU.
  *
  * K and V are read as e2m1 * e4m3 (exact in fp32); logit = (q . k) * (k_scale * sm_scale),

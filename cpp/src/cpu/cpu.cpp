@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 #include <initializer_list>
 #include <thread>
 #include <vector>
@@ -69,20 +70,31 @@ void for_shares(double work, bool separate, const Fn& fn) {
   const double by_work = std::max(1.0, std::floor(work / static_cast<double>(kMinWork)));
   const int n = separate ? static_cast<int>(std::min<double>(configured_threads(), by_work)) : 1;
   if (n <= 1) return fn(0, 1);
+  // A share that throws (std::bad_alloc of its buffers) hands the exception to this thread, which
+  // rethrows the first after every share has ended: thrown on a worker it would end the process.
+  std::vector<std::exception_ptr> thrown(static_cast<size_t>(n));
+  const auto run = [&fn, &thrown, n](int k) {
+    try {
+      fn(k, n);
+    } catch (...) {
+      thrown[static_cast<size_t>(k)] = std::current_exception();
+    }
+  };
   std::vector<std::thread> pool;
-  pool.reserve(n - 1);
   for (int k = 1; k < n; ++k) {
     try {
-      pool.emplace_back([&fn, k, n] {
+      pool.emplace_back([&run, k] {
         const FloatModeGuard ieee;  // whatever mode a new thread starts in
-        fn(k, n);
+        run(k);
       });
     } catch (...) {  // no thread could be started (resources): this thread takes that share too
-      fn(k, n);
+      run(k);
     }
   }
-  fn(0, n);
+  run(0);
   for (std::thread& t : pool) t.join();
+  for (const std::exception_ptr& e : thrown)
+    if (e) std::rethrow_exception(e);
 }
 
 // Whether page (store, dequantize) or run of 64 output tokens (gather) i (>= 0) is in share k of
