@@ -395,7 +395,8 @@ def get_kv_cache_shape(
         shape is the same for both, but a packed cache must be HND.
     packed : bool or None, optional
         None (default): packed for the nvfp4 dtypes (vLLM's FlashInfer/TRT-LLM NVFP4 cache),
-        5-D for the others (vLLM's FlashInfer shape). True: packed. False: 5-D.
+        5-D for the others (FlashInfer's form; newer vLLM versions view bf16/fp8 pages with K
+        and V side by side in each head's row). True: packed. False: 5-D.
 
     Returns
     -------
