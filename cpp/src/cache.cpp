@@ -125,7 +125,8 @@ Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache, int64
     r.v.D = static_cast<int32_t>(head_size_from_full_dim(vc, Fv));
     check_side_bytes(kc, r.T, r.H, Fk > Fv ? Fk : Fv);
     const Layout lk = side_layout(kc, r.T, r.H, Fk), lv = side_layout(vc, r.T, r.H, Fv);
-    if (lk != lv)
+    r.layout_unseen = kc.stand_in_strides() || vc.stand_in_strides();
+    if (lk != lv && !r.layout_unseen)
       fail(NVFP4KV_ERROR_INVALID_VALUE, "value_cache: layout %s but key_cache is %s",
            lv == Layout::kHND ? "HND" : "NHD", lk == Layout::kHND ? "HND" : "NHD");
     r.layout = lk;
@@ -146,6 +147,7 @@ Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache, int64
 
   Tensor c(kv_cache, "kv_cache");
   expect_uint8(c);
+  r.layout_unseen = c.stand_in_strides();
   r.device = c.device();
   r.k_name = r.v_name = "kv_cache";
   if (c.ndim() == 5) {  // (N, 2, T, H, F)
@@ -220,7 +222,9 @@ void apply_profile(Cache& c, nvfp4kv_scale_profile profile) {
   c.k.interleaved = 0;
   c.v.interleaved = profile == NVFP4KV_SCALES_VLLM;
   if (!c.v.interleaved) return;
-  if (c.layout != Layout::kHND)
+  // NumPy gives an empty array all-zero strides, whose compact stand-ins (tensor.h) read as NHD
+  // even for an HND view: such a cache, which holds nothing, is not refused for it (review).
+  if (c.layout != Layout::kHND && !c.layout_unseen)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
          "scale_layout: the 'vllm' profile interleaves V scales, which is defined for the HND "
          "layout only (%s is NHD); use scale_layout 'linear' (NVFP4KV_SCALES_LINEAR in C)", c.v_name);

@@ -12,6 +12,7 @@ struct Cache {
   CacheSide k, v;
   int64_t N, T, H;
   Layout layout;
+  bool layout_unseen;  // an empty cache whose strides are stand-ins (tensor.h): its layout is unknown
   DLDevice device;
   const char* k_name;  // argument to name in messages about the K side
   const char* v_name;

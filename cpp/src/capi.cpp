@@ -94,8 +94,21 @@ Where where(DLDevice d, const char* name) {
        device_name(d).c_str());
 }
 
+#if defined(NVFP4KV_WITH_CUDA)
+// A CUDA launcher's failure: NOT_SUPPORTED for a GPU without code in this build (`msg`), else
+// CUDA, said as nvfp4kv_cuda_device_count says it where no device is usable (the runtime's own
+// words for a missing driver are "CUDA driver version is insufficient").
+[[noreturn]] void cuda_failure(int err, const char* msg) {
+  if (msg) fail(NVFP4KV_ERROR_NOT_SUPPORTED, "%s", msg);
+  const char* why = nullptr;
+  if (cuda_device_count(&why) <= 0 && why)
+    fail(NVFP4KV_ERROR_CUDA, "%s (CUDA runtime: %s)", why, cuda_error_string(err));
+  fail(NVFP4KV_ERROR_CUDA, "%s", cuda_error_string(err));
+}
+#endif
+
 // Runs an operation's parameters on the path for the cache's device: the CPU loops, or the CUDA
-// launcher (whose failure becomes NOT_SUPPORTED for a GPU without code in this build, else CUDA).
+// launcher (cuda_failure).
 template <class T>
 struct NonDeduced {
   using type = T;
@@ -112,9 +125,7 @@ void run(const Cache& c, const Params& p, void (*cpu)(const Params&),
 #if defined(NVFP4KV_WITH_CUDA)
   const char* msg = nullptr;
   const int err = cuda(p, c.device.device_id, stream, &msg);
-  if (err)
-    fail(msg ? NVFP4KV_ERROR_NOT_SUPPORTED : NVFP4KV_ERROR_CUDA, "%s",
-         msg ? msg : cuda_error_string(err));
+  if (err) cuda_failure(err, msg);
 #else
   (void)cuda;
   (void)stream;
@@ -423,8 +434,7 @@ void amax(const DLTensor* x_t, DLTensor* out_t, int accumulate, void* stream) {
 #if defined(NVFP4KV_WITH_CUDA)
   const char* msg = nullptr;
   const int err = cuda_amax(p, x.device().device_id, stream, &msg);
-  if (err)
-    fail(msg ? NVFP4KV_ERROR_NOT_SUPPORTED : NVFP4KV_ERROR_CUDA, "%s", msg ? msg : cuda_error_string(err));
+  if (err) cuda_failure(err, msg);
 #else
   (void)stream;
 #endif

@@ -48,10 +48,14 @@ class Tensor {
   std::string shape_str() const;
   std::string strides_str() const;
   void expect_ndim(int n, const char* what) const;
+  // Whether the strides are compact stand-ins for an empty array's all-zero ones (NumPy's), which
+  // say nothing of its layout.
+  bool stand_in_strides() const { return stand_in_; }
 
  private:
   int64_t stride_[8];
   int64_t numel_;
+  bool stand_in_ = false;
 };
 
 // Checks shared by the operations.

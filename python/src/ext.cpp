@@ -127,9 +127,9 @@ nb::object call(nb::handle obj, PyObject* name) {
 // torch's lazy negation bit (torch.conj(z).imag, torch._neg_view, and views of them) marks a view
 // whose memory holds the negated values. torch's own exports (__dlpack__, the C exchange table,
 // data_ptr) all hand out that memory as it is, so the binding refuses such a view rather than read
-// or write the wrong signs. Every floating-point tensor is asked (is_neg() costs ~0.1 µs a call):
-// the bit is not visible in the strides (as_strided gives an imaginary part stride 1).
-bool may_be_negated(const DLTensor& t) { return t.dtype.code == kDLFloat || t.dtype.code == kDLBfloat; }
+// or write the wrong signs. Every tensor is asked, whatever its dtype (is_neg() costs ~0.1 µs a
+// call): the bit is not visible in the strides (as_strided gives an imaginary part stride 1), and
+// an integer view carries it too (torch._neg_view of slots read as their negation: padding).
 
 void reject_negated(nb::handle obj, const TorchInfo* info, const char* name) {
   nb::object neg = call(obj, info->is_neg);
@@ -161,6 +161,29 @@ void reject_unsupported_torch(nb::handle obj, const char* name) {
                            "' received; expected CPU or CUDA memory (a meta or fake tensor has no data)").c_str());
 }
 
+// A torch tensor whose shape, strides or data pointer torch would not give (sparse CSR has no
+// strides, a functorch wrapper no storage): refused as the DLPack path refuses it, a TypeError
+// naming the argument (with torch's reason), never torch's bare RuntimeError.
+[[noreturn]] void reject_unreadable_torch(nb::handle obj, const char* name) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  std::string why = "unknown";
+  if (value) {
+    PyObject* text = PyObject_Str(value);
+    const char* utf8 = text && PyUnicode_Check(text) ? PyUnicode_AsUTF8(text) : nullptr;
+    if (utf8) why = utf8;
+    Py_XDECREF(text);
+    PyErr_Clear();
+  }
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  reject_unsupported_torch(obj, name);  // a layout or device it names
+  throw nb::type_error((std::string(name) + ": a torch tensor whose memory cannot be read (torch: " + why +
+                        "); expected a dense tensor with storage").c_str());
+}
+
 // Through torch's C exchange table.
 bool import_torch_exchange(Arg& a, nb::handle obj, const TorchInfo* info, const char* name) {
   DLTensor t;
@@ -174,7 +197,7 @@ bool import_torch_exchange(Arg& a, nb::handle obj, const TorchInfo* info, const 
   if (which < 0 || t.ndim < 0 || t.ndim > 8 || t.byte_offset != 0 ||
       (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDA))
     return false;
-  if (may_be_negated(t)) reject_negated(obj, info, name);
+  reject_negated(obj, info, name);
   // The exported shape and strides live in the tensor; copied so they outlive this frame.
   int64_t stride = 1;
   for (int i = t.ndim - 1; i >= 0; --i) {
@@ -215,8 +238,10 @@ bool import_torch(Arg& a, nb::handle obj, const char* name) {
   if (!on.is_valid()) throw nb::python_error();
   if (on.ptr() != Py_True) return false;  // meta, mps, ...: DLPack decides
   dev = ordinal < 0 ? DLDevice{kDLCPU, 0} : DLDevice{kDLCUDA, ordinal};
-  nb::object shape = get(obj, info->shape), strides = call(obj, info->stride);
-  if (!shape.is_valid() || !strides.is_valid()) throw nb::python_error();
+  nb::object shape = get(obj, info->shape);
+  if (!shape.is_valid()) reject_unreadable_torch(obj, name);
+  nb::object strides = call(obj, info->stride);
+  if (!strides.is_valid()) reject_unreadable_torch(obj, name);
   const Py_ssize_t nd = PyTuple_Size(shape.ptr());  // torch.Size is a tuple
   if (nd < 0 || nd > 8 || PyTuple_Size(strides.ptr()) != nd) {
     PyErr_Clear();
@@ -230,22 +255,9 @@ bool import_torch(Arg& a, nb::handle obj, const char* name) {
   a.t.ndim = static_cast<int32_t>(nd);
   a.t.dtype = info->dl[which];
   a.t.shape = a.shape;
-  if (may_be_negated(a.t)) reject_negated(obj, info, name);
+  reject_negated(obj, info, name);
   nb::object ptr = call(obj, info->data_ptr);
-  if (!ptr.is_valid()) {  // a sparse tensor has no data pointer: say so, naming the argument
-    PyObject *type, *value, *tb;  // else torch's own error
-    PyErr_Fetch(&type, &value, &tb);
-    try {
-      reject_unsupported_torch(obj, name);
-    } catch (...) {
-      Py_XDECREF(type);
-      Py_XDECREF(value);
-      Py_XDECREF(tb);
-      throw;
-    }
-    PyErr_Restore(type, value, tb);
-    throw nb::python_error();
-  }
+  if (!ptr.is_valid()) reject_unreadable_torch(obj, name);  // sparse, a functorch wrapper
   a.t.data = PyLong_AsVoidPtr(ptr.ptr());
   a.t.device = dev;
   a.t.strides = a.strides;

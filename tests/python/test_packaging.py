@@ -252,3 +252,31 @@ def test_get_library_without_the_extensions_name(monkeypatch):
     monkeypatch.setattr(paths.importlib, "import_module",
                         lambda name, *a: object() if name.endswith("._C") else real(name, *a))
     assert paths.get_library() == want
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+def test_cuda_call_without_a_usable_device_says_why(library):
+    """A CUDA build where no device can be used (CI: no driver) names the reason that
+    nvfp4kv_cuda_device_count gives, not only the runtime's "driver version is insufficient"
+    (found by review). The tensors are described, never dereferenced: the call fails first."""
+    if not library.nvfp4kv_cuda_built():
+        pytest.skip("a build without CUDA answers NOT_SUPPORTED (tested in test_capi)")
+    reason = ctypes.c_char_p()
+    if library.nvfp4kv_cuda_device_count(ctypes.byref(reason)) > 0:
+        pytest.skip("a usable CUDA device is present")
+    library.nvfp4kv_last_error.restype = ctypes.c_char_p
+    shape = (ctypes.c_int64 * 1)(4)
+    one = (ctypes.c_int64 * 1)(1)
+    kDLCUDA, kDLFloat = 2, 2
+    x = DLTensor(0x10000, kDLCUDA, 0, 1, kDLFloat, 32, 1, shape, None, 0)
+    out = DLTensor(0x20000, kDLCUDA, 0, 1, kDLFloat, 32, 1, one, None, 0)
+    status = library.nvfp4kv_amax(ctypes.byref(x), ctypes.byref(out), 0, None)
+    message = library.nvfp4kv_last_error().decode()
+    assert status == 5, message  # NVFP4KV_ERROR_CUDA
+    assert reason.value.decode() in message, (reason.value, message)

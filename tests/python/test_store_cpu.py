@@ -412,6 +412,18 @@ def test_zero_tokens_with_degenerate_strides(nv):
     assert_bytes_equal(cache.snapshot(), before, cache)
 
 
+def test_cache_of_no_pages_with_degenerate_strides(nv):
+    # Found by review: an HND view of an empty NumPy cache has all-zero strides, whose compact
+    # stand-ins read as NHD, and the default 'vllm' profile (HND only) refused it. A cache of no
+    # pages keeps no layout: every token is padding, nothing is written, nothing is refused.
+    T, H, D = 16, 2, 64
+    c = np.zeros((0, 2, H, T, 36), np.uint8).transpose(0, 1, 3, 2, 4)
+    assert c.shape == (0, 2, T, H, 36) and c.strides == (0,) * 5
+    k = np.ones((3, H, D), np.float32)
+    nv.store(k, k, c, np.full(3, -1), 0.01, 0.01)
+    nv.store(k, k, c, np.arange(3), 0.01, 0.01)  # slots past N * T = 0: skipped
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_inputs_not_modified_and_later_stores_overwrite(nv, backend):
     rng = np.random.default_rng(33)

@@ -131,6 +131,46 @@ def test_negated_views_with_unit_strides_are_refused(nv, path):
     assert bool((buf == 7.0).all())
 
 
+def test_negated_integer_views_are_refused(nv, path):
+    """Found by review: only floating tensors were asked is_neg() on the fast paths, so
+    torch._neg_view of slots [-3, -4, -5] (logically [3, 4, 5]) was read as its memory, padding,
+    and the store wrote nothing; a negated block table was misread the same way."""
+    N, T, H, D = 2, 4, 2, 64
+    cache = make_cache(N, T, H, D, "5d", "HND", "torch", seed=9)
+    snap = cache.snapshot()
+    key = torch.randn(3, H, D)
+    slots = torch._neg_view(torch.tensor([-3, -4, -5]))
+    assert slots.is_neg() and slots.tolist() == [3, 4, 5]
+    with pytest.raises(ValueError, match="slot_mapping: a lazily negated torch view"):
+        nv.store(key, key, cache.kv_cache, slots, scale_layout="linear")
+    assert_bytes_equal(cache.snapshot(), snap, cache)
+    q = torch.randn(1, 4, D).to(torch.bfloat16)
+    table = torch._neg_view(torch.tensor([[0, -1]], dtype=torch.int32))
+    with pytest.raises(ValueError, match="block_table: a lazily negated torch view"):
+        nv.decode_attention(q, cache.kv_cache, table, torch.tensor([5], dtype=torch.int32), scale_layout="linear")
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support")
+def test_tensors_without_strides_or_storage_name_the_argument(nv, path):
+    """Found by review: on the fast paths a sparse CSR block table (no strides) or a functorch
+    wrapper (no storage) raised torch's bare RuntimeError; the DLPack path a TypeError naming the
+    argument, which is what every path now raises."""
+    N, T, H, D = 2, 16, 2, 64
+    cache = make_cache(N, T, H, D, "5d", "HND", "torch", seed=6)
+    q = torch.randn(1, 4, D).to(torch.bfloat16)
+    lens = torch.tensor([5], dtype=torch.int32)
+    csr = torch.tensor([[0, 1]], dtype=torch.int32).to_sparse_csr()
+    with pytest.raises(TypeError, match="block_table: a torch tensor of layout torch.sparse_csr"):
+        nv.decode_attention(q, cache.kv_cache, csr, lens)
+    table = torch.tensor([[0, 1]], dtype=torch.int32)
+
+    def call(query):
+        return nv.decode_attention(query, cache.kv_cache, table, lens)
+
+    with pytest.raises(TypeError, match="query: "):
+        torch.func.vmap(call)(q.unsqueeze(0))
+
+
 def test_negated_lse_is_refused(nv, path):
     # lse [rows, Hq] takes any strides, so a negated view (its floats 2 apart) fits it: refused,
     # out and the view's memory untouched (accepted, every lse came back with its sign flipped).
