@@ -341,7 +341,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
       const float m_new = fmaxf(m[r], mx);
-      const float pr = ok ? __expf(x - m_new) : 0.0f;
+      // A logit of -inf (an fp32 overflow) weighs 0, also while the maximum is -inf: subtracting
+      // 0 then, not -inf, whose difference is NaN (as m_use in the tensor-core reader; review).
+      const float pr = ok ? __expf(x - (m_new == -INFINITY ? 0.0f : m_new)) : 0.0f;
       float sum = pr;
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
@@ -743,7 +745,9 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
 
   // The first step's entries load while the query rows are read, up to the split's last column:
   // the loads need not wait for the sequence's length (later steps stop at the sequence's end).
-  prefetch(static_cast<int32_t>(hi_cols - first_s0));
+  // Clamped: a split past the table's last column has hi_cols < first_s0, by up to 2^31 tokens
+  // at the largest pages, whose int32 would wrap to a positive count (review).
+  prefetch(static_cast<int32_t>(max64(hi_cols - first_s0, 0)));
 
   // The query rows' 16-byte chunks (8 elements), all loads in flight at once; they become the
   // mma fragment once step 0's copies have started (build_query, in the pipeline below).
@@ -823,11 +827,15 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
         qb[n][i] = pack_f16x2(q_s[r][d + kcode_lo(i % 4)] * f, q_s[r][d + kcode_hi(i % 4)] * f);
       }
     }
-    const float kq0 = read_scale(p.k_scale) * p.sm_scale * kUnpackScale;
+    // The powers of two together first (exact), then the global scales in the CPU path's order:
+    // k_scale * sm_scale * kUnpackScale overflowed to inf for scales the CPU path takes (5.3e36 on
+    // sm_89+), and a token with a zero K row then gave 0 * inf = NaN (review).
+    const float kq0 = read_scale(p.k_scale) * p.sm_scale;
 #pragma unroll
     for (int n = 0; n < kN; ++n)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) kq[n][j] = kq0 * qi_s[8 * n + 2 * t + j] * (kCapped ? 1.0f : kLog2e);
+      for (int j = 0; j < 2; ++j)
+        kq[n][j] = kq0 * (kUnpackScale * qi_s[8 * n + 2 * t + j]) * (kCapped ? 1.0f : kLog2e);
   };
 
   int64_t first[kN][2], last[kN][2];
@@ -1272,7 +1280,9 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   const auto floor_div = [](int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); };
   const int64_t n0_full = -floor_div(first_s0 - first_all, kAdvance);  // ceil((first_all - first_s0) / kAdvance)
   const int64_t n1_full = floor_div(min64(hi, last_all + 1) - kStep - first_s0, kAdvance) + 1;
-  const int32_t n0 = static_cast<int32_t>(max64(n0_full, 0));
+  // Clamped to [0, nsteps] before the cast: a length of 2^38 with a window put n0_full past
+  // 2^31, whose int32 wrapped and made every step "full" (unmasked; review).
+  const int32_t n0 = static_cast<int32_t>(min64(max64(n0_full, 0), nsteps));
   const int32_t n1 = static_cast<int32_t>(max64(min64(n1_full, nsteps), 0));
   const int32_t steps = static_cast<int32_t>(nsteps);
   if (steps > 0) issue(0, lane0, lane1);
@@ -1570,6 +1580,11 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
                         : rows <= 4                ? 4
                                                    : kMaxRows;  // as launch_decode
   L.chunks = FastDiv(static_cast<uint32_t>((rows + per_block - 1) / per_block));
+  if (int64_t{p.H} * L.chunks.d > 65535) {  // the grid's y dimension (review: H 8192 at T 1)
+    *message = "decode_attention on the GPU takes at most 65535 (KV head, query-row block) pairs: num_kv_heads "
+               "times ceil(group * q_len / rows per block), 8 or 16 rows a block; fewer KV heads per call";
+    return cudaErrorInvalidValue;
+  }
   L.cluster = false;  // the tensor-core reader's launch decides (launch_mma)
   const cudaError_t err = p.dtype == DType::kFloat16 ? decode_dtype<DType::kFloat16>(L, kind, device, stream)
                                                      : decode_dtype<DType::kBFloat16>(L, kind, device, stream);

@@ -636,3 +636,21 @@ def test_cache_of_random_bytes_against_the_reference(T, D, scale_layout, seed):
     assert np.linalg.norm(o[fin] - want[fin]) <= REL_L2_TOL * np.linalg.norm(want[fin])
     lf = np.isfinite(want_lse)
     assert np.abs(lo[lf] - want_lse[lf]).max() <= LSE_TOL
+
+
+def test_window_past_the_table_of_a_huge_length():
+    """An int64 length of 2^39 + 1 with window_left 0: the row sees only position 2^39, past the
+    table's positions, so nothing (out 0, lse -inf); the GPU test of the same call found an
+    int32 wrap in the tensor-core reader (test_decode_gpu.py)."""
+    T, D = 16, 128
+    cache = nvfp4kv.allocate_kv_cache(nvfp4kv.KVCacheSpec(T, 1, D), 64)
+    k = torch.randn(1024, 1, D)
+    nvfp4kv.store(k, k, cache, torch.arange(1024), 1.0, 1.0)
+    q = torch.randn(1, 1, D).to(torch.bfloat16)
+    bt = torch.arange(64, dtype=torch.int32)[None]
+    lse = torch.empty(1, 1)
+    out = nvfp4kv.decode_attention(q, cache, bt, torch.tensor([2**39 + 1]), 1.0, 1.0, window_left=0, lse=lse)
+    assert not out.float().any() and float(lse) == -math.inf
+    out = nvfp4kv.decode_attention(q, cache, bt, torch.tensor([2**39 + 1]), 1.0, 1.0, window_left=2**39 - 1000,
+                                   lse=lse)
+    assert out.float().any() and math.isfinite(float(lse))  # positions 1000..1023 are in the table

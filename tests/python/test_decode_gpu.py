@@ -650,3 +650,66 @@ def test_cuda_random_scale_bytes_equal_cpu(T, D, scale_layout, q_len):
     assert close(got[fin], want[fin]) <= REL_L2
     lf = want_lse.isfinite()
     assert torch.allclose(got_lse[lf], want_lse[lf], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("L", [64, 65, 200])
+@pytest.mark.parametrize("shift", [0, 4], ids=["tensor-core cache", "lane cache"])
+@pytest.mark.parametrize("cap", [0.0, 10.0])
+def test_cuda_logits_of_minus_inf_weigh_zero(L, shift, cap):
+    """Found by review (static, 2026-12-05): the lane reader summed exp(-inf - -inf) = NaN for a
+    row whose logits so far were all -inf, and the tensor-core reader's logit factor
+    k_scale * sm_scale * 2^6 overflowed to inf at sm_scale 3e38 (a zero K row then gave
+    0 * inf = NaN). CPU semantics (test_decode.py): -inf weighs 0 wherever it falls."""
+    T, D = 16, 64
+    cache = nv.allocate_kv_cache(nv.KVCacheSpec(T, 1, D), -(-L // T))
+    k = torch.zeros(L, 1, D)
+    k[:-1, 0, 0] = -6.0  # q . k = -12: times sm_scale 3e38, -inf in fp32
+    v = torch.zeros(L, 1, D)
+    v[-1] = 1.0
+    nv.store(k, v, cache, torch.arange(L), 1.0, 1.0, scale_layout="linear")
+    q = torch.zeros(1, 1, D, dtype=torch.bfloat16)
+    q[0, 0, 0] = 2.0
+    bt = torch.arange(-(-L // T), dtype=torch.int32)[None]
+    for n in (L, L - 1):
+        lens = torch.tensor([n], dtype=torch.int32)
+        got = []
+        for dev in ("cpu", "cuda"):
+            c = cache if dev == "cpu" else on_cuda(cache, shift=shift)
+            lse = torch.empty(1, 1, device=dev)
+            out = nv.decode_attention(q.to(dev), c, bt.to(dev), lens.to(dev), 1.0, 1.0, scale_layout="linear",
+                                      sm_scale=3e38, logits_soft_cap=cap, lse=lse)
+            got.append((out.float().cpu(), lse.cpu()))
+        (want, want_lse), (out, lse) = got
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), (n, out, lse)
+        assert close(out, want) <= REL_L2 if want.any() else not out.any()
+        assert float(lse) == float(want_lse) or abs(float(lse) - float(want_lse)) <= 1e-4
+
+
+@pytest.mark.parametrize("shift", [0, 4], ids=["tensor-core cache", "lane cache"])
+def test_cuda_window_past_the_table_of_a_huge_length(shift):
+    """Found by review (static): with an int64 length of 2^39 + 1 and window_left 0 the row sees
+    only position 2^39, past the table's 1024 positions: nothing (out 0, lse -inf). The
+    tensor-core reader's first full step, past 2^31 steps, wrapped in int32 and made every step
+    of the table full (unmasked)."""
+    kv, bt, _, q = make(1, 1024, 1, 1, 128, 16, seed=3)
+    sl = torch.tensor([2**39 + 1], dtype=torch.int64)
+    for dev in ("cpu", "cuda"):
+        c = kv if dev == "cpu" else on_cuda(kv, shift=shift)
+        lse = torch.empty(1, 1, device=dev)
+        ws = nv.decode_workspace(c, q.to(dev), bt.to(dev)) if dev == "cuda" else None
+        out = nv.decode_attention(q.to(dev), c, bt.to(dev), sl.to(dev), 0.03, 0.05, window_left=0, lse=lse,
+                                  workspace=ws)
+        assert not out.float().any() and float(lse) == -math.inf, dev
+
+
+def test_cuda_more_head_blocks_than_a_grid_dimension_is_a_clear_error():
+    """Found by review (static): KV heads x query-row blocks past 65535 (8192 heads, 128 rows of
+    16 a block) failed the launch with "invalid configuration argument"; now refused by name."""
+    H, group, q_len, D, T = 8192, 16, 8, 128, 1
+    F = nv.nvfp4_kv_cache_full_dim(D)
+    kv = torch.zeros(2, 2, T, H, F, dtype=torch.uint8, device="cuda")
+    q = torch.zeros(q_len, H * group, D, dtype=torch.bfloat16, device="cuda")
+    bt = torch.zeros(1, 2, dtype=torch.int32, device="cuda")
+    sl = torch.tensor([2], dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match="65535"):
+        nv.decode_attention(q, kv, bt, sl, q_len=q_len, scale_layout="linear")
