@@ -8,6 +8,7 @@ options, whose error messages they produce). This module also allocates outputs.
 
 from __future__ import annotations
 
+import math
 import numbers
 import sys
 from typing import Any, Optional, Tuple
@@ -70,6 +71,17 @@ def _stream_handle(stream: Any, like: Any) -> int:
     raise TypeError(f"stream: {type(stream).__name__} is not a CUDA stream (int, torch/cupy stream)")
 
 
+def _float32_value(x: Any) -> float:
+    """A numpy float32 scalar's value, from its bits: float() converts it in the caller's FP mode,
+    and with denormals-are-zero on (torch.set_flush_denormal(True)) a subnormal scale read as 0
+    (found by fuzzing). Exact: every float32 is a normal double."""
+    bits = int(x.view("uint32"))
+    sign, exp, man = -1.0 if bits >> 31 else 1.0, (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    if exp == 0xFF:
+        return sign * math.inf if man == 0 else math.nan
+    return sign * (math.ldexp(man, -149) if exp == 0 else math.ldexp(man | 0x800000, exp - 150))
+
+
 def _scale(x: Any, arg: str = "k_scale") -> Any:
     # Python and numpy scalars go to the ABI as host floats; tensors (CPU or GPU) pass through so a
     # device scale is read by the kernel, never on the host. A bool is no scale (True would read
@@ -84,6 +96,8 @@ def _scale(x: Any, arg: str = "k_scale") -> Any:
                             "or a 1-element float32 tensor")
         scalar = True
     if scalar:
+        if getattr(getattr(x, "dtype", None), "name", "") == "float32":
+            return _float32_value(x)
         try:
             return float(x)  # the binding checks the float32 range (import_scale)
         except OverflowError:

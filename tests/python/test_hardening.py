@@ -554,6 +554,25 @@ def test_flush_denormal_mode_changes_no_byte(g):
         assert (np.abs(results[1][1][0].numpy()) < np.float32(1.1754944e-38)).any()
 
 
+@pytest.mark.parametrize("kind", ["numpy float32", "0-d float32 array", "numpy float64", "float"])
+def test_flush_denormal_keeps_a_subnormal_numpy_scale(kind):
+    """Found by fuzzing: a numpy float32 scale went through float(), which converts in the
+    caller's mode: with denormals-are-zero a subnormal scale (valid: its reciprocal is finite)
+    read as 0 and was refused. Every kind of scalar now stores what the float does."""
+    g = 2.94e-39
+    scale = {"numpy float32": np.float32(g), "0-d float32 array": np.array(g, dtype=np.float32),
+             "numpy float64": np.float64(np.float32(g)), "float": float(np.float32(g))}[kind]
+    key = torch.from_numpy(mixed_tokens(np.random.default_rng(3), 2, H, D) * np.float32(1e-36))
+    slots = torch.arange(2)
+    caches = []
+    for flush in (False, True):
+        cache = make_cache(N, T, H, D, "5d", "HND", "torch", seed=13)
+        with flush_denormal() if flush else contextlib.nullcontext():
+            nv.store(key, key, slot_mapping=slots, k_scale=scale, v_scale=scale, **cache.kwargs(), **LINEAR)
+        caches.append(cache.snapshot())
+    assert np.array_equal(caches[0], caches[1])
+
+
 # ------------------------------------------------- 11. the spec takes what the operations take
 def test_spec_max_head_size_is_the_extensions():
     from nvfp4kv import _C, spec
