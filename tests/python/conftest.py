@@ -206,6 +206,23 @@ TORCH_DTYPES = ("bfloat16", "float16", "float32")
 NUMPY_DTYPES = ("float16", "float32")
 
 
+def minus_inf_logits_case(nv, L, T=16, D=64):
+    """A one-head cache of L positions whose logits, at sm_scale 3e38, are -inf but the last
+    (q . k = -12 overflows fp32; the last K row is 0), whose V is 1 (every other V 0): the torch
+    cache, query and block table. Attending it gives V[L - 1] and lse 0; without the last
+    position, nothing (out 0, lse -inf)."""
+    blocks = -(-L // T)
+    cache = nv.allocate_kv_cache(nv.KVCacheSpec(T, 1, D), blocks)
+    k = torch.zeros(L, 1, D)
+    k[:-1, 0, 0] = -6.0
+    v = torch.zeros(L, 1, D)
+    v[-1] = 1.0
+    nv.store(k, v, cache, torch.arange(L), 1.0, 1.0, scale_layout="linear")
+    q = torch.zeros(1, 1, D, dtype=torch.bfloat16)
+    q[0, 0, 0] = 2.0
+    return cache, q, torch.arange(blocks, dtype=torch.int32)[None]
+
+
 def to_numpy(x):
     if isinstance(x, np.ndarray):
         return x

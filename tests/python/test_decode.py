@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import make_cache, view_combos
+from conftest import make_cache, minus_inf_logits_case, view_combos
 
 torch = pytest.importorskip("torch")
 nvfp4kv = pytest.importorskip("nvfp4kv")
@@ -578,16 +578,8 @@ def test_logits_of_minus_inf_weigh_zero_wherever_they_fall(L):
     """Found by review of the one-pass reader: logits that overflow to -inf in a chunk before the
     row's first finite one were summed as exp(-inf - -inf) = NaN (at L 65: 64 such positions
     fill the first chunk). They weigh 0, as on the GPU: the row attends its one finite logit."""
-    T, D = 16, 64
-    cache = nvfp4kv.allocate_kv_cache(nvfp4kv.KVCacheSpec(T, 1, D), -(-L // T))
-    k = torch.zeros(L, 1, D)
-    k[:-1, 0, 0] = -6.0  # q . k = -12: times sm_scale 3e38, -inf in fp32
-    v = torch.zeros(L, 1, D)
-    v[-1] = 1.0
-    nvfp4kv.store(k, v, cache, torch.arange(L), 1.0, 1.0, scale_layout="linear")
-    q = torch.zeros(1, 1, D, dtype=torch.bfloat16)
-    q[0, 0, 0] = 2.0
-    bt = torch.arange(-(-L // T), dtype=torch.int32)[None]
+    D = 64
+    cache, q, bt = minus_inf_logits_case(nvfp4kv, L, D=D)
     lse = torch.empty(1, 1)
     out = nvfp4kv.decode_attention(q, cache, bt, torch.tensor([L], dtype=torch.int32), 1.0, 1.0,
                                    scale_layout="linear", sm_scale=3e38, lse=lse)

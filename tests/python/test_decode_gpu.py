@@ -377,7 +377,7 @@ def test_cuda_call_allocates_nothing_and_never_syncs():
 # ---------------------------------------------------------------- against float64 attention
 # The GPU reader held directly to the issue's reference (float64 attention over dequantize() of
 # the cache), with the CPU tests' tolerances, for every geometry the CPU path is tested on.
-from conftest import view_combos  # noqa: E402
+from conftest import minus_inf_logits_case, view_combos  # noqa: E402
 from test_decode import LSE_TOL, ODD_GROUPS_Q_LEN, REL_L2_TOL, million_token_setup, reference, setup  # noqa: E402
 
 GPU_MEASURED = {"rel_l2": 0.0, "lse": 0.0}
@@ -660,16 +660,7 @@ def test_cuda_logits_of_minus_inf_weigh_zero(L, shift, cap):
     row whose logits so far were all -inf, and the tensor-core reader's logit factor
     k_scale * sm_scale * 2^6 overflowed to inf at sm_scale 3e38 (a zero K row then gave
     0 * inf = NaN). CPU semantics (test_decode.py): -inf weighs 0 wherever it falls."""
-    T, D = 16, 64
-    cache = nv.allocate_kv_cache(nv.KVCacheSpec(T, 1, D), -(-L // T))
-    k = torch.zeros(L, 1, D)
-    k[:-1, 0, 0] = -6.0  # q . k = -12: times sm_scale 3e38, -inf in fp32
-    v = torch.zeros(L, 1, D)
-    v[-1] = 1.0
-    nv.store(k, v, cache, torch.arange(L), 1.0, 1.0, scale_layout="linear")
-    q = torch.zeros(1, 1, D, dtype=torch.bfloat16)
-    q[0, 0, 0] = 2.0
-    bt = torch.arange(-(-L // T), dtype=torch.int32)[None]
+    cache, q, bt = minus_inf_logits_case(nv, L)
     for n in (L, L - 1):
         lens = torch.tensor([n], dtype=torch.int32)
         got = []
