@@ -1,5 +1,7 @@
 // CUDA dequantize of whole pages (FORMAT.md §6): one thread per 16-element group of the output,
 // groups fastest so a warp reads consecutive code words and writes consecutive output chunks.
+#include <algorithm>
+
 #include "backend.h"
 #include "read.cuh"
 
@@ -59,7 +61,10 @@ int cuda_dequantize(const DequantParams& p, int device, void* stream_ptr, const 
   L.items = RowItems(p.H, p.k.cache.D, p.v.cache.D, 1);
   const uint32_t per_row = L.items.per_row.d;
   const int64_t rows = p.num_pages * p.T;
-  const int64_t max_rows = ((int64_t{1} << 31) - 1) / per_row - kThreads;
+  // Items of a launch stay below 2^31 (FastDiv's range); at least one row a launch, whose items
+  // fit (a side below 2 GiB bounds per_row below 2^31): a row of more than 8.4M items made this 0
+  // or negative, and the loop never ended (review: H 131072 at D 512).
+  const int64_t max_rows = std::max<int64_t>(1, ((int64_t{1} << 31) - 1) / per_row - kThreads);
   for (int64_t r0 = 0; r0 < rows; r0 += max_rows) {
     const int64_t n = rows - r0 < max_rows ? rows - r0 : max_rows;
     L.row0 = r0;

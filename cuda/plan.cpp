@@ -20,7 +20,7 @@ StoreVariant select_store_variant(const StoreShape& s, const DeviceInfo& d,
   const int64_t units = gk / 2;
   const bool can_sort = s.workspace && pairs && !small && s.layout == Layout::kHND && gk == gv &&
                         units > 0 && 32 % units == 0 && s.num_tokens <= (int64_t{1} << 30) &&
-                        s.num_slots < (int64_t{1} << 31);
+                        s.num_slots < (int64_t{1} << 31) && s.H <= kSortedMaxHeads;
   const int64_t rows = s.num_tokens * s.H * (full_dim(s.Dk) + full_dim(s.Dv));
   // Not for nvfp4_4over6 by default: bound by its arithmetic, it was slower in page order.
   const bool pays = s.recipe == Recipe::kNvfp4 && data_bytes(s.Dk) < kCacheLine &&

@@ -30,6 +30,9 @@ constexpr int64_t kSmallPerSm4over6 = 2;
 // at least this many times the L2 go in page order, where head rows are narrower than a line.
 constexpr int64_t kSortedL2Multiple = 3;
 constexpr int64_t kCacheLine = 128;
+// The page-order kernel gives each (side, head) row a warp, 16 warps a block along gridDim.y
+// (at most 65535): more KV heads than this go in token order.
+constexpr int64_t kSortedMaxHeads = 65535 * 16 / 2;
 
 enum class StoreVariant {
   kSmall,   // one token per block, one group per thread, no out-scale table

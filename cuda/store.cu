@@ -562,6 +562,11 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
     L.tokens_per_block = 32 / units;
     threads = static_cast<int>(warps * 32);
   }
+  if (slices > 65535) {  // gridDim.y (review): 524,281 KV heads at D 512, far past any model
+    *message = "store on the GPU splits a token's row over at most 65535 blocks of 512 threads (about 524,000 "
+               "KV heads at head size 512, 8.4M at 64); fewer KV heads per call";
+    return cudaErrorInvalidValue;
+  }
   cudaError_t err;
   switch (p.dtype) {
     case DType::kFloat32: err = launch_recipe<DType::kFloat32>(L, variant, threads, slices, device, stream); break;

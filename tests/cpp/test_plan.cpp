@@ -81,6 +81,13 @@ static void test_store() {
   s.Dk = s.Dv = 256;  // rows of whole 128-byte lines: token order by default
   CHECK(select_store_variant(s, kH200, AUTO) == StoreVariant::kPairs, "D 256");
   CHECK(select_store_variant(s, kH200, PAGE) == StoreVariant::kSorted, "D 256 forced");
+  // Found by review: past kSortedMaxHeads the page-order grid's y dimension would pass 65535.
+  s = store_shape(4 * at);
+  s.workspace = true;
+  s.H = kSortedMaxHeads;
+  CHECK(select_store_variant(s, kH200, PAGE) == StoreVariant::kSorted, "page order at the most heads");
+  s.H = kSortedMaxHeads + 1;
+  CHECK(select_store_variant(s, kH200, PAGE) == StoreVariant::kPairs, "more heads: token order");
 }
 
 static GatherShape gather_shape(int64_t B, int64_t len) {

@@ -107,7 +107,8 @@ NVFP4KV_API int nvfp4kv_cuda_device_count(const char** reason);
  *               F = D/2 + D/16.
  * slot_mapping: [num_tokens] int64 or int32. Token i goes to page slot/T, position slot%T;
  *               slots < 0 or >= N*T are skipped. Slots must be distinct among stored tokens
- *               (the CPU path keeps the last token, the CUDA path any one of them).
+ *               (the CPU path keeps the last token; the CUDA path in token order may mix them,
+ *               each group's codes and scale byte written from either token).
  * k_scale, v_scale: 1-element float32 tensors, the decode global scales. On the CPU they are
  *               validated (finite, > 0, finite reciprocal); on the GPU they are read by the
  *               kernel and a group quantized with an invalid one gets scale byte 0x7F.
