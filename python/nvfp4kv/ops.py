@@ -6,8 +6,8 @@ the tensors it writes (``Tensor(a!)``) and bumps their version counters, has a f
 implementation (shapes only, no data: under ``FakeTensorMode`` and while ``torch.compile``
 traces, no pointer is ever read), and runs the
 same C ABI call as the Python API on the current torch stream. ``nvfp4kv.store``,
-``reshape_and_cache_flash``, ``dequantize``, ``gather_dequant`` and ``decode_attention`` route through these ops when
-they are traced or given tensors without data (``nvfp4kv.api._route``); eager calls on real
+``reshape_and_cache_flash``, ``dequantize``, ``gather_dequant``, ``decode_attention`` and ``amax`` route through these ops when
+they are traced or given tensors without data (``nvfp4kv.api._without_data``); eager calls on real
 tensors go straight to the extension, so the ops cost the decode-time store nothing.
 
 Global scales are tensors in the schemas (a float given to the Python API inside a compiled
@@ -22,7 +22,8 @@ import torch
 
 from . import _C
 
-__all__ = ["store", "reshape_and_cache_flash", "dequantize", "gather_dequant", "decode_attention", "scale_tensor"]
+__all__ = ["store", "reshape_and_cache_flash", "dequantize", "gather_dequant", "decode_attention", "amax",
+           "scale_tensor"]
 
 _NS = "nvfp4kv"
 
@@ -51,6 +52,7 @@ _SCHEMAS = {
         "Tensor(a!) out, float sm_scale, Tensor(b!)? lse=None, Tensor? value_cache=None, str scale_layout='vllm', "
         "float logits_soft_cap=0.0, int window_left=-1, int q_len=1, Tensor(c!)? workspace=None) -> ()"
     ),
+    "amax": "(Tensor x, Tensor(a!) out, bool accumulate=False) -> ()",
 }
 
 
@@ -98,6 +100,10 @@ def _decode_attention_impl(query, kv_cache, block_table, seq_lens, k_scale, v_sc
                         sm_scale, logits_soft_cap, window_left, out, lse, workspace, None)
 
 
+def _amax_impl(x, out, accumulate=False):
+    _C.amax(x, out, 1 if accumulate else 0, None)
+
+
 def _nothing(*args, **kwargs) -> None:
     """The fake implementation of every op: they only write into tensors they were given."""
     return None
@@ -109,6 +115,7 @@ _IMPLS = {
     "dequantize": _dequantize_impl,
     "gather_dequant": _gather_dequant_impl,
     "decode_attention": _decode_attention_impl,
+    "amax": _amax_impl,
 }
 
 
@@ -156,6 +163,7 @@ reshape_and_cache_flash = torch.ops.nvfp4kv.reshape_and_cache_flash.default
 dequantize = torch.ops.nvfp4kv.dequantize.default
 gather_dequant = torch.ops.nvfp4kv.gather_dequant.default
 decode_attention = torch.ops.nvfp4kv.decode_attention.default
+amax = torch.ops.nvfp4kv.amax.default
 
 
 # ---- The Python API under torch.compile ----------------------------------------------------------
@@ -163,6 +171,7 @@ decode_attention = torch.ops.nvfp4kv.decode_attention.default
 # gather_dequant (same signatures), so compiled code can call the API as eager code does; eager
 # calls never see them. Inside a compiled region the ops run on torch's current stream.
 from . import api as _api  # noqa: E402
+from . import scales as _scales  # noqa: E402
 
 
 def _traced_as(original):
@@ -244,4 +253,15 @@ def _decode_attention_traced(query, kv_cache, block_table, seq_lens, k_scale=1.0
     out = _api._decode_out(query, kv_cache, value_cache, out, block_table, rows, checked=False)
     decode_attention(query, kv_cache, block_table, seq_lens, scale_tensor(k_scale), scale_tensor(v_scale), out, sm,
                      lse, value_cache, scale_layout, cap, window, rows, workspace)
+    return out
+
+
+@_traced_as(_scales.amax)
+def _amax_traced(x, out=None, *, accumulate=False, stream=None):
+    _no_stream(stream)
+    if out is None:
+        if accumulate:
+            raise ValueError("out: None with accumulate=True; pass the amax to accumulate into")
+        out = torch.zeros(1, dtype=torch.float32, device=x.device)
+    amax(x, out, bool(accumulate))
     return out

@@ -7,12 +7,14 @@ Conventions (one number per tensor, four ways to write it; ``amax = max |x|``):
 name                   value                  who uses it
 =====================  =====================  ============================================
 decode scale           ``amax / 448``         nvfp4kv's ``k_scale`` / ``v_scale``, vLLM's
-                                              ``layer._k_scale``, ModelOpt / vLLM checkpoints'
-                                              ``k_scale`` / ``v_scale`` (the FP8-KV convention)
+                                              ``layer._k_scale``, vLLM checkpoints' and recent
+                                              ModelOpt ones' ``k_scale`` / ``v_scale`` (older
+                                              ModelOpt NVFP4-KV exports: the x6 form)
 the x6 form            ``amax / 2688``        NVFP4 weight checkpoints' ``weight_scale_2``
                        ``= decode / 6``       (decode scale with the E2M1 max folded in)
 encode scale           ``2688 / amax``        the reciprocal of the x6 form: what a quantizer
-                       ``= 6 / decode``       multiplies by (ModelOpt's NVFP4 "global scale")
+                       ``= 6 / decode``       multiplies by (TensorRT-LLM's activation
+                                              ``input_scale``)
 =====================  =====================  ============================================
 
 448 is the largest E4M3 value (the per-group scale byte), 6 the largest E2M1 value (the 4-bit
@@ -29,13 +31,14 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import _C
-from .api import _framework, _zeros
+from .api import _framework, _without_data, _zeros
 
 __all__ = ["E2M1_MAX", "E4M3_MAX", "amax", "decode_scale", "x6_from_decode", "decode_from_x6", "encode_from_decode",
            "decode_from_encode", "ScaleTracker"]
 
 E2M1_MAX = 6.0    # the largest E2M1 (FP4) magnitude
 E4M3_MAX = 448.0  # the largest E4M3 (scale byte) magnitude
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 # ---- amax ---------------------------------------------------------------------------------------
@@ -69,7 +72,14 @@ def amax(x: Any, out: Any = None, *, accumulate: bool = False, stream: Any = Non
         if accumulate:
             raise ValueError("out: None with accumulate=True; pass the amax to accumulate into")
         out = _zeros(x, (1,), "float32")
-    _C.amax(x, out, 1 if accumulate else 0, stream)
+    try:
+        _C.amax(x, out, 1 if accumulate else 0, stream)
+    except ValueError:
+        if not _without_data(x, out):  # meta or fake tensors: the op's fake implementation
+            raise
+        from . import ops
+
+        ops.amax(x, out, accumulate)
     return out
 
 
@@ -79,9 +89,10 @@ def decode_scale(amax: Any, margin: float = 1.0) -> Any:
     """The decode global scale ``amax * margin / 448`` (nvfp4kv's ``k_scale`` / ``v_scale``, and the
     ``k_scale`` / ``v_scale`` of vLLM and ModelOpt checkpoints).
 
-    ``margin`` > 1 leaves headroom for values above the calibrated amax (a group's scale byte
-    saturates at 448, so values above ``6 * 448 * scale`` are clipped); < 1 trades clipping of the
-    largest values for resolution of the others.
+    ``margin`` matters little: margin 1 already keeps values up to ``6 * 448 * scale`` (6 times the
+    calibrated amax), a margin from 1/6 to 1 clips nothing, and a power of two reads back the same
+    values as 1 unless a group's scale leaves the E4M3 range (docs/scales.md). Give a float32 amax: the
+    result has amax's dtype, and the store takes float32 scales.
     """
     return amax * _in_dtype_of(margin, amax) / E4M3_MAX
 
@@ -231,7 +242,7 @@ class ScaleTracker:
             if x is None:
                 continue
             try:
-                _C.amax(x, store[i], 1, stream)
+                amax(x, store[i], accumulate=True, stream=stream)  # the torch op when traced
                 folded = True
             except (ValueError, TypeError) as e:
                 where = f"the tracker's amax is on {self.device}"
@@ -291,9 +302,17 @@ class ScaleTracker:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Copy amax from :meth:`state_dict` into the tracker's storage (allocated like ``state["k_amax"]``
         if the tracker has none yet). The layers must match."""
-        layers = state.get("layers")
+        if not isinstance(state, dict):
+            raise TypeError(f"state_dict: a {type(state).__name__} received; expected the dict state_dict() gives")
+        for key in ("layers", "k_amax", "v_amax"):
+            if key not in state:
+                raise KeyError(f"state_dict: no {key!r} entry; expected the dict state_dict() gives "
+                               "({'layers', 'k_amax', 'v_amax'})")
+        layers = state["layers"]
         if isinstance(layers, tuple):
             layers = list(layers)
+        elif isinstance(layers, numbers.Integral) and not isinstance(layers, bool):
+            layers = int(layers)  # numpy integers too, as the constructor takes them
         mine = self.layer_names if self._names is not None else self._n
         if type(layers) is not type(mine) or layers != mine:
             raise ValueError(f"state_dict: layers {layers!r} do not match this tracker's {mine!r}")
@@ -301,7 +320,10 @@ class ScaleTracker:
         # Both checked before anything is copied: float arrays of one amax per layer, none negative
         # (a NaN is an amax: sticky, as update leaves it).
         for name, x in (("k_amax", k), ("v_amax", v)):
-            if tuple(getattr(x, "shape", ())) != (self._n,):
+            if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+                raise TypeError(f"state_dict: {name} is a {type(x).__name__}; expected an array (torch, numpy "
+                                "or cupy) of one amax per layer")
+            if tuple(x.shape) != (self._n,):
                 raise ValueError(f"state_dict: {name} of shape {getattr(x, 'shape', None)}; expected ({self._n},)")
             dtype = getattr(x, "dtype", None)
             floating = getattr(dtype, "is_floating_point", None)
@@ -311,6 +333,9 @@ class ScaleTracker:
                 raise TypeError(f"state_dict: {name} of dtype {dtype}; expected a float array")
             if bool((x < 0).any()):
                 raise ValueError(f"state_dict: {name} has a negative amax; an amax is max |x| >= 0")
+            if bool(((x > _FLOAT32_MAX) & (x != float("inf"))).any()):  # float64: would become inf
+                raise ValueError(f"state_dict: {name} has a finite amax past the float32 range; the tracker "
+                                 "keeps float32")
         # Both converted (float32, the storage's framework and device) before either is copied, so a
         # refused conversion changes nothing; abs() clears a NaN's sign, which the amax's max would
         # read as below every value (x86's default NaN is negative): NaN stays sticky.

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nvfp4kv/nvfp4kv.h"
@@ -485,6 +486,24 @@ int main() {
     CHECK(nvfp4kv_amax(&hv.t, &av.t, 0, nullptr) == NVFP4KV_SUCCESS && a == 12.0f, "f16 amax %g", a);
     hs[2] = 0xFC00;
     CHECK(nvfp4kv_amax(&hv.t, &av.t, 0, nullptr) == NVFP4KV_SUCCESS && isinf(a) && a > 0, "f16 inf amax %g", a);
+    // Two threads accumulating into one out: every update lands (found by review: the CPU path
+    // read, then wrote, out, and lost updates; ThreadSanitizer, which CI runs this under, reports
+    // that race at once). Thread t feeds the values 2i + t, i < 2000: out ends at 3999.
+    {
+      float shared = 0.0f;
+      std::vector<std::thread> feeders;
+      for (int t = 0; t < 2; ++t)
+        feeders.emplace_back([&shared, t] {
+          float v = 0.0f;
+          View vv(&v, kF32, {1}), sv(&shared, kF32, {1});
+          for (int i = 0; i < 2000; ++i) {
+            v = static_cast<float>(2 * i + t);
+            if (nvfp4kv_amax(&vv.t, &sv.t, 1, nullptr) != NVFP4KV_SUCCESS) return;
+          }
+        });
+      for (std::thread& f : feeders) f.join();
+      CHECK(shared == 3999.0f, "two threads accumulating: %g, expected 3999", shared);
+    }
     // Rejected: names the argument.
     View a64(xs.data(), kF64, {1});
     CHECK(nvfp4kv_amax(&xv.t, &a64.t, 0, nullptr) == NVFP4KV_ERROR_INVALID_DTYPE && strstr(nvfp4kv_last_error(), "out: dtype float64"),

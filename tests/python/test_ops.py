@@ -171,7 +171,35 @@ def test_compile_gather_needs_its_outputs():
         torch.compile(f, fullgraph=True, backend="aot_eager")(c["kv"], c["bt"], c["seq_lens"], c["ks"], c["vs"])
 
 
-@pytest.mark.parametrize("op", ["store", "reshape_and_cache_flash", "dequantize", "gather_dequant", "decode_attention"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_compile_scale_tracker_and_amax(backend):
+    """Found by review: nvfp4kv.amax and ScaleTracker.update, which an engine may call in its
+    forward pass, were no ops, and fullgraph compilation failed on the extension's function.
+    Compiled, they fold exactly what eager calls fold."""
+    tracker = nvfp4kv.ScaleTracker(2, device="cpu")
+
+    def forward(k, v):
+        tracker.update(1, k, v)
+        return k * 2
+
+    f = torch.compile(forward, fullgraph=True, backend=backend)
+    g = torch.Generator().manual_seed(5)
+    k, v, k2 = (torch.randn(16, 8, 128, generator=g) * s for s in (1.0, 3.0, 5.0))
+    f(k, v)
+    f(k2, v)
+    assert float(tracker.k_amax()[1]) == float(torch.maximum(k.abs().max(), k2.abs().max()))
+    assert float(tracker.v_amax()[1]) == float(v.abs().max()) and float(tracker.k_amax()[0]) == 0.0
+    amax = torch.compile(lambda x: nvfp4kv.amax(x), fullgraph=True, backend=backend)
+    assert float(amax(k)) == float(k.abs().max())
+
+
+def test_amax_of_meta_tensors_goes_through_the_op():
+    out = nvfp4kv.amax(torch.empty(4, 4, device="meta"))
+    assert out.device.type == "meta" and tuple(out.shape) == (1,)
+
+
+@pytest.mark.parametrize("op", ["store", "reshape_and_cache_flash", "dequantize", "gather_dequant", "decode_attention",
+                                "amax"])
 def test_opcheck(op):
     c = case(seed=2)
     kv = c["kv"]
@@ -183,6 +211,7 @@ def test_opcheck(op):
                            torch.empty(52, H, D, dtype=torch.bfloat16), torch.empty(52, H, D, dtype=torch.bfloat16)),
         "decode_attention": (c["key"][:B].contiguous(), kv, c["bt"], c["seq_lens"], c["ks"], c["vs"],
                              torch.empty(B, H, D, dtype=torch.bfloat16), 0.125, torch.empty(B, H)),
+        "amax": (c["key"], torch.zeros(1), True),
     }[op]
     result = opcheck(getattr(torch.ops.nvfp4kv, op).default, args)
     assert all(v == "SUCCESS" for v in result.values()), result

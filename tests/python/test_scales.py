@@ -254,6 +254,28 @@ def test_tracker_torch_names_state_dict_and_errors():
 
 
 @needs_torch
+def test_tracker_load_state_dict_names_what_is_wrong():
+    """Found by review: a missing entry was a bare KeyError, a list "of shape None", numpy integer
+    layers were refused though the constructor takes them, and a float64 amax past the float32
+    range became inf silently. A refused state changes nothing."""
+    tr = nvfp4kv.ScaleTracker(2, device="cpu")
+    tr.update(0, torch.full((3,), 2.0), torch.full((3,), 5.0))
+    before = tr.state_dict()
+    z = torch.zeros(2)
+    for state, error, says in [
+            ({"layers": 2, "k_amax": z}, KeyError, "no 'v_amax' entry"),
+            ([2, z, z], TypeError, "expected the dict state_dict"),
+            ({"layers": 2, "k_amax": [1.0, 2.0], "v_amax": z}, TypeError, "k_amax is a list; expected an array"),
+            ({"layers": 2, "k_amax": np.array([1e39, 1.0]), "v_amax": np.zeros(2)}, ValueError, "past the float32"),
+    ]:
+        with pytest.raises(error, match=says):
+            tr.load_state_dict(state)
+        assert torch.equal(tr.k_amax(), before["k_amax"]) and torch.equal(tr.v_amax(), before["v_amax"])
+    tr.load_state_dict({"layers": np.int64(2), "k_amax": np.array([np.inf, 1.0]), "v_amax": np.zeros(2)})
+    assert tr.k_amax().tolist() == [float("inf"), 1.0]  # an inf amax is one (data held an inf)
+
+
+@needs_torch
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_store_with_tracker_scales_round_trips(dtype):
     """Calibrate on batches, store the last one with the tracker's scales: dequantized values are

@@ -70,7 +70,15 @@ void cpu_amax(const AmaxParams& p) {
   }
   const int32_t r = amax_bits(raw, p.dtype);
   if (p.accumulate) {
-    if (p.ndim > 0 && p.numel > 0) *p.amax = amax_combine(*p.amax, r);
+    // Atomic, as the CUDA path's atomicMax: calls from several threads may accumulate into one
+    // out (a read then a write lost updates there; found by review). amax_combine is a max of
+    // the int32 bits, so a compare-and-swap loop that stops once out is no smaller computes it.
+    if (p.ndim > 0 && p.numel > 0) {
+      int32_t cur = __atomic_load_n(p.amax, __ATOMIC_RELAXED);
+      while (amax_combine(cur, r) != cur &&
+             !__atomic_compare_exchange_n(p.amax, &cur, r, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+      }
+    }
   } else {
     *p.amax = r;
   }
