@@ -53,6 +53,11 @@ int cc_major(int device) {
 
 DeviceInfo device_info(int device) { return DeviceInfo{sm_count(device), l2_bytes(device), cc_major(device)}; }
 
+namespace {
+// Compiled like every kernel of the library: its PTX version is that of the code the device runs.
+__global__ void pdl_probe_kernel() {}
+}  // namespace
+
 bool pdl_supported(int device) {
   // Once per process: NVFP4KV_PDL=0 turns it off; and the driver must be able to capture such
   // launches in CUDA graphs (programmatic graph edges came with CUDA 12.3).
@@ -62,7 +67,10 @@ bool pdl_supported(int device) {
     int driver = 0;
     return cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12030;
   }();
-  return allowed && cc_major(device) >= 9;
+  // And the device must run code compiled for 9.0 or later: a build of compute_80 PTX alone,
+  // compiled by the driver for a Hopper GPU, has no griddepcontrol.wait in its kernels (it is
+  // compiled out below 9.0), so nothing would order a kernel after the one before it (review).
+  return allowed && cc_major(device) >= 9 && kernel_ptx_version<pdl_probe_kernel>(device) >= 90;
 }
 
 int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm) {
