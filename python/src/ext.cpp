@@ -171,7 +171,9 @@ void reject_unsupported_torch(nb::handle obj, const char* name) {
   std::string why = "unknown";
   if (value) {
     PyObject* text = PyObject_Str(value);
-    const char* utf8 = text && PyUnicode_Check(text) ? PyUnicode_AsUTF8(text) : nullptr;
+    // PyUnicode_AsUTF8AndSize: in the limited API since 3.10 (PyUnicode_AsUTF8 only since 3.13,
+    // and the abi3 build targets 3.12: it did not compile there).
+    const char* utf8 = text && PyUnicode_Check(text) ? PyUnicode_AsUTF8AndSize(text, nullptr) : nullptr;
     if (utf8) why = utf8;
     Py_XDECREF(text);
     PyErr_Clear();
