@@ -200,7 +200,8 @@ cudaError_t resident_per_sm(int device, int threads, int* blocks, size_t smem = 
 
 // The PTX version (major * 10 + minor) `kernel` was compiled from for `device`: code that the
 // driver compiles at load time from an older architecture's PTX lacks what that architecture
-// lacks. Asked once per device and kept; 0 where the query fails (no code for the device).
+// lacks. Asked once per device and kept; 0 where the query fails (no code for the device), which
+// is asked again at the next call.
 template <auto kernel>
 int kernel_ptx_version(int device) {
   static std::atomic<int> kept[64];  // the version + 1; 0: not asked yet
@@ -210,9 +211,12 @@ int kernel_ptx_version(int device) {
     if (v != 0) return v - 1;
   }
   cudaFuncAttributes attr{};
-  const int v = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.ptxVersion : 0;
-  if (keep) kept[device].store(v + 1, std::memory_order_relaxed);
-  return v;
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();  // the query's own error, not left for the caller's next check
+    return 0;                  // not kept: asked again next time
+  }
+  if (keep) kept[device].store(attr.ptxVersion + 1, std::memory_order_relaxed);
+  return attr.ptxVersion;
 }
 
 // Lets `kernel` take kBytes of dynamic shared memory (what its largest block needs) on `device`,

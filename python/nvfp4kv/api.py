@@ -75,6 +75,8 @@ def _float32_value(x: Any) -> float:
     """A numpy float32 scalar's value, from its bits: float() converts it in the caller's FP mode,
     and with denormals-are-zero on (torch.set_flush_denormal(True)) a subnormal scale read as 0
     (found by fuzzing). Exact: every float32 is a normal double."""
+    if not x.dtype.isnative:  # a big-endian 0-d array: its bytes swapped (no arithmetic), then read
+        x = x.byteswap().view(x.dtype.newbyteorder("="))
     bits = int(x.view("uint32"))
     sign, exp, man = -1.0 if bits >> 31 else 1.0, (bits >> 23) & 0xFF, bits & 0x7FFFFF
     if exp == 0xFF:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numbers
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import _C
 from .api import _framework, _without_data, _zeros
@@ -91,7 +91,7 @@ def decode_scale(amax: Any, margin: float = 1.0) -> Any:
 
     ``margin`` matters little: margin 1 already keeps values up to ``6 * 448 * scale`` (6 times the
     calibrated amax), a margin from 1/6 to 1 clips nothing, and a power of two reads back the same
-    values as 1 unless a group's scale leaves the E4M3 range (docs/scales.md). Give a float32 amax: the
+    values as 1 unless a group's scale leaves E4M3's normal range (docs/scales.md). Give a float32 amax: the
     result has amax's dtype, and the store takes float32 scales.
     """
     return amax * _in_dtype_of(margin, amax) / E4M3_MAX
@@ -302,7 +302,7 @@ class ScaleTracker:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Copy amax from :meth:`state_dict` into the tracker's storage (allocated like ``state["k_amax"]``
         if the tracker has none yet). The layers must match."""
-        if not isinstance(state, dict):
+        if not isinstance(state, Mapping):
             raise TypeError(f"state_dict: a {type(state).__name__} received; expected the dict state_dict() gives")
         for key in ("layers", "k_amax", "v_amax"):
             if key not in state:

@@ -554,13 +554,15 @@ def test_flush_denormal_mode_changes_no_byte(g):
         assert (np.abs(results[1][1][0].numpy()) < np.float32(1.1754944e-38)).any()
 
 
-@pytest.mark.parametrize("kind", ["numpy float32", "0-d float32 array", "numpy float64", "float"])
+@pytest.mark.parametrize("kind", ["numpy float32", "0-d float32 array", "big-endian 0-d array", "numpy float64",
+                                  "float"])
 def test_flush_denormal_keeps_a_subnormal_numpy_scale(kind):
     """Found by fuzzing: a numpy float32 scale went through float(), which converts in the
     caller's mode: with denormals-are-zero a subnormal scale (valid: its reciprocal is finite)
     read as 0 and was refused. Every kind of scalar now stores what the float does."""
     g = 2.94e-39
     scale = {"numpy float32": np.float32(g), "0-d float32 array": np.array(g, dtype=np.float32),
+             "big-endian 0-d array": np.array(g, dtype=">f4"),  # its bytes read in order (review)
              "numpy float64": np.float64(np.float32(g)), "float": float(np.float32(g))}[kind]
     key = torch.from_numpy(mixed_tokens(np.random.default_rng(3), 2, H, D) * np.float32(1e-36))
     slots = torch.arange(2)
@@ -571,6 +573,10 @@ def test_flush_denormal_keeps_a_subnormal_numpy_scale(kind):
             nv.store(key, key, slot_mapping=slots, k_scale=scale, v_scale=scale, **cache.kwargs(), **LINEAR)
         caches.append(cache.snapshot())
     assert np.array_equal(caches[0], caches[1])
+    reference = make_cache(N, T, H, D, "5d", "HND", "torch", seed=13)  # the same scale as a float
+    nv.store(key, key, slot_mapping=slots, k_scale=float(np.float32(g)), v_scale=float(np.float32(g)),
+             **reference.kwargs(), **LINEAR)
+    assert np.array_equal(caches[0], reference.snapshot())
 
 
 # ------------------------------------------------- 11. the spec takes what the operations take
