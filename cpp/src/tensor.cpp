@@ -143,6 +143,8 @@ Tensor::Tensor(const DLTensor* tensor, const char* n) : t(tensor), name(n) {
            "%s: shape %s with strides %s at byte_offset %llu addresses elements past the address space "
            "(more than 2^62 bytes apart, or wrapping around); no memory has that layout",
            name, shape_str().c_str(), strides_str().c_str(), static_cast<unsigned long long>(t->byte_offset));
+    lowest_ = first - lo_bytes;
+    end_ = end;
   }
   // Every path reads and writes whole elements at their type (the CPU's as C++ objects, the
   // kernels' by typed loads, where a misaligned address faults and ends the CUDA context), and the
@@ -216,20 +218,7 @@ IndexVec index_vec(const Tensor& x, const Tensor& ref, int64_t length) {
 }
 
 bool overlap(const Tensor& a, const Tensor& b) {
-  const auto range = [](const Tensor& x, uintptr_t& lo, uintptr_t& hi) {
-    int64_t first = 0, last = 0;
-    for (int i = 0; i < x.ndim(); ++i) {
-      if (x.size(i) == 0) return false;
-      const int64_t span = (x.size(i) - 1) * x.stride(i);
-      (span < 0 ? first : last) += span;
-    }
-    const int64_t bytes = element_bytes(x.t->dtype);
-    lo = reinterpret_cast<uintptr_t>(x.ptr()) + first * bytes;
-    hi = reinterpret_cast<uintptr_t>(x.ptr()) + last * bytes + bytes;
-    return true;
-  };
-  uintptr_t alo, ahi, blo, bhi;
-  return range(a, alo, ahi) && range(b, blo, bhi) && alo < bhi && blo < ahi;
+  return a.numel() > 0 && b.numel() > 0 && a.lowest() < b.end() && b.lowest() < a.end();
 }
 
 namespace {

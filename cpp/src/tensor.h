@@ -51,11 +51,16 @@ class Tensor {
   // Whether the strides are compact stand-ins for an empty array's all-zero ones (NumPy's), which
   // say nothing of its layout.
   bool stand_in_strides() const { return stand_in_; }
+  // The addresses of its lowest byte and one past its highest (both 0 when it has no element),
+  // as the constructor checked them.
+  uintptr_t lowest() const { return lowest_; }
+  uintptr_t end() const { return end_; }
 
  private:
   int64_t stride_[8];
   int64_t numel_;
   bool stand_in_ = false;
+  uintptr_t lowest_ = 0, end_ = 0;
 };
 
 // Checks shared by the operations.
