@@ -259,9 +259,6 @@ def _decode_attention_traced(query, kv_cache, block_table, seq_lens, k_scale=1.0
 @_traced_as(_scales.amax)
 def _amax_traced(x, out=None, *, accumulate=False, stream=None):
     _no_stream(stream)
-    if out is None:
-        if accumulate:
-            raise ValueError("out: None with accumulate=True; pass the amax to accumulate into")
-        out = torch.zeros(1, dtype=torch.float32, device=x.device)
-    amax(x, out, bool(accumulate))
+    out = _scales._amax_out(x, out, accumulate)
+    amax(x, out, accumulate)
     return out

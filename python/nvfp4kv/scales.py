@@ -43,6 +43,22 @@ _FLOAT32_MAX = 3.4028234663852886e38
 
 # ---- amax ---------------------------------------------------------------------------------------
 
+def _amax_out(x: Any, out: Any, accumulate: Any) -> Any:
+    """amax's arguments checked, and its output: the one given, else a new (1,) float32 array in
+    x's framework and device (also what the traced amax allocates: nvfp4kv.ops)."""
+    if not isinstance(accumulate, bool):
+        kind = type(accumulate)
+        raise TypeError(f"accumulate: {accumulate!r} ({kind.__module__}.{kind.__name__}) received; expected "
+                        "True or False (a Python bool)")
+    if x is None:
+        raise TypeError("x: None received; expected an array supporting DLPack (torch, numpy, cupy, ...)")
+    if out is None:
+        if accumulate:
+            raise ValueError("out: None with accumulate=True; pass the amax to accumulate into")
+        out = _zeros(x, (1,), "float32")
+    return out
+
+
 def amax(x: Any, out: Any = None, *, accumulate: bool = False, stream: Any = None) -> Any:
     """``max |x|`` into a 1-element float32 array on x's device, without a host synchronization.
 
@@ -62,16 +78,7 @@ def amax(x: Any, out: Any = None, *, accumulate: bool = False, stream: Any = Non
     CPU; check it if the data may hold NaN). On CUDA this is one kernel (two without accumulate)
     on the stream, safe to capture in a CUDA graph.
     """
-    if not isinstance(accumulate, bool):
-        kind = type(accumulate)
-        raise TypeError(f"accumulate: {accumulate!r} ({kind.__module__}.{kind.__name__}) received; expected "
-                        "True or False (a Python bool)")
-    if x is None:
-        raise TypeError("x: None received; expected an array supporting DLPack (torch, numpy, cupy, ...)")
-    if out is None:
-        if accumulate:
-            raise ValueError("out: None with accumulate=True; pass the amax to accumulate into")
-        out = _zeros(x, (1,), "float32")
+    out = _amax_out(x, out, accumulate)
     try:
         _C.amax(x, out, 1 if accumulate else 0, stream)
     except ValueError:
