@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: build, GPU + CPU tests, optional sanitizer, SASS and the benchmark.
-# Usage (on the lent GPU machine): bash benchmarks/device_run.sh [tests|gputests|sanitize|decodecheck|sm80|host|bench|decode|amax|sass|noimage]...
+# Usage (on the lent GPU machine): bash benchmarks/device_run.sh [tests|gputests|sanitize|decodecheck|sm80|host|bench|decode|ceilings|amax|sass|noimage]...
 # Writes logs and results under $OUT (or ./device-out). SKIP_BUILD=1 keeps the package that an
 # earlier call of this session installed (a warm machine) instead of building it again.
 set -uo pipefail
@@ -111,6 +111,23 @@ for L, bt in ((20, wide[:, :2].contiguous()), (200000, wide)):
     decode)
       log decode
       python3 benchmarks/bench_decode.py ${DECODE_ARGS:-} --json "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" | tail -40 ;;
+    ceilings)
+      # The decode reader's two ceilings at each geometry (tools/decode_hooks.py): without its
+      # arithmetic (memory-only) and without its page traffic (compute-only), timed against the
+      # installed build round after round (tools/ab_builds.py), all built for sm_90 only.
+      log "decode ceilings: memory-only and compute-only builds"
+      for v in MEMONLY COMPUTEONLY; do
+        rm -rf "/tmp/src_$v" "/tmp/pkg_$v" && mkdir -p "/tmp/src_$v"
+        tar --exclude=./build --exclude=./device-out -cf - . | tar -xf - -C "/tmp/src_$v"
+        python3 tools/decode_hooks.py "/tmp/src_$v" > /dev/null
+        python3 -m pip install --no-build-isolation --no-deps -q --target "/tmp/pkg_$v" -C build-dir="/tmp/build_$v" \
+          -C cmake.define.NVFP4KV_CUDA_ARCHS=90-real -C cmake.define.CMAKE_CUDA_FLAGS=-DNVFP4KV_DECODE_$v \
+          "/tmp/src_$v" > "$OUT/build_$v.log" 2>&1 &
+      done
+      wait
+      python3 tools/ab_builds.py full=installed memory=/tmp/pkg_MEMONLY compute=/tmp/pkg_COMPUTEONLY \
+        --decode "${CEILING_CASES:-16x4096,64x4096,16x32768,64x16384,128x2048,1x131072,4x32768,1x1024g}" 2>&1 \
+        | tee "$OUT/ceilings.txt" | tail -12 ;;
     amax)
       log amax
       python3 benchmarks/bench_amax.py ${AMAX_ARGS:-} --json "$OUT/amax.json" 2>&1 | tee "$OUT/amax.txt" | tail -20 ;;

@@ -8,9 +8,12 @@ the two questions of design notes, "Decode attention: the fixed cost of a block"
   then exports nvfp4kv_diag_timeline() that tools/decode_timeline.py reads.
 - NVFP4KV_DECODE_MEMONLY: the reader without its arithmetic (same grid, block table, copies and
   merges): the memory-side ceiling of this pipeline at each geometry.
+- NVFP4KV_DECODE_COMPUTEONLY: the reader without its page traffic: every copy instruction stays,
+  with a source size of 0 that the compiler cannot see (so it reads nothing and fills zeros), and
+  the arithmetic runs on the zeros: the instruction-side ceiling at each geometry.
 
 Usage: python tools/decode_hooks.py SRC_DIR, then build SRC_DIR with
-  -C cmake.define.CMAKE_CUDA_FLAGS=-DNVFP4KV_DECODE_TIMELINE (or _MEMONLY)
+  -C cmake.define.CMAKE_CUDA_FLAGS=-DNVFP4KV_DECODE_TIMELINE (or _MEMONLY, _COMPUTEONLY)
 e.g. pip install --target /tmp/pkg_tl. Fails loudly when decode.cu no longer has the text it hooks.
 """
 import pathlib
@@ -41,6 +44,16 @@ __device__ __forceinline__ unsigned long long gtimer() {
 #define TLM(i) (tl[2 * (i)] = gtimer(), tl[2 * (i) + 1] = clock64())
 #else
 #define TLM(i) ((void)0)
+#endif
+''')
+rep('''  static_assert(kN == 4 || kN == 8 || kN == 16, "cp.async sizes");
+''', '''  static_assert(kN == 4 || kN == 8 || kN == 16, "cp.async sizes");
+#ifdef NVFP4KV_DECODE_COMPUTEONLY
+  // A zero the compiler cannot fold (the dynamic shared memory size is below 2^31): two
+  // instructions more per copy, about 2 % of a step's.
+  uint32_t z;
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(z));
+  ok = ok && (z >> 31) != 0u;
 #endif
 ''')
 rep('''  wait_for_prior_grids();
