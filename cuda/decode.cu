@@ -38,6 +38,8 @@ struct DecodeLaunch {
   SideOffsets off[2];      // K, V: the format core's offsets, affine in (head, position, group)
   FastDiv block_size;      // T
   int64_t cols_per_split;  // block-table columns of one split
+  bool window;             // a window moves the splits to its first columns (split_col)
+  int32_t unit_cols;       // decode_unit_cols(T), a power of two
   int32_t splits;
   FastDiv chunks;          // chunks of kRowsPerBlock query rows per KV head (block_head)
   int64_t b0;              // first sequence of this launch
@@ -73,6 +75,21 @@ __device__ __forceinline__ void row_range(const DecodeLaunch& L, int64_t len, in
                                           int64_t& last) {
   last = pos_last(L.p, len, row_pos(L, rr).i);
   first = pos_first(L.p, last);
+}
+
+// The first block-table column of split `split` of a sequence of length len. With a window, the
+// splits start at the run of decode_unit_cols(T) columns (a multiple of 16 tokens, where tiles
+// start) that holds the first token the sequence's earliest query row attends (at most the
+// table's width), so that they cover the window, not the whole table (design notes: "Decode
+// attention: windows"). A branch, not a select: a call without a window must not wait for the
+// length before it loads its first block-table entries.
+__device__ __forceinline__ int64_t split_col(const DecodeLaunch& L, int32_t split, int64_t len) {
+  int64_t col = split * L.cols_per_split;
+  if (L.window) {
+    const int64_t first = pos_first(L.p, pos_last(L.p, len, 0));
+    col += min64(L.block_size.div_any(first) & ~int64_t{L.unit_cols - 1}, L.p.max_blocks);
+  }
+  return col;
 }
 
 // Query row rr of KV head h of sequence b: its row of query, out and lse (b * q_len + i) and its
@@ -278,8 +295,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   for (int r = 0; r < kRowsPerBlock; ++r) {
     row_range(L, r < R ? len : 0, r0 + r, first[r], last[r]);
   }
-  const int64_t lo = split * L.cols_per_split * p.T;
-  const int64_t hi = min64(min64((split + 1) * L.cols_per_split, p.max_blocks) * p.T, len);
+  const int64_t lo_blk = split_col(L, split, len);
+  const int64_t lo = lo_blk * p.T;
+  const int64_t hi = min64(min64(lo_blk + L.cols_per_split, p.max_blocks) * p.T, len);
   const IndexVec bt_row = block_table_row(p, b);
   PageOffsets kat, vat;  // this KV head's rows: 32-bit offsets per position and group
   kat.init(L.off[0], h, 0);
@@ -695,9 +713,9 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   allow_next_grids();
   const int64_t len = load_index(p.seq_lens, b);
   // The split's tokens [lo, hi) and this warp's steps, s0 = lo + (warp + kDecodeWarps * n) * kStep.
-  const int64_t lo_blk = split * L.cols_per_split;
+  const int64_t lo_blk = split_col(L, split, len);
   const int64_t lo = lo_blk * p.T;
-  const int64_t hi_cols = min64((split + 1) * L.cols_per_split, p.max_blocks) * p.T;
+  const int64_t hi_cols = min64(lo_blk + L.cols_per_split, p.max_blocks) * p.T;
   const int64_t hi = min64(hi_cols, len);
   const IndexVec bt_row = block_table_row(p, b);
   const int64_t first_s0 = lo + warp * kStep;
@@ -744,7 +762,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   };
 
   // The first step's entries load while the query rows are read, up to the split's last column:
-  // the loads need not wait for the sequence's length (later steps stop at the sequence's end).
+  // without a window the loads need not wait for the sequence's length (later steps stop at the
+  // sequence's end).
   // Clamped: a split past the table's last column has hi_cols < first_s0, by up to 2^31 tokens
   // at the largest pages, whose int32 would wrap to a positive count (review).
   prefetch(static_cast<int32_t>(max64(hi_cols - first_s0, 0)));
@@ -1553,7 +1572,12 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   DecodeLaunch L;
   L.p = p;
-  const DecodeSplit split = plan_decode_split(p.B, p.H, p.max_blocks, p.T);
+  // With a window the splits cover the columns a sequence's window can touch (split_col), not
+  // the whole table.
+  const int64_t span = decode_span_cols(p.max_blocks, p.T, p.q_len, p.window_left);
+  L.window = span < p.max_blocks;
+  L.unit_cols = static_cast<int32_t>(decode_unit_cols(p.T));
+  const DecodeSplit split = plan_decode_split(p.B, p.H, span, p.T);
   L.splits = static_cast<int32_t>(split.splits);
   if (L.splits > 1 && (p.workspace == nullptr ||
                        p.workspace_floats < decode_workspace_floats(p.B * p.q_len, int64_t{p.H} * p.group, p.v.D, L.splits))) {

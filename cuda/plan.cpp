@@ -132,6 +132,16 @@ DecodeKernel select_decode_kernel(const DecodeShape& s) {
   return head_ok && s.aligned16 && !s.k_interleaved && s.small_pages ? DecodeKernel::kMma : DecodeKernel::kLanes;
 }
 
+int64_t decode_span_cols(int64_t max_blocks, int32_t T, int32_t q_len, int64_t window_left) {
+  // In doubles first: window_left may be near 2^63 (no window in effect).
+  const double unit_tokens = static_cast<double>(decode_unit_cols(T)) * T;
+  if (window_left < 0 || static_cast<double>(window_left) + q_len + unit_tokens >= static_cast<double>(max_blocks) * T)
+    return max_blocks;
+  // The last column holds token len - 1 <= col0 T + unit T - 1 + window_left + q_len - 1.
+  const int64_t cols = (decode_unit_cols(T) * T + window_left + q_len - 2) / T + 1;
+  return std::min(cols, max_blocks);
+}
+
 DecodeSplit plan_decode_split(int64_t B, int64_t H, int64_t max_blocks, int32_t T) {
   const int64_t per = decode_unit_cols(T);
   const int64_t units = (max_blocks + per - 1) / per;

@@ -139,6 +139,12 @@ struct DecodeSplit {
 };
 DecodeSplit plan_decode_split(int64_t B, int64_t H, int64_t max_blocks, int32_t T);
 
+// The block-table columns that the splits of one sequence must cover: max_blocks, or with a
+// window (window_left >= 0) at most those from the run of decode_unit_cols(T) columns that holds
+// the window's first token to the sequence's end, whatever its length (decode.cu, split_col):
+// the tokens from the run's start to the end number below unit T + window_left + q_len.
+int64_t decode_span_cols(int64_t max_blocks, int32_t T, int32_t q_len, int64_t window_left);
+
 // "the fixed cost of a block": where a sequence has at most kMaxClusterSplits splits and the
 // whole grid is at most one block per SM (short sequences: a latency-bound call), the
 // tensor-core reader launches each sequence's splits as one thread-block cluster (sm_90+) and
