@@ -2,6 +2,8 @@
 // Each case states which kernel a call must get and why (the thresholds' design notes).
 #include <stdio.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <initializer_list>
 
 #include "params.h"
@@ -197,6 +199,30 @@ void test_decode() {
   sp = plan_decode_split(1, 8, 4096, 12);  // 1 x 49152 at T 12: splits of whole 48-token units
   CHECK(sp.splits == decode_splits(1, 8, 1024) && sp.cols % 4 == 0, "1 x 49152, T 12: %lld x %lld", (long long)sp.splits,
         (long long)sp.cols);
+
+  // A window's columns: for every length, the columns from the run of decode_unit_cols(T) holding
+  // the first attended token (as decode.cu's split_col finds it) to the last token's fit the
+  // span, and some length needs all of it; no window, or one as wide as the table: the table.
+  for (int T : {1, 2, 3, 8, 12, 16, 64, 100})
+    for (int q_len : {1, 3, 8})
+      for (int64_t w : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{100}, int64_t{777}}) {
+        const int64_t max_blocks = 4000000 / T, unit = decode_unit_cols(T);
+        const int64_t span = decode_span_cols(max_blocks, T, q_len, w);
+        int64_t most = 0;
+        for (int64_t len = 1; len < 3000; ++len) {
+          const int64_t first = std::max<int64_t>(0, len - q_len - w);
+          const int64_t col0 = first / T / unit * unit, last_col = (len - 1) / T;
+          most = std::max(most, last_col - col0 + 1);
+        }
+        CHECK(most == span, "T %d, q_len %d, window %lld: span %lld, needed %lld", T, q_len, (long long)w,
+              (long long)span, (long long)most);
+      }
+  CHECK(decode_span_cols(256, 16, 1, -1) == 256, "no window: the table");
+  CHECK(decode_span_cols(256, 16, 1, 4095) == 256 && decode_span_cols(256, 16, 1, 4000) == 251,
+        "a window as wide as the table: the table; one of 4001 tokens: 251 columns");
+  CHECK(decode_span_cols(256, 16, 1, INT64_MAX) == 256 && decode_span_cols(256, 16, 8, INT64_MAX - 3) == 256,
+        "a window past int64: the table");
+  CHECK(decode_span_cols(256, 16, 1, 1023) == 65, "window 1023 at T 16: %lld", (long long)decode_span_cols(256, 16, 1, 1023));
 
   // 1 x 1024 (Hkv 8, 64 columns): 8 splits, 64 blocks; 16 x 4096: 4 splits, 512 blocks.
   CHECK(decode_cluster_merge(DecodeKernel::kMma, 8, 64, kH200), "8 splits, 64 blocks merge in their clusters on sm_90");
