@@ -77,19 +77,14 @@ __device__ __forceinline__ void row_range(const DecodeLaunch& L, int64_t len, in
   first = pos_first(L.p, last);
 }
 
-// The first block-table column of split `split` of a sequence of length len. With a window, the
-// splits start at the run of decode_unit_cols(T) columns (a multiple of 16 tokens, where tiles
-// start) that holds the first token the sequence's earliest query row attends (at most the
-// table's width), so that they cover the window, not the whole table (design notes: "Decode
-// attention: windows"). A branch, not a select: a call without a window must not wait for the
-// length before it loads its first block-table entries.
-__device__ __forceinline__ int64_t split_col(const DecodeLaunch& L, int32_t split, int64_t len) {
-  int64_t col = split * L.cols_per_split;
-  if (L.window) {
-    const int64_t first = pos_first(L.p, pos_last(L.p, len, 0));
-    col += min64(L.block_size.div_any(first) & ~int64_t{L.unit_cols - 1}, L.p.max_blocks);
-  }
-  return col;
+// Where a window moves the splits (L.window), the block-table column where those of a sequence
+// of length len start: the first of the run of decode_unit_cols(T) columns (a multiple of 16
+// tokens, where tiles start) that holds the first token its earliest query row attends, at most
+// the table's width. The splits then cover the window, not the whole table (design notes:
+// "Decode attention: windows").
+__device__ __forceinline__ int64_t window_col0(const DecodeLaunch& L, int64_t len) {
+  const int64_t first = pos_first(L.p, pos_last(L.p, len, 0));
+  return min64(L.block_size.div_any(first) & ~int64_t{L.unit_cols - 1}, L.p.max_blocks);
 }
 
 // Query row rr of KV head h of sequence b: its row of query, out and lse (b * q_len + i) and its
@@ -295,7 +290,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   for (int r = 0; r < kRowsPerBlock; ++r) {
     row_range(L, r < R ? len : 0, r0 + r, first[r], last[r]);
   }
-  const int64_t lo_blk = split_col(L, split, len);
+  const int64_t lo_blk = split * L.cols_per_split + (L.window ? window_col0(L, len) : 0);
   const int64_t lo = lo_blk * p.T;
   const int64_t hi = min64(min64(lo_blk + L.cols_per_split, p.max_blocks) * p.T, len);
   const IndexVec bt_row = block_table_row(p, b);
@@ -712,13 +707,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   wait_for_prior_grids();
   allow_next_grids();
   const int64_t len = load_index(p.seq_lens, b);
-  // The split's tokens [lo, hi) and this warp's steps, s0 = lo + (warp + kDecodeWarps * n) * kStep.
-  const int64_t lo_blk = split_col(L, split, len);
-  const int64_t lo = lo_blk * p.T;
-  const int64_t hi_cols = min64(lo_blk + L.cols_per_split, p.max_blocks) * p.T;
-  const int64_t hi = min64(hi_cols, len);
   const IndexVec bt_row = block_table_row(p, b);
-  const int64_t first_s0 = lo + warp * kStep;
 
   // Block-table entries of the tiles of the step issued next, loaded one step ahead so that no
   // issue waits on them: the loaded words stay untouched until the next issue (even an int32's
@@ -734,13 +723,6 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   // next_hi[0] and next_pos[0] (a step starts at a multiple of 16 tokens: plan_decode_split).
   constexpr int kEntries = kPerToken ? 1 : kTiles;  // entries of a lane per step
   const uint32_t lane_tok = static_cast<uint32_t>(lane % kStep);
-#pragma unroll
-  for (int u = 0; u < kEntries; ++u) {
-    const uint32_t rel = warp * kStep + (kPerToken ? lane_tok : 16 * u);
-    const uint32_t rb = L.block_size.div(rel);
-    bt_pos[u] = rel - rb * p.T;
-    bt_at[u] = static_cast<uint32_t>((lo_blk + rb) * bt_bytes);
-  }
   // `left`: tokens from the prefetched step's first to the end of what it may read.
   const auto prefetch = [&](int32_t left) {
 #pragma unroll
@@ -761,12 +743,28 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     }
   };
 
-  // The first step's entries load while the query rows are read, up to the split's last column:
-  // without a window the loads need not wait for the sequence's length (later steps stop at the
-  // sequence's end).
-  // Clamped: a split past the table's last column has hi_cols < first_s0, by up to 2^31 tokens
-  // at the largest pages, whose int32 would wrap to a positive count (review).
-  prefetch(static_cast<int32_t>(max64(hi_cols - first_s0, 0)));
+  // The first step's entries of a split that starts at column `col`, up to the split's last
+  // column: they load while the query rows are read, and need not wait for the sequence's length
+  // (later steps stop at the sequence's end). Clamped: a split past the table's last column has
+  // its end before this warp's first step, by up to 2^31 tokens at the largest pages, whose int32
+  // would wrap to a positive count (review).
+  const auto first_entries = [&](int64_t col) {
+#pragma unroll
+    for (int u = 0; u < kEntries; ++u) {
+      const uint32_t rel = warp * kStep + (kPerToken ? lane_tok : 16 * u);
+      const uint32_t rb = L.block_size.div(rel);
+      bt_pos[u] = rel - rb * p.T;
+      bt_at[u] = static_cast<uint32_t>((col + rb) * bt_bytes);
+    }
+    const int64_t end = min64(col + L.cols_per_split, p.max_blocks) * p.T;
+    prefetch(static_cast<int32_t>(max64(end - (col * p.T + warp * kStep), 0)));
+  };
+  // The split's first column. Where a window moves the split, its entries are loaded again once
+  // the length is known, after the query's loads: loaded first at the unmoved column, the
+  // entries and the query of a call without a window wait for nothing (the moved column, even
+  // behind a branch, made ptxas wait for the length's load before them: review, SASS).
+  int64_t lo_blk = split * L.cols_per_split;
+  first_entries(lo_blk);
 
   // The query rows' 16-byte chunks (8 elements), all loads in flight at once; they become the
   // mma fragment once step 0's copies have started (build_query, in the pipeline below).
@@ -790,6 +788,14 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
       }
     }
   }
+  if (L.window) {
+    lo_blk += window_col0(L, len);
+    first_entries(lo_blk);
+  }
+  // The split's tokens [lo, hi); this warp's steps start at s0 = lo + (warp + kDecodeWarps * n) * kStep.
+  const int64_t lo = lo_blk * p.T;
+  const int64_t hi = min64(min64(lo_blk + L.cols_per_split, p.max_blocks) * p.T, len);
+  const int64_t first_s0 = lo + warp * kStep;
 
   // Lane t's K slice of a row: 16-byte chunks at 16t and 64 + 16t (D 256), 16t (D 128), 8-byte
   // at 8t (D 64); word w of it starts at byte k_byte(w). Its scale bytes: groups 2t, 2t + 1

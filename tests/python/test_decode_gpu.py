@@ -350,18 +350,24 @@ def test_cuda_graph_with_changing_lengths():
 @pytest.mark.parametrize("T", [16, 64, 1, 8, 12])
 @pytest.mark.parametrize("window", [0, 1, 15, 16, 17, 100, 777, 2047])
 @pytest.mark.parametrize("q_len", [1, 3])
-def test_cuda_window_of_long_sequences(T, window, q_len):
+@pytest.mark.parametrize("shift", [0, 4], ids=["mma", "lanes"])
+def test_cuda_window_of_long_sequences(T, window, q_len, shift):
     """With a window the splits cover the window's columns, from the run of whole pages of 16k
     tokens that holds its first token, not the whole table (design notes: "Decode attention:
-    windows"): windows whose first token falls at, just after and just before such a run's
-    start, sequences far longer than their window and one shorter, masked entries inside and
-    before the window, against the CPU path (which walks each row's own range)."""
-    kv, bt, sl, q = make(3, 6000, 2, 4, 128, T, q_len=q_len, seed=T * 7 + window, bad_entries=window % 2 == 1,
-                         lens=[6000, 2500, 700 + window // 3])
+    windows"): sequences far longer than their window whose first attended token is the first
+    and the last of such a run (where the columns needed are the most the plan allows), one
+    shorter than its window; masked entries inside and before the window; both readers (a cache
+    4 bytes past a 16-byte boundary takes the lane reader); against the CPU path, which walks
+    each row's own range."""
+    unit_tokens = 16 // math.gcd(16, T) * T
+    first_at = lambda r: q_len + window + 5000 + (r - 5000) % unit_tokens  # noqa: E731 (first attended: 5000 + ...)
+    lens = [first_at(unit_tokens - 1), first_at(0), 700 + window // 3]
+    kv, bt, sl, q = make(3, max(lens), 2, 4, 128, T, q_len=q_len, seed=T * 7 + window, bad_entries=window % 2 == 1,
+                         lens=lens)
     layout = "vllm" if T % 4 == 0 else "linear"
     kw = {"q_len": q_len, "window_left": window, "scale_layout": layout}
     want, want_lse = run(kv, bt, sl, q, "cpu", **kw)
-    got, got_lse = run(kv, bt, sl, q, "cuda", **kw)
+    got, got_lse = run(kv, bt, sl, q, "cuda", shift=shift, **kw)
     assert close(got, want) <= REL_L2
     assert torch.equal(got_lse.isinf(), want_lse.isinf())
     assert torch.allclose(got_lse[~want_lse.isinf()], want_lse[~want_lse.isinf()], atol=1e-4, rtol=0)
@@ -374,9 +380,10 @@ def test_cuda_graph_of_a_window_with_changing_lengths():
     kv, bt, q = kv.cuda(), bt.cuda(), q.cuda()
     lens = torch.tensor([4000, 1000, 50], dtype=torch.int32, device="cuda")
     ks, vs = torch.tensor([0.03], device="cuda"), torch.tensor([0.05], device="cuda")
-    out = torch.empty_like(q)
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
     ws = nv.decode_workspace(kv, q, bt)
-    call = lambda: nv.decode_attention(q, kv, bt, lens, ks, vs, window_left=300, out=out, workspace=ws)  # noqa: E731
+    call = lambda: nv.decode_attention(q, kv, bt, lens, ks, vs, window_left=300, out=out, lse=lse,  # noqa: E731
+                                       workspace=ws)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -385,12 +392,17 @@ def test_cuda_graph_of_a_window_with_changing_lengths():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()
-    for new in ([4000, 1000, 50], [301, 3999, 0], [17, 2222, 3000]):
+    # 3004 and 3005: the first attended token (len - 301) is the last and the first of a page.
+    for new in ([4000, 1000, 50], [301, 3999, 0], [17, 3004, 3005]):
         lens.copy_(torch.tensor(new, dtype=torch.int32))
         graph.replay()
         torch.cuda.synchronize()
-        want = nv.decode_attention(q.cpu(), kv.cpu(), bt.cpu(), lens.cpu(), 0.03, 0.05, window_left=300)
+        want_lse = torch.empty(q.shape[:2])
+        want = nv.decode_attention(q.cpu(), kv.cpu(), bt.cpu(), lens.cpu(), 0.03, 0.05, window_left=300, lse=want_lse)
         assert close(out.float().cpu(), want.float()) <= REL_L2, new
+        got_lse = lse.cpu()
+        assert torch.equal(got_lse.isinf(), want_lse.isinf()), new
+        assert torch.allclose(got_lse[~want_lse.isinf()], want_lse[~want_lse.isinf()], atol=1e-4, rtol=0), new
 
 
 def test_cuda_call_allocates_nothing_and_never_syncs():
