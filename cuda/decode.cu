@@ -39,7 +39,7 @@ struct DecodeLaunch {
   FastDiv block_size;      // T
   int64_t cols_per_split;  // block-table columns of one split
   bool window;             // a window moves the splits to its first columns (split_col)
-  int32_t unit_cols;       // decode_unit_cols(T), a power of two
+  int32_t unit_shift;      // log2(decode_unit_cols(T))
   int32_t splits;
   FastDiv chunks;          // chunks of kRowsPerBlock query rows per KV head (block_head)
   int64_t b0;              // first sequence of this launch
@@ -77,14 +77,10 @@ __device__ __forceinline__ void row_range(const DecodeLaunch& L, int64_t len, in
   first = pos_first(L.p, last);
 }
 
-// Where a window moves the splits (L.window), the block-table column where those of a sequence
-// of length len start: the first of the run of decode_unit_cols(T) columns (a multiple of 16
-// tokens, where tiles start) that holds the first token its earliest query row attends, at most
-// the table's width. The splits then cover the window, not the whole table (design notes:
-// "Decode attention: windows").
-__device__ __forceinline__ int64_t window_col0(const DecodeLaunch& L, int64_t len) {
-  const int64_t first = pos_first(L.p, pos_last(L.p, len, 0));
-  return min64(L.block_size.div_any(first) & ~int64_t{L.unit_cols - 1}, L.p.max_blocks);
+// The block-table columns of this split of a sequence of length len (decode_split_cols).
+__device__ __forceinline__ SplitCols split_cols(const DecodeLaunch& L, int32_t split, int64_t len) {
+  return decode_split_cols(len, split, L.splits, L.p.max_blocks, L.unit_shift, L.window, L.p.window_left, L.p.q_len,
+                           [&](int64_t x) { return L.block_size.div_any(x); });
 }
 
 // Query row rr of KV head h of sequence b: its row of query, out and lse (b * q_len + i) and its
@@ -290,9 +286,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   for (int r = 0; r < kRowsPerBlock; ++r) {
     row_range(L, r < R ? len : 0, r0 + r, first[r], last[r]);
   }
-  const int64_t lo_blk = split * L.cols_per_split + (L.window ? window_col0(L, len) : 0);
-  const int64_t lo = lo_blk * p.T;
-  const int64_t hi = min64(min64(lo_blk + L.cols_per_split, p.max_blocks) * p.T, len);
+  const SplitCols sc = split_cols(L, split, len);
+  const int64_t lo = sc.col * p.T;
+  const int64_t hi = min64(min64(sc.col + sc.cols, p.max_blocks) * p.T, len);
   const IndexVec bt_row = block_table_row(p, b);
   PageOffsets kat, vat;  // this KV head's rows: 32-bit offsets per position and group
   kat.init(L.off[0], h, 0);
@@ -571,6 +567,14 @@ __device__ __forceinline__ uint4 ld_shared16(uint32_t a) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
   return v;
 }
+__device__ __forceinline__ void st_shared8(uint32_t a, int64_t v) {
+  asm volatile("st.shared.s64 [%0], %1;" ::"r"(a), "l"(v));
+}
+__device__ __forceinline__ int64_t ld_shared8(uint32_t a) {
+  int64_t v;
+  asm volatile("ld.shared.s64 %0, [%1];" : "=l"(v) : "r"(a));
+  return v;
+}
 __device__ __forceinline__ uint4 addr_pair(uint64_t x, uint64_t y) {
   return make_uint4(static_cast<uint32_t>(x), static_cast<uint32_t>(x >> 32), static_cast<uint32_t>(y),
                     static_cast<uint32_t>(y >> 32));
@@ -743,12 +747,12 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     }
   };
 
-  // The first step's entries of a split that starts at column `col`, up to the split's last
-  // column: they load while the query rows are read, and need not wait for the sequence's length
-  // (later steps stop at the sequence's end). Clamped: a split past the table's last column has
-  // its end before this warp's first step, by up to 2^31 tokens at the largest pages, whose int32
-  // would wrap to a positive count (review).
-  const auto first_entries = [&](int64_t col) {
+  // The first step's entries of a split of columns [col, col + cols), up to its last column or
+  // the table's: they load while the query rows are read (later steps stop at the sequence's
+  // end). Clamped: a split past the table's last column has its end before this warp's first
+  // step, by up to 2^31 tokens at the largest pages, whose int32 would wrap to a positive count
+  // (review).
+  const auto first_entries = [&](int64_t col, int64_t cols) {
 #pragma unroll
     for (int u = 0; u < kEntries; ++u) {
       const uint32_t rel = warp * kStep + (kPerToken ? lane_tok : 16 * u);
@@ -756,15 +760,15 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
       bt_pos[u] = rel - rb * p.T;
       bt_at[u] = static_cast<uint32_t>((col + rb) * bt_bytes);
     }
-    const int64_t end = min64(col + L.cols_per_split, p.max_blocks) * p.T;
+    const int64_t end = min64(col + cols, p.max_blocks) * p.T;
     prefetch(static_cast<int32_t>(max64(end - (col * p.T + warp * kStep), 0)));
   };
-  // The split's first column. Where a window moves the split, its entries are loaded again once
-  // the length is known, after the query's loads: loaded first at the unmoved column, the
-  // entries and the query of a call without a window wait for nothing (the moved column, even
-  // behind a branch, made ptxas wait for the length's load before them: review, SASS).
-  int64_t lo_blk = split * L.cols_per_split;
-  first_entries(lo_blk);
+  // The entries of the plan's split first, where a sequence that fills the table (or the window's
+  // span) has it: they and the query's loads wait for nothing. A split that the sequence's length
+  // or window moves loads its entries again, after the query's loads (a column computed from the
+  // length before them, even behind a branch, made ptxas wait for the length's load: review, SASS).
+  const int64_t plan_col = split * L.cols_per_split;
+  first_entries(plan_col, L.cols_per_split);
 
   // The query rows' 16-byte chunks (8 elements), all loads in flight at once; they become the
   // mma fragment once step 0's copies have started (build_query, in the pipeline below).
@@ -788,14 +792,18 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
       }
     }
   }
-  if (L.window) {
-    lo_blk += window_col0(L, len);
-    first_entries(lo_blk);
-  }
+  const SplitCols sc = split_cols(L, split, len);
+  if (sc.col != plan_col) first_entries(sc.col, sc.cols);
   // The split's tokens [lo, hi); this warp's steps start at s0 = lo + (warp + kDecodeWarps * n) * kStep.
-  const int64_t lo = lo_blk * p.T;
-  const int64_t hi = min64(min64(lo_blk + L.cols_per_split, p.max_blocks) * p.T, len);
+  const int64_t lo = sc.col * p.T;
+  const int64_t hi = min64(min64(sc.col + sc.cols, p.max_blocks) * p.T, len);
   const int64_t first_s0 = lo + warp * kStep;
+  // The partial steps read the split's start back from shared memory (written before
+  // build_query's barrier): it comes from the length, so the compiler can no longer recompute it
+  // from the launch's constants, and kept in a register it pushed a value of the loop into local
+  // memory at the 128-register cap.
+  __shared__ int64_t lo_s;
+  if (threadIdx.x == 0) st_shared8(smem_u32(&lo_s), lo);
 
   // Lane t's K slice of a row: 16-byte chunks at 16t and 64 + 16t (D 256), 16t (D 128), 8-byte
   // at 8t (D 64); word w of it starts at byte k_byte(w). Its scale bytes: groups 2t, 2t + 1
@@ -1033,7 +1041,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   // every real row attends to all of it: no per-token test (most steps of a decode).
   const auto compute = [&](int64_t n, int st, auto full_tag) {
     constexpr bool kFull = decltype(full_tag)::value;
-    const int64_t s0 = first_s0 + n * (kDecodeWarps * kStep);
+    const int64_t s0 = (kFull ? first_s0 : ld_shared8(smem_u32(&lo_s)) + warp * kStep) + n * (kDecodeWarps * kStep);
     const uint8_t* sp = stages_p + st * St::kBytes;
     // Tile u: n_ok[u] tokens exist and their page is valid, or (kPerToken) token e
     // exists and its page is valid where bit e of okm[u] is set. tok_off(u, e): token e of tile u
@@ -1582,7 +1590,8 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
   // the whole table.
   const int64_t span = decode_span_cols(p.max_blocks, p.T, p.q_len, p.window_left);
   L.window = span < p.max_blocks;
-  L.unit_cols = static_cast<int32_t>(decode_unit_cols(p.T));
+  L.unit_shift = 0;
+  while ((int64_t{1} << L.unit_shift) < decode_unit_cols(p.T)) ++L.unit_shift;
   const DecodeSplit split = plan_decode_split(p.B, p.H, span, p.T);
   L.splits = static_cast<int32_t>(split.splits);
   if (L.splits > 1 && (p.workspace == nullptr ||

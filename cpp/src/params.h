@@ -180,6 +180,42 @@ NVFP4KV_HD int64_t decode_splits(int64_t B, int64_t H, int64_t max_blocks) {
   return s > 1 ? s : 1;
 }
 
+// The block-table columns [col, col + cols) of split `split` of `splits` of one sequence of
+// length len (the CUDA decode's blocks; design notes: "Decode attention: splits from the
+// lengths"). The splits share the columns the sequence reads, not the table's: from c0 (0, or
+// with `window`, the first of the run of `unit_cols` columns that holds the first token its
+// earliest query row attends: a multiple of 16 tokens, where the tensor-core reader's tiles
+// start) to c1 (the column of its last token, or the table's end), in runs of 2^unit_shift
+// (decode_unit_cols(T)) columns; at most one split per kDecodeMinSplitBlocks runs
+// (as decode_splits plans); the first `active` splits take an equal share each, the rest none.
+// A sequence that fills the table, without a window, has the plan's split exactly
+// (plan_decode_split: split * cols). div_T(x): x / T for x >= 0.
+struct SplitCols {
+  int64_t col, cols;
+};
+template <class DivT>
+NVFP4KV_HD SplitCols decode_split_cols(int64_t len, int64_t split, int64_t splits, int64_t max_blocks, int unit_shift,
+                                       bool window, int64_t window_left, int64_t q_len, DivT div_T) {
+  int64_t c1 = len > 0 ? div_T(len - 1) + 1 : 0;
+  c1 = c1 < max_blocks ? c1 : max_blocks;
+  int64_t c0 = 0;
+  if (window) {  // window_left >= 0
+    const int64_t last = len > 0 ? len - q_len : -1;  // the earliest row's last position
+    const int64_t first = last > window_left ? last - window_left : 0;
+    c0 = div_T(first) >> unit_shift << unit_shift;
+    c0 = c0 < max_blocks ? c0 : max_blocks;
+  }
+  const int64_t units = ((c1 > c0 ? c1 - c0 : 0) + (int64_t{1} << unit_shift) - 1) >> unit_shift;
+  int64_t active = units / kDecodeMinSplitBlocks;
+  active = active < splits ? active : splits;
+  active = active > 1 ? active : 1;
+  const int64_t share = units < (int64_t{1} << 31) ? static_cast<int64_t>(static_cast<uint32_t>(units + active - 1) /
+                                                                          static_cast<uint32_t>(active))
+                                                   : (units + active - 1) / active;
+  const int64_t cols = share << unit_shift;
+  return {c0 + split * cols, cols};
+}
+
 // Floats of one split's partial of one query row and head: its maximum (natural log), its
 // softmax denominator, then its Dv unnormalized outputs.
 NVFP4KV_HD constexpr int64_t decode_partial_floats(int64_t Dv) { return Dv + 2; }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <numeric>
 
 #include "params.h"
 #include "plan.h"
@@ -223,6 +224,49 @@ void test_decode() {
   CHECK(decode_span_cols(256, 16, 1, INT64_MAX) == 256 && decode_span_cols(256, 16, 8, INT64_MAX - 3) == 256,
         "a window past int64: the table");
   CHECK(decode_span_cols(256, 16, 1, 1023) == 65, "window 1023 at T 16: %lld", (long long)decode_span_cols(256, 16, 1, 1023));
+
+  // Each sequence's splits (decode_split_cols over the plan of the span): for every length, the
+  // nonempty splits start where tiles may (a multiple of 16 tokens, lcm(16, T)), lie within the
+  // table, do not overlap, and together hold every position some query row attends inside the
+  // table; a sequence that fills the table without a window has the plan's split exactly (the
+  // kernels' bits for it are those of the plan before splits followed the lengths).
+  for (int T : {1, 3, 8, 12, 16, 64})
+    for (int64_t max_blocks : {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{300}, int64_t{2048}})
+      for (int64_t B : {int64_t{1}, int64_t{5}, int64_t{64}})
+        for (int q_len : {1, 3})
+          for (int64_t w : {int64_t{-1}, int64_t{0}, int64_t{17}, int64_t{500}, INT64_MAX}) {
+            const int64_t span = decode_span_cols(max_blocks, T, q_len, w);
+            const DecodeSplit sp = plan_decode_split(B, 8, span, T);
+            const bool window = span < max_blocks;
+            int shift = 0;
+            while ((int64_t{1} << shift) < decode_unit_cols(T)) ++shift;
+            const int64_t table = max_blocks * T;
+            const auto div_T = [&](int64_t x) { return x / T; };
+            for (int64_t len = 0; len <= table + 40; len += len < 600 ? 1 : 1 + len / 50) {
+              const int64_t lastp = len - 1;  // the last row's last position; the earliest row's first:
+              const int64_t firstp = w >= 0 ? std::max<int64_t>(0, len - q_len - (w == INT64_MAX ? len : w)) : 0;
+              int64_t covered = 0, prev_end = -1;
+              bool ok = true;
+              for (int64_t s = 0; s < sp.splits; ++s) {
+                const SplitCols sc = decode_split_cols(len, s, sp.splits, max_blocks, shift, window, w, q_len, div_T);
+                const int64_t lo = sc.col * T, hi = std::min(std::min(sc.col + sc.cols, max_blocks) * T, len);
+                if (hi <= lo) continue;
+                ok = ok && lo % std::lcm(16, T) == 0 && lo >= prev_end && hi <= table;
+                // tokens of [firstp, min(lastp, table - 1)] inside [lo, hi)
+                covered += std::max<int64_t>(0, std::min(hi, std::min(lastp + 1, table)) - std::max(lo, firstp));
+                prev_end = hi;
+              }
+              const int64_t want = std::max<int64_t>(0, std::min(lastp + 1, table) - firstp);
+              if (!window && len == table) {
+                const SplitCols sc = decode_split_cols(len, sp.splits - 1, sp.splits, max_blocks, shift, window, w, q_len, div_T);
+                ok = ok && sc.col == (sp.splits - 1) * sp.cols && sc.cols == sp.cols;
+              }
+              CHECK(ok && covered == want, "T %d, table %lld, B %lld, q_len %d, window %lld, len %lld: covered %lld of %lld",
+                    T, (long long)max_blocks, (long long)B, q_len, (long long)w, (long long)len, (long long)covered,
+                    (long long)want);
+              if (!(ok && covered == want)) break;
+            }
+          }
 
   // 1 x 1024 (Hkv 8, 64 columns): 8 splits, 64 blocks; 16 x 4096: 4 splits, 512 blocks.
   CHECK(decode_cluster_merge(DecodeKernel::kMma, 8, 64, kH200), "8 splits, 64 blocks merge in their clusters on sm_90");

@@ -373,6 +373,24 @@ def test_cuda_window_of_long_sequences(T, window, q_len, shift):
     assert torch.allclose(got_lse[~want_lse.isinf()], want_lse[~want_lse.isinf()], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("T", [16, 1, 12])
+@pytest.mark.parametrize("q_len", [1, 4])
+@pytest.mark.parametrize("window", [-1, 50])
+def test_cuda_short_sequences_in_a_wide_table(T, q_len, window):
+    """The splits share the columns a sequence's length reaches, not the table's width (design
+    notes: "Decode attention: splits from the lengths"): sequences of 1 to 700 tokens in a table
+    of 8000, where the plan counts up to 64 splits, against the CPU path."""
+    lens = [37, 700, 1, 129, 0, 300]
+    kv, bt, sl, q = make(6, 8000, 2, 4, 128, T, q_len=q_len, seed=T + q_len, lens=lens)
+    layout = "vllm" if T % 4 == 0 else "linear"
+    kw = {"q_len": q_len, "window_left": window, "scale_layout": layout}
+    want, want_lse = run(kv, bt, sl, q, "cpu", **kw)
+    got, got_lse = run(kv, bt, sl, q, "cuda", **kw)
+    assert close(got, want) <= REL_L2
+    assert torch.equal(got_lse.isinf(), want_lse.isinf())
+    assert torch.allclose(got_lse[~want_lse.isinf()], want_lse[~want_lse.isinf()], atol=1e-4, rtol=0)
+
+
 def test_cuda_graph_of_a_window_with_changing_lengths():
     """The window's first columns come from each sequence's length on the device: replays with
     other lengths (longer and shorter than the window, empty) move them."""
