@@ -15,8 +15,9 @@ Two tables (issue #23, point 4):
 - main cases: Hq 32, Hkv 8, D 128, T 16, bf16, q_len 1, HND at each B×L of CASES; the small ones
   also inside a CUDA graph (µs per call, ours and SDPA's);
 - variants (VARIANTS): one thing changed from 16×4096 each (q_len, GQA group, head size, fp16,
-  NHD, block sizes 8 and 1), 1×1024 timed inside a CUDA graph, and a window of 4096 tokens at
-  16×32768 (its bytes and SDPA's K/V: the window's).
+  NHD, block sizes 8 and 1), 1×1024 timed inside a CUDA graph, a window of 4096 tokens at
+  16×32768 (its bytes and SDPA's K/V: the window's), and 1×1024 in a block table 131072 tokens
+  wide (an engine's table of its longest context; graph).
 
 The SDPA baseline: K/V [B, Hkv, L, D] contiguous per sequence (its best case), enable_gqa. For
 q_len 1 no mask. For q_len > 1 the q_len queries of a sequence are its last q_len positions,
@@ -50,6 +51,7 @@ class Spec:
     layout: str = "HND"
     graph: bool = False  # gpu µs (ours and SDPA's) per call inside a CUDA graph, not queued launches
     window: int = -1  # window_left (q_len 1): each sequence attends its last window + 1 tokens
+    width: int = 0  # tokens the block table holds per sequence (0: L), as an engine's table of its longest context
 
     @property
     def scale_layout(self):
@@ -73,6 +75,7 @@ VARIANTS = {
     "t1": ("T 1 (linear scales)", dict(T=1)),
     "graph": ("1x1024 in a CUDA graph", dict(B=1, L=1024, graph=True)),
     "w4096": ("window 4096 at 16x32768", dict(L=32768, window=4095)),
+    "wide": ("1x1024 in a 131072-token table, graph", dict(B=1, L=1024, width=131072, graph=True)),
 }
 
 
@@ -113,7 +116,7 @@ def make_case(s, seed=0):
 
     dtype = getattr(torch, s.dtype)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    blocks = (s.L + s.T - 1) // s.T
+    blocks = (max(s.L, s.width) + s.T - 1) // s.T
     N = s.B * blocks
     Fd = nvfp4kv.nvfp4_kv_cache_full_dim(s.D)
     raw = torch.empty(N, 2, s.H * s.T * Fd, dtype=torch.uint8, device="cuda").random_(0, 256, generator=g)
