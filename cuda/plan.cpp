@@ -135,7 +135,8 @@ DecodeKernel select_decode_kernel(const DecodeShape& s) {
 int64_t decode_span_cols(int64_t max_blocks, int32_t T, int32_t q_len, int64_t window_left) {
   // In doubles first: window_left may be near 2^63 (no window in effect).
   const double unit_tokens = static_cast<double>(decode_unit_cols(T)) * T;
-  if (window_left < 0 || static_cast<double>(window_left) + q_len + unit_tokens >= static_cast<double>(max_blocks) * T)
+  if (window_left < 0 || static_cast<double>(window_left) + q_len + unit_tokens >= static_cast<double>(max_blocks) * T ||
+      window_left > INT64_MAX - 2 * static_cast<int64_t>(unit_tokens))  // the sum below would overflow
     return max_blocks;
   // The last column holds token len - 1 <= col0 T + unit T - 1 + window_left + q_len - 1.
   const int64_t cols = (decode_unit_cols(T) * T + window_left + q_len - 2) / T + 1;

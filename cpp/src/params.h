@@ -186,8 +186,10 @@ NVFP4KV_HD int64_t decode_splits(int64_t B, int64_t H, int64_t max_blocks) {
 // with `window`, the first of the run of `unit_cols` columns that holds the first token its
 // earliest query row attends: a multiple of 16 tokens, where the tensor-core reader's tiles
 // start) to c1 (the column of its last token, or the table's end), in runs of 2^unit_shift
-// (decode_unit_cols(T)) columns; at most one split per kDecodeMinSplitBlocks runs
-// (as decode_splits plans); the first `active` splits take an equal share each, the rest none.
+// (decode_unit_cols(T)) columns, over the plan's splits or one per kDecodeMinSplitBlocks runs
+// begun, whichever is fewer (so that no split is longer than the plan's: the readers' 32-bit
+// token counts and the first prefetch rely on it); the first `active` splits take an equal share
+// each, the rest none.
 // A sequence that fills the table, without a window, has the plan's split exactly
 // (plan_decode_split: split * cols). div_T(x): x / T for x >= 0.
 struct SplitCols {
@@ -206,7 +208,7 @@ NVFP4KV_HD SplitCols decode_split_cols(int64_t len, int64_t split, int64_t split
     c0 = c0 < max_blocks ? c0 : max_blocks;
   }
   const int64_t units = ((c1 > c0 ? c1 - c0 : 0) + (int64_t{1} << unit_shift) - 1) >> unit_shift;
-  int64_t active = units / kDecodeMinSplitBlocks;
+  int64_t active = (units + kDecodeMinSplitBlocks - 1) / kDecodeMinSplitBlocks;
   active = active < splits ? active : splits;
   active = active > 1 ? active : 1;
   const int64_t share = units < (int64_t{1} << 31) ? static_cast<int64_t>(static_cast<uint32_t>(units + active - 1) /

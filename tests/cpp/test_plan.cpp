@@ -223,6 +223,8 @@ void test_decode() {
         "a window as wide as the table: the table; one of 4001 tokens: 251 columns");
   CHECK(decode_span_cols(256, 16, 1, INT64_MAX) == 256 && decode_span_cols(256, 16, 8, INT64_MAX - 3) == 256,
         "a window past int64: the table");
+  CHECK(decode_span_cols(int64_t{1} << 44, 1 << 20, 1, INT64_MAX - 8) == int64_t{1} << 44,
+        "a window near int64's end over a table past it: the table, no overflow");
   CHECK(decode_span_cols(256, 16, 1, 1023) == 65, "window 1023 at T 16: %lld", (long long)decode_span_cols(256, 16, 1, 1023));
 
   // Each sequence's splits (decode_split_cols over the plan of the span): for every length, the
@@ -257,6 +259,9 @@ void test_decode() {
                 prev_end = hi;
               }
               const int64_t want = std::max<int64_t>(0, std::min(lastp + 1, table) - firstp);
+              // No split longer than the plan's (the readers' 32-bit counts rely on it).
+              for (int64_t s = 0; s < sp.splits; ++s)
+                ok = ok && decode_split_cols(len, s, sp.splits, max_blocks, shift, window, w, q_len, div_T).cols <= sp.cols;
               if (!window && len == table) {
                 const SplitCols sc = decode_split_cols(len, sp.splits - 1, sp.splits, max_blocks, shift, window, w, q_len, div_T);
                 ok = ok && sc.col == (sp.splits - 1) * sp.cols && sc.cols == sp.cols;
