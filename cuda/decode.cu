@@ -710,7 +710,6 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
 
   wait_for_prior_grids();
   allow_next_grids();
-  const int64_t len = load_index(p.seq_lens, b);
   const IndexVec bt_row = block_table_row(p, b);
 
   // Block-table entries of the tiles of the step issued next, loaded one step ahead so that no
@@ -792,6 +791,9 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
       }
     }
   }
+  // The length is loaded after the query (in program order): the split computed from it, and
+  // the wait for its load, then come after the query's loads too (SASS).
+  const int64_t len = load_index(p.seq_lens, b);
   const SplitCols sc = split_cols(L, split, len);
   if (sc.col != plan_col) first_entries(sc.col, sc.cols);
   // The split's tokens [lo, hi); this warp's steps start at s0 = lo + (warp + kDecodeWarps * n) * kStep.
