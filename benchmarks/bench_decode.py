@@ -15,7 +15,9 @@ Two tables (issue #23, point 4):
 - main cases: Hq 32, Hkv 8, D 128, T 16, bf16, q_len 1, HND at each B×L of CASES; the small ones
   also inside a CUDA graph (µs per call, ours and SDPA's);
 - variants (VARIANTS): one thing changed from 16×4096 each (q_len, GQA group, head size, fp16,
-  NHD, block sizes 8 and 1), and 1×1024 timed inside a CUDA graph.
+  NHD, block sizes 8 and 1), 1×1024 timed inside a CUDA graph, a window of 4096 tokens at
+  16×32768 (its bytes and SDPA's K/V: the window's), and 1×1024 in a block table 131072 tokens
+  wide (an engine's table of its longest context; graph).
 
 The SDPA baseline: K/V [B, Hkv, L, D] contiguous per sequence (its best case), enable_gqa. For
 q_len 1 no mask. For q_len > 1 the q_len queries of a sequence are its last q_len positions,
@@ -48,6 +50,8 @@ class Spec:
     dtype: str = "bfloat16"
     layout: str = "HND"
     graph: bool = False  # gpu µs (ours and SDPA's) per call inside a CUDA graph, not queued launches
+    window: int = -1  # window_left (q_len 1): each sequence attends its last window + 1 tokens
+    width: int = 0  # tokens the block table holds per sequence (0: L), as an engine's table of its longest context
 
     @property
     def scale_layout(self):
@@ -70,6 +74,8 @@ VARIANTS = {
     "t12": ("T 12", dict(T=12)),
     "t1": ("T 1 (linear scales)", dict(T=1)),
     "graph": ("1x1024 in a CUDA graph", dict(B=1, L=1024, graph=True)),
+    "w4096": ("window 4096 at 16x32768", dict(L=32768, window=4095)),
+    "wide": ("1x1024 in a 131072-token table, graph", dict(B=1, L=1024, width=131072, graph=True)),
 }
 
 
@@ -89,10 +95,15 @@ def variant_specs(names):
     return [(VARIANTS[n][0], Spec(**VARIANTS[n][1])) for n in VARIANTS if n in names]
 
 
+def attended(s):
+    """Tokens of a sequence that its queries attend: all L, or with a window its last window + 1."""
+    return s.L if s.window < 0 else min(s.L, s.window + 1)
+
+
 def nvfp4_bytes(s):
-    """NVFP4 bytes one call reads: every K and V row of every sequence, codes (D/2) and scales
-    (D/16). The query's heads and q_len add no cache bytes (the query and output are < 1 %)."""
-    return s.B * s.L * s.H * 2 * (s.D // 2 + s.D // 16)
+    """NVFP4 bytes one call needs: every attended K and V row of every sequence, codes (D/2) and
+    scales (D/16). The query's heads and q_len add no cache bytes (the query and output are < 1 %)."""
+    return s.B * attended(s) * s.H * 2 * (s.D // 2 + s.D // 16)
 
 
 def make_case(s, seed=0):
@@ -105,7 +116,7 @@ def make_case(s, seed=0):
 
     dtype = getattr(torch, s.dtype)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    blocks = (s.L + s.T - 1) // s.T
+    blocks = (max(s.L, s.width) + s.T - 1) // s.T
     N = s.B * blocks
     Fd = nvfp4kv.nvfp4_kv_cache_full_dim(s.D)
     raw = torch.empty(N, 2, s.H * s.T * Fd, dtype=torch.uint8, device="cuda").random_(0, 256, generator=g)
@@ -126,11 +137,14 @@ def make_case(s, seed=0):
 
     def ours():
         nvfp4kv.decode_attention(q, kv, bt, seq_lens, ks, vs, out=out, workspace=ws, q_len=s.q_len,
-                                 scale_layout=s.scale_layout)
+                                 scale_layout=s.scale_layout, window_left=s.window)
 
-    # SDPA over K/V contiguous per sequence (its best case); query row b * q_len + i is query i
-    # of sequence b, so the view puts the q_len queries of a sequence on its own axis.
-    k = torch.randn(s.B, s.H, s.L, s.D, device="cuda", dtype=dtype, generator=g)
+    # SDPA over K/V contiguous per sequence (its best case: with a window, only the window's
+    # tokens); query row b * q_len + i is query i of sequence b, so the view puts the q_len
+    # queries of a sequence on its own axis.
+    if s.window >= 0 and s.q_len > 1:
+        raise ValueError("the SDPA baseline of a window is for q_len 1")
+    k = torch.randn(s.B, s.H, attended(s), s.D, device="cuda", dtype=dtype, generator=g)
     v = torch.randn_like(k)
     qs = q.view(s.B, s.q_len, s.Hq, s.D).transpose(1, 2)
 

@@ -115,6 +115,7 @@ for L, bt in ((20, wide[:, :2].contiguous()), (200000, wide)):
       # The decode reader's two ceilings at each geometry (tools/decode_hooks.py): without its
       # arithmetic (memory-only) and without its page traffic (compute-only), timed against the
       # installed build round after round (tools/ab_builds.py), all built for sm_90 only.
+      # AB_BASE_SRC: a source tree (e.g. an older commit's) built and timed beside them as "base".
       log "decode ceilings: memory-only and compute-only builds"
       for v in MEMONLY COMPUTEONLY; do
         rm -rf "/tmp/src_$v" "/tmp/pkg_$v" && mkdir -p "/tmp/src_$v"
@@ -124,8 +125,13 @@ for L, bt in ((20, wide[:, :2].contiguous()), (200000, wide)):
           -C cmake.define.NVFP4KV_CUDA_ARCHS=90-real -C cmake.define.CMAKE_CUDA_FLAGS=-DNVFP4KV_DECODE_$v \
           "/tmp/src_$v" > "$OUT/build_$v.log" 2>&1 &
       done
+      if [ -n "${AB_BASE_SRC:-}" ]; then
+        rm -rf /tmp/pkg_base
+        python3 -m pip install --no-build-isolation --no-deps -q --target /tmp/pkg_base -C build-dir=/tmp/build_base \
+          -C cmake.define.NVFP4KV_CUDA_ARCHS=90-real "$AB_BASE_SRC" > "$OUT/build_base.log" 2>&1 &
+      fi
       wait
-      python3 tools/ab_builds.py full=installed memory=/tmp/pkg_MEMONLY compute=/tmp/pkg_COMPUTEONLY \
+      python3 tools/ab_builds.py full=installed ${AB_BASE_SRC:+base=/tmp/pkg_base} memory=/tmp/pkg_MEMONLY compute=/tmp/pkg_COMPUTEONLY \
         --decode "${CEILING_CASES:-16x4096,64x4096,16x32768,64x16384,128x2048,1x131072,4x32768,1x1024g}" 2>&1 \
         | tee "$OUT/ceilings.txt" | tail -12 ;;
     amax)

@@ -66,11 +66,14 @@ def test_variants_change_one_thing(bd):
     base = bd.Spec()
     for label, s in bd.variant_specs(list(bd.VARIANTS)):
         changed = {f for f in bd.Spec.__dataclass_fields__ if getattr(s, f) != getattr(base, f)}
-        assert changed and (len(changed) == 1 or changed == {"B", "L", "graph"}), (label, changed)
+        assert changed and (len(changed) == 1 or changed in ({"B", "L", "graph"}, {"L", "window"}, {"B", "L", "width", "graph"})), (label, changed)
         assert s.Hq % s.H == 0 and 1 <= s.q_len <= 8 and s.D in (64, 128, 256)
     # Interleaved V scales need HND rows; the NHD variant reads linear scales.
     assert base.scale_layout == "vllm" and bd.Spec(layout="NHD").scale_layout == "linear"
     assert bd.Spec(T=8).scale_layout == "vllm" and bd.Spec(T=1).scale_layout == "linear"  # T % 4 == 0 or not
+    # A window's bytes are those of its tokens: window + 1 of each sequence, or all of a shorter one.
+    assert bd.nvfp4_bytes(bd.Spec(L=32768, window=4095)) == bd.nvfp4_bytes(bd.Spec(L=4096))
+    assert bd.nvfp4_bytes(bd.Spec(L=100, window=4095)) == bd.nvfp4_bytes(bd.Spec(L=100))
 
 
 def test_rows_format(bd):
