@@ -126,9 +126,11 @@ for L, bt in ((20, wide[:, :2].contiguous()), (200000, wide)):
           "/tmp/src_$v" > "$OUT/build_$v.log" 2>&1 &
       done
       if [ -n "${AB_BASE_SRC:-}" ]; then
+        # As an absolute path: pip reads a bare directory name ("ab_base") as a package to fetch.
+        base_src=$(cd "$AB_BASE_SRC" && pwd) || exit 1
         rm -rf /tmp/pkg_base
         python3 -m pip install --no-build-isolation --no-deps -q --target /tmp/pkg_base -C build-dir=/tmp/build_base \
-          -C cmake.define.NVFP4KV_CUDA_ARCHS=90-real "$AB_BASE_SRC" > "$OUT/build_base.log" 2>&1 &
+          -C cmake.define.NVFP4KV_CUDA_ARCHS=90-real "$base_src" > "$OUT/build_base.log" 2>&1 &
       fi
       wait
       python3 tools/ab_builds.py full=installed ${AB_BASE_SRC:+base=/tmp/pkg_base} memory=/tmp/pkg_MEMONLY compute=/tmp/pkg_COMPUTEONLY \

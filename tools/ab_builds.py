@@ -73,6 +73,11 @@ def main():
     bench_dir = str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks")
     child = [DECODE_CHILD, "PKG", a.decode, bench_dir] if a.decode else [CHILD, "PKG"]
     builds = [b.split("=", 1) for b in a.builds]
+    # A missing directory would put nothing on sys.path, and that build would time the installed
+    # package under another name (a failed base build did, 2026-12-05).
+    missing = [f"{name}={pkg}" for name, pkg in builds if pkg != "installed" and not pathlib.Path(pkg).is_dir()]
+    if missing:
+        sys.exit(f"ab_builds: no such package directory: {', '.join(missing)}")
     runs = {name: [] for name, _ in builds}
     for r in range(a.rounds):
         # Each round starts with the next build: no build always runs first (one build measured

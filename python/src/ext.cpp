@@ -332,8 +332,9 @@ void import_array(Arg& a, nb::handle obj, const char* name, bool writable) {
     // every address is, are the stride it means. Only strides no memory could have change (the
     // address-space check refused them, and before it they read right by wrapping around).
     const int64_t bytes = static_cast<int64_t>(static_cast<uint64_t>(a.strides[i]) * item);
-    if (item > 1 && a.strides[i] > 0 && bytes < 0 && bytes > -(int64_t{1} << 62) && bytes % static_cast<int64_t>(item) == 0)
-      a.strides[i] = bytes / static_cast<int64_t>(item);
+    const int64_t size = static_cast<int64_t>(item);
+    if (size > 1 && a.strides[i] > 0 && bytes < 0 && bytes > -(int64_t{1} << 62) && bytes % size == 0)
+      a.strides[i] = bytes / size;
   }
   a.t.data = const_cast<void*>(a.array.data());
   a.t.device.device_type = static_cast<DLDeviceType>(a.array.device_type());
