@@ -58,15 +58,17 @@ rep('''  static_assert(kN == 4 || kN == 8 || kN == 16, "cp.async sizes");
 ''')
 rep('''  wait_for_prior_grids();
   allow_next_grids();
-  const int64_t len = load_index(p.seq_lens, b);
-  // The split's tokens''', '''#ifdef NVFP4KV_DECODE_TIMELINE
+  const IndexVec bt_row = block_table_row(p, b);
+
+  // Block-table entries''', '''#ifdef NVFP4KV_DECODE_TIMELINE
   unsigned long long tl[10] = {};
 #endif
   TLM(0);
   wait_for_prior_grids();
   allow_next_grids();
-  const int64_t len = load_index(p.seq_lens, b);
-  // The split's tokens''')
+  const IndexVec bt_row = block_table_row(p, b);
+
+  // Block-table entries''')
 rep('''  build_query();
 ''', '''  build_query();
   TLM(1);
