@@ -39,6 +39,7 @@ struct DecodeLaunch {
   FastDiv block_size;      // T
   int64_t cols_per_split;  // block-table columns of one split
   bool window;             // a window moves the splits to its first columns (split_col)
+  bool by_length;          // the splits follow the lengths and window (split_cols)
   int32_t unit_shift;      // log2(decode_unit_cols(T))
   int32_t splits;
   FastDiv chunks;          // chunks of kRowsPerBlock query rows per KV head (block_head)
@@ -77,8 +78,10 @@ __device__ __forceinline__ void row_range(const DecodeLaunch& L, int64_t len, in
   first = pos_first(L.p, last);
 }
 
-// The block-table columns of this split of a sequence of length len (decode_split_cols).
+// The block-table columns of this split of a sequence of length len (decode_split_cols), or
+// the plan's where the launch does not follow the lengths (DecodeLaunch::by_length).
 __device__ __forceinline__ SplitCols split_cols(const DecodeLaunch& L, int32_t split, int64_t len) {
+  if (!L.by_length) return {split * L.cols_per_split, L.cols_per_split};
   return decode_split_cols(len, split, L.splits, L.p.max_blocks, L.unit_shift, L.window, L.p.window_left, L.p.q_len,
                            [&](int64_t x) { return L.block_size.div_any(x); });
 }
@@ -1596,6 +1599,7 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
   while ((int64_t{1} << L.unit_shift) < decode_unit_cols(p.T)) ++L.unit_shift;
   const DecodeSplit split = plan_decode_split(p.B, p.H, span, p.T);
   L.splits = static_cast<int32_t>(split.splits);
+  L.by_length = L.window || L.splits > kMaxClusterSplits;
   if (L.splits > 1 && (p.workspace == nullptr ||
                        p.workspace_floats < decode_workspace_floats(p.B * p.q_len, int64_t{p.H} * p.group, p.v.D, L.splits))) {
     *message = "decode_attention: this geometry splits each sequence and needs a workspace (nvfp4kv.decode_workspace)";
