@@ -570,14 +570,6 @@ __device__ __forceinline__ uint4 ld_shared16(uint32_t a) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
   return v;
 }
-__device__ __forceinline__ void st_shared8(uint32_t a, int64_t v) {
-  asm volatile("st.shared.s64 [%0], %1;" ::"r"(a), "l"(v));
-}
-__device__ __forceinline__ int64_t ld_shared8(uint32_t a) {
-  int64_t v;
-  asm volatile("ld.shared.s64 %0, [%1];" : "=l"(v) : "r"(a));
-  return v;
-}
 __device__ __forceinline__ uint4 addr_pair(uint64_t x, uint64_t y) {
   return make_uint4(static_cast<uint32_t>(x), static_cast<uint32_t>(x >> 32), static_cast<uint32_t>(y),
                     static_cast<uint32_t>(y >> 32));
@@ -802,13 +794,10 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   // The split's tokens [lo, hi); this warp's steps start at s0 = lo + (warp + kDecodeWarps * n) * kStep.
   const int64_t lo = sc.col * p.T;
   const int64_t hi = min64(min64(sc.col + sc.cols, p.max_blocks) * p.T, len);
+  // With the split's start from the length, the D 128 reader keeps 4 bytes of its loop in local
+  // memory at the 128-register cap; reading the start back from shared memory instead cost 2-3 %
+  // (design notes: "Decode attention: splits from the lengths").
   const int64_t first_s0 = lo + warp * kStep;
-  // The partial steps read the split's start back from shared memory (written before
-  // build_query's barrier): it comes from the length, so the compiler can no longer recompute it
-  // from the launch's constants, and kept in a register it pushed a value of the loop into local
-  // memory at the 128-register cap.
-  __shared__ int64_t lo_s;
-  if (threadIdx.x == 0) st_shared8(smem_u32(&lo_s), lo);
 
   // Lane t's K slice of a row: 16-byte chunks at 16t and 64 + 16t (D 256), 16t (D 128), 8-byte
   // at 8t (D 64); word w of it starts at byte k_byte(w). Its scale bytes: groups 2t, 2t + 1
@@ -1046,7 +1035,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   // every real row attends to all of it: no per-token test (most steps of a decode).
   const auto compute = [&](int64_t n, int st, auto full_tag) {
     constexpr bool kFull = decltype(full_tag)::value;
-    const int64_t s0 = (kFull ? first_s0 : ld_shared8(smem_u32(&lo_s)) + warp * kStep) + n * (kDecodeWarps * kStep);
+    const int64_t s0 = first_s0 + n * (kDecodeWarps * kStep);
     const uint8_t* sp = stages_p + st * St::kBytes;
     // Tile u: n_ok[u] tokens exist and their page is valid, or (kPerToken) token e
     // exists and its page is valid where bit e of okm[u] is set. tok_off(u, e): token e of tile u
@@ -1599,6 +1588,10 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
   while ((int64_t{1} << L.unit_shift) < decode_unit_cols(p.T)) ++L.unit_shift;
   const DecodeSplit split = plan_decode_split(p.B, p.H, span, p.T);
   L.splits = static_cast<int32_t>(split.splits);
+  // The splits follow the lengths where that can pay: with a window, or with more splits than a
+  // cluster holds (a short sequence in a wide table). With fewer, a short sequence leaves at
+  // most a few blocks idle, and taking every block's split from the length cost 0.33 us at
+  // 1 x 1024 (design notes: "Decode attention: splits from the lengths").
   L.by_length = L.window || L.splits > kMaxClusterSplits;
   if (L.splits > 1 && (p.workspace == nullptr ||
                        p.workspace_floats < decode_workspace_floats(p.B * p.q_len, int64_t{p.H} * p.group, p.v.D, L.splits))) {
