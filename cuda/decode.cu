@@ -38,7 +38,7 @@ struct DecodeLaunch {
   SideOffsets off[2];      // K, V: the format core's offsets, affine in (head, position, group)
   FastDiv block_size;      // T
   int64_t cols_per_split;  // block-table columns of one split
-  bool window;             // a window moves the splits to its first columns (split_col)
+  bool window;             // a window moves the splits to its first columns (split_cols)
   bool by_length;          // the splits follow the lengths and window (split_cols)
   int32_t unit_shift;      // log2(decode_unit_cols(T))
   int32_t splits;
@@ -718,7 +718,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   const uint8_t* bt_base = static_cast<const uint8_t*>(bt_row.ptr);
   uint32_t bt_at[kTiles], bt_pos[kTiles];  // byte offset of the entry (a row is below 4 GiB: small_pages)
   // kPerToken: lane l holds the entry and position of token l % kStep of the step in next_lo[0],
-  // next_hi[0] and next_pos[0] (a step starts at a multiple of 16 tokens: plan_decode_split).
+  // next_hi[0] and next_pos[0] (a step starts at a multiple of 16 tokens: plan_decode_split,
+  // decode_split_cols).
   constexpr int kEntries = kPerToken ? 1 : kTiles;  // entries of a lane per step
   const uint32_t lane_tok = static_cast<uint32_t>(lane % kStep);
   // `left`: tokens from the prefetched step's first to the end of what it may read.
@@ -757,10 +758,10 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     const int64_t end = min64(col + cols, p.max_blocks) * p.T;
     prefetch(static_cast<int32_t>(max64(end - (col * p.T + warp * kStep), 0)));
   };
-  // The entries of the plan's split first, where a sequence that fills the table (or the window's
-  // span) has it: they and the query's loads wait for nothing. A split that the sequence's length
-  // or window moves loads its entries again, after the query's loads (a column computed from the
-  // length before them, even behind a branch, made ptxas wait for the length's load: review, SASS).
+  // The entries of the plan's split first, where a launch that does not follow the lengths, and a
+  // sequence that fills the table without a window, has it: they and the query's loads wait for
+  // nothing. A split that the sequence's length or window moves (with a window, every sequence
+  // longer than about its window) loads its entries again, after the query's loads.
   const int64_t plan_col = split * L.cols_per_split;
   first_entries(plan_col, L.cols_per_split);
 
@@ -1580,7 +1581,7 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   DecodeLaunch L;
   L.p = p;
-  // With a window the splits cover the columns a sequence's window can touch (split_col), not
+  // With a window the splits cover the columns a sequence's window can touch (split_cols), not
   // the whole table.
   const int64_t span = decode_span_cols(p.max_blocks, p.T, p.q_len, p.window_left);
   L.window = span < p.max_blocks;

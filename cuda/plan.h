@@ -141,7 +141,7 @@ DecodeSplit plan_decode_split(int64_t B, int64_t H, int64_t max_blocks, int32_t 
 
 // The block-table columns that the splits of one sequence must cover: max_blocks, or with a
 // window (window_left >= 0) at most those from the run of decode_unit_cols(T) columns that holds
-// the window's first token to the sequence's end, whatever its length (decode.cu, split_col):
+// the window's first token to the sequence's end, whatever its length (decode_split_cols):
 // the tokens from the run's start to the end number below unit T + window_left + q_len.
 int64_t decode_span_cols(int64_t max_blocks, int32_t T, int32_t q_len, int64_t window_left);
 

@@ -202,7 +202,7 @@ void test_decode() {
         (long long)sp.cols);
 
   // A window's columns: for every length, the columns from the run of decode_unit_cols(T) holding
-  // the first attended token (as decode.cu's split_col finds it) to the last token's fit the
+  // the first attended token (as decode_split_cols finds it) to the last token's fit the
   // span, and some length needs all of it; no window, or one as wide as the table: the table.
   for (int T : {1, 2, 3, 8, 12, 16, 64, 100})
     for (int q_len : {1, 3, 8})

@@ -315,7 +315,8 @@ def test_cuda_empty_batch_needs_no_workspace():
 ])
 def test_cuda_split_merges_equal_cpu_and_are_deterministic(B, L, H, D):
     kv, bt, sl, q = make(B, L, H, 4, D, 16, seed=B + L, lens=[L - 3 * i for i in range(B)])
-    for kw in ({}, {"window_left": 200}, {"logits_soft_cap": 30.0}):
+    # A window of 200 is one split; of 900 (at 1 x 1024) 7 splits over its span, merged as above.
+    for kw in ({}, {"window_left": 200}, {"window_left": 900}, {"logits_soft_cap": 30.0}):
         want, want_lse = run(kv, bt, sl, q, "cpu", **kw)
         got, got_lse = run(kv, bt, sl, q, "cuda", **kw)
         again, again_lse = run(kv, bt, sl, q, "cuda", **kw)
@@ -354,7 +355,7 @@ def test_cuda_graph_with_changing_lengths():
 def test_cuda_window_of_long_sequences(T, window, q_len, shift):
     """With a window the splits cover the window's columns, from the run of whole pages of 16k
     tokens that holds its first token, not the whole table (design notes: "Decode attention:
-    windows"): sequences far longer than their window whose first attended token is the first
+    splits from the lengths"): sequences far longer than their window whose first attended token is the first
     and the last of such a run (where the columns needed are the most the plan allows), one
     shorter than its window; masked entries inside and before the window; both readers (a cache
     4 bytes past a 16-byte boundary takes the lane reader); against the CPU path, which walks
@@ -376,16 +377,17 @@ def test_cuda_window_of_long_sequences(T, window, q_len, shift):
 @pytest.mark.parametrize("T", [16, 1, 12])
 @pytest.mark.parametrize("q_len", [1, 4])
 @pytest.mark.parametrize("window", [-1, 50])
-def test_cuda_short_sequences_in_a_wide_table(T, q_len, window):
+@pytest.mark.parametrize("shift", [0, 4], ids=["mma", "lanes"])
+def test_cuda_short_sequences_in_a_wide_table(T, q_len, window, shift):
     """The splits share the columns a sequence's length reaches, not the table's width (design
     notes: "Decode attention: splits from the lengths"): sequences of 1 to 700 tokens in a table
-    of 8000, where the plan counts up to 64 splits, against the CPU path."""
+    of 8000, where the plan counts up to 64 splits, on both readers, against the CPU path."""
     lens = [37, 700, 1, 129, 0, 300]
     kv, bt, sl, q = make(6, 8000, 2, 4, 128, T, q_len=q_len, seed=T + q_len, lens=lens)
     layout = "vllm" if T % 4 == 0 else "linear"
     kw = {"q_len": q_len, "window_left": window, "scale_layout": layout}
     want, want_lse = run(kv, bt, sl, q, "cpu", **kw)
-    got, got_lse = run(kv, bt, sl, q, "cuda", **kw)
+    got, got_lse = run(kv, bt, sl, q, "cuda", shift=shift, **kw)
     assert close(got, want) <= REL_L2
     assert torch.equal(got_lse.isinf(), want_lse.isinf())
     assert torch.allclose(got_lse[~want_lse.isinf()], want_lse[~want_lse.isinf()], atol=1e-4, rtol=0)
