@@ -64,6 +64,17 @@ def close(a, b, rel=REL_L2):
     return float(num / max(den, 1e-30))
 
 
+def check_against_cpu(kv, bt, sl, q, shift=0, **kw):
+    """The GPU's output and lse against the CPU path's (the same -inf rows); returns both outputs."""
+    want, want_lse = run(kv, bt, sl, q, "cpu", **kw)
+    got, got_lse = run(kv, bt, sl, q, "cuda", shift=shift, **kw)
+    assert close(got, want) <= REL_L2
+    assert torch.equal(got_lse.isinf(), want_lse.isinf())
+    fin = ~want_lse.isinf()
+    assert torch.allclose(got_lse[fin], want_lse[fin], atol=1e-4, rtol=0)
+    return got, want
+
+
 @pytest.mark.parametrize("B,L,H,group,D,T,q_len", [
     (3, 100, 2, 4, 128, 16, 1),
     (2, 37, 1, 1, 64, 16, 1),
@@ -180,12 +191,7 @@ def test_cuda_more_sequences_than_a_grid_dimension(shift):
     bt = torch.randint(0, kv.shape[0], (B, 3), generator=g, dtype=torch.int32)
     sl = torch.randint(0, 41, (B,), generator=g, dtype=torch.int32)
     q = torch.randn(B, H * group, D, generator=g).to(torch.bfloat16)
-    want, want_lse = run(kv, bt, sl, q, "cpu", scale_layout="vllm")
-    got, got_lse = run(kv, bt, sl, q, "cuda", shift=shift, scale_layout="vllm")
-    assert close(got, want) <= REL_L2
-    assert torch.equal(got_lse.isinf(), want_lse.isinf())
-    fin = ~want_lse.isinf()
-    assert torch.allclose(got_lse[fin], want_lse[fin], atol=1e-4, rtol=0)
+    got, want = check_against_cpu(kv, bt, sl, q, shift=shift, scale_layout="vllm")
     assert close(got[-100:], want[-100:]) <= REL_L2  # the second launch's sequences on their own
 
 
@@ -367,11 +373,7 @@ def test_cuda_window_of_long_sequences(T, window, q_len, shift):
                          lens=lens)
     layout = "vllm" if T % 4 == 0 else "linear"
     kw = {"q_len": q_len, "window_left": window, "scale_layout": layout}
-    want, want_lse = run(kv, bt, sl, q, "cpu", **kw)
-    got, got_lse = run(kv, bt, sl, q, "cuda", shift=shift, **kw)
-    assert close(got, want) <= REL_L2
-    assert torch.equal(got_lse.isinf(), want_lse.isinf())
-    assert torch.allclose(got_lse[~want_lse.isinf()], want_lse[~want_lse.isinf()], atol=1e-4, rtol=0)
+    check_against_cpu(kv, bt, sl, q, shift=shift, **kw)
 
 
 @pytest.mark.parametrize("T", [16, 1, 12])
@@ -386,11 +388,7 @@ def test_cuda_short_sequences_in_a_wide_table(T, q_len, window, shift):
     kv, bt, sl, q = make(6, 8000, 2, 4, 128, T, q_len=q_len, seed=T + q_len, lens=lens)
     layout = "vllm" if T % 4 == 0 else "linear"
     kw = {"q_len": q_len, "window_left": window, "scale_layout": layout}
-    want, want_lse = run(kv, bt, sl, q, "cpu", **kw)
-    got, got_lse = run(kv, bt, sl, q, "cuda", shift=shift, **kw)
-    assert close(got, want) <= REL_L2
-    assert torch.equal(got_lse.isinf(), want_lse.isinf())
-    assert torch.allclose(got_lse[~want_lse.isinf()], want_lse[~want_lse.isinf()], atol=1e-4, rtol=0)
+    check_against_cpu(kv, bt, sl, q, shift=shift, **kw)
 
 
 def test_cuda_graph_of_a_window_with_changing_lengths():
