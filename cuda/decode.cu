@@ -40,7 +40,7 @@ struct DecodeLaunch {
   int64_t cols_per_split;  // block-table columns of one split
   bool window;             // a window moves the splits to its first columns (split_cols)
   bool by_length;          // the splits follow the lengths and window (split_cols)
-  int32_t unit_shift;      // log2(decode_unit_cols(T))
+  int32_t unit_shift;      // decode_unit_shift(T)
   int32_t splits;
   FastDiv chunks;          // chunks of kRowsPerBlock query rows per KV head (block_head)
   int64_t b0;              // first sequence of this launch
@@ -1585,8 +1585,7 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
   // the whole table.
   const int64_t span = decode_span_cols(p.max_blocks, p.T, p.q_len, p.window_left);
   L.window = span < p.max_blocks;
-  L.unit_shift = 0;
-  while ((int64_t{1} << L.unit_shift) < decode_unit_cols(p.T)) ++L.unit_shift;
+  L.unit_shift = decode_unit_shift(p.T);
   const DecodeSplit split = plan_decode_split(p.B, p.H, span, p.T);
   L.splits = static_cast<int32_t>(split.splits);
   // The splits follow the lengths where that can pay: with a window, or with more splits than a

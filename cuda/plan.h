@@ -127,6 +127,12 @@ constexpr bool decode_per_token_pages(int64_t T) { return T % 16 != 0; }
 // Block-table columns of the shortest run of whole pages that is a multiple of 16 tokens:
 // lcm(16, T) / T (1 where T is a multiple of 16, 16 / T for T = 1, 2, 4, 8).
 constexpr int64_t decode_unit_cols(int64_t T) { return 16 / std::gcd(int64_t{16}, T); }
+// Its log2 (it is a power of two: 1, 2, 4, 8 or 16), for decode_split_cols' shifts.
+constexpr int decode_unit_shift(int64_t T) {
+  int shift = 0;
+  while ((int64_t{1} << shift) < decode_unit_cols(T)) ++shift;
+  return shift;
+}
 
 // How a decode call splits each sequence's block-table columns (flash-decoding): `splits` blocks
 // of `cols` columns each. Columns are counted in units of decode_unit_cols(T), so that every split

@@ -323,7 +323,7 @@ void import_array(Arg& a, nb::handle obj, const char* name, bool writable) {
   }
   const size_t nd = a.array.ndim();
   if (nd > 8) throw nb::value_error((std::string(name) + ": rank above 8").c_str());
-  const uint64_t item = (uint64_t{a.array.dtype().bits} * a.array.dtype().lanes + 7) / 8;
+  const int64_t item = (int64_t{a.array.dtype().bits} * a.array.dtype().lanes + 7) / 8;  // bytes
   for (size_t i = 0; i < nd; ++i) {
     a.shape[i] = static_cast<int64_t>(a.array.shape(i));
     a.strides[i] = static_cast<int64_t>(a.array.stride(i));
@@ -331,10 +331,9 @@ void import_array(Arg& a, nb::handle obj, const char* name, bool writable) {
     // of int32 arrives as 2^62 - 1 elements, 2^64 - 4 bytes): its bytes, taken modulo 2^64 as
     // every address is, are the stride it means. Only strides no memory could have change (the
     // address-space check refused them, and before it they read right by wrapping around).
-    const int64_t bytes = static_cast<int64_t>(static_cast<uint64_t>(a.strides[i]) * item);
-    const int64_t size = static_cast<int64_t>(item);
-    if (size > 1 && a.strides[i] > 0 && bytes < 0 && bytes > -(int64_t{1} << 62) && bytes % size == 0)
-      a.strides[i] = bytes / size;
+    const int64_t bytes = static_cast<int64_t>(static_cast<uint64_t>(a.strides[i]) * static_cast<uint64_t>(item));
+    if (item > 1 && a.strides[i] > 0 && bytes < 0 && bytes > -(int64_t{1} << 62) && bytes % item == 0)
+      a.strides[i] = bytes / item;
   }
   a.t.data = const_cast<void*>(a.array.data());
   a.t.device.device_type = static_cast<DLDeviceType>(a.array.device_type());

@@ -177,6 +177,8 @@ void test_decode() {
   for (int T = 1; T <= 64; ++T)  // the unit: the fewest whole pages that make a multiple of 16 tokens
     for (int64_t c = 1; c <= decode_unit_cols(T); ++c)
       CHECK(((c * T) % 16 == 0) == (c == decode_unit_cols(T)), "T %d, %lld columns", T, (long long)c);
+  for (int T = 1; T <= 64; ++T)
+    CHECK(int64_t{1} << decode_unit_shift(T) == decode_unit_cols(T), "T %d: shift %d", T, decode_unit_shift(T));
   CHECK(select_decode_kernel({16, 128, false, false, true}) == DecodeKernel::kLanes, "unaligned sides");
   CHECK(select_decode_kernel({16, 96, true, false, true}) == DecodeKernel::kLanes, "D 96");
   CHECK(select_decode_kernel({16, 128, true, true, true}) == DecodeKernel::kLanes, "K scales interleaved");
@@ -240,8 +242,7 @@ void test_decode() {
             const int64_t span = decode_span_cols(max_blocks, T, q_len, w);
             const DecodeSplit sp = plan_decode_split(B, 8, span, T);
             const bool window = span < max_blocks;
-            int shift = 0;
-            while ((int64_t{1} << shift) < decode_unit_cols(T)) ++shift;
+            const int shift = decode_unit_shift(T);
             const int64_t table = max_blocks * T;
             const auto div_T = [&](int64_t x) { return x / T; };
             for (int64_t len = 0; len <= table + 40; len += len < 600 ? 1 : 1 + len / 50) {

@@ -361,9 +361,9 @@ def test_cuda_graph_with_changing_lengths():
 def test_cuda_window_of_long_sequences(T, window, q_len, shift):
     """With a window the splits cover the window's columns, from the run of whole pages of 16k
     tokens that holds its first token, not the whole table (design notes: "Decode attention:
-    splits from the lengths"): sequences far longer than their window whose first attended token is the first
-    and the last of such a run (where the columns needed are the most the plan allows), one
-    shorter than its window; masked entries inside and before the window; both readers (a cache
+    splits from the lengths"): sequences far longer than their window whose first attended token
+    is the first and the last of such a run (where the columns needed are the most the plan
+    allows), one shorter than its window; masked entries inside and before the window; both readers (a cache
     4 bytes past a 16-byte boundary takes the lane reader); against the CPU path, which walks
     each row's own range."""
     unit_tokens = 16 // math.gcd(16, T) * T
