@@ -676,7 +676,10 @@ constexpr int mma_min_blocks() {
 // kPerToken: T is not a multiple of 16, so a 16-token tile may hold tokens of several pages, and
 // each token's page and position are found on their own (design notes: "Decode attention: pages
 // shorter than a tile"); otherwise a tile lies in one page.
-template <int kD, int kTiles, int kN, bool kCapped, bool kPerToken>
+// kByLength: the launch's splits follow the lengths (DecodeLaunch::by_length); a kernel of its
+// own, since the split's code cost launches that do not use it 0.18 us at 1 x 1024 even when
+// skipped (design notes: "Decode attention: splits from the lengths").
+template <int kD, int kTiles, int kN, bool kCapped, bool kPerToken, bool kByLength>
 __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) decode_mma_kernel(
     const __grid_constant__ DecodeLaunch L) {
   using St = MmaStage<kD, kTiles>;
@@ -790,8 +793,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   // The length is loaded after the query (in program order): the split computed from it, and
   // the wait for its load, then come after the query's loads too (SASS).
   const int64_t len = load_index(p.seq_lens, b);
-  const SplitCols sc = split_cols(L, split, len);
-  if (sc.col != plan_col) first_entries(sc.col, sc.cols);
+  const SplitCols sc = kByLength ? split_cols(L, split, len) : SplitCols{plan_col, L.cols_per_split};
+  if (kByLength && sc.col != plan_col) first_entries(sc.col, sc.cols);
   // The split's tokens [lo, hi); this warp's steps start at s0 = lo + (warp + kDecodeWarps * n) * kStep.
   const int64_t lo = sc.col * p.T;
   const int64_t hi = min64(min64(sc.col + sc.cols, p.max_blocks) * p.T, len);
@@ -1494,11 +1497,11 @@ bool cluster_fits(int device, int size) {
   return fits;
 }
 
-template <int kD, int kN, bool kCapped, bool kPerToken>
-cudaError_t launch_mma(DecodeLaunch& L, dim3 grid, int device, cudaStream_t stream) {
+template <int kD, int kN, bool kCapped, bool kPerToken, bool kByLength>
+cudaError_t launch_mma_kernel(DecodeLaunch& L, dim3 grid, int device, cudaStream_t stream) {
   // Two tiles per step halve the per-step overhead; D 256 has the registers for one.
   constexpr int kTiles = kD >= 256 ? 1 : 2;
-  constexpr auto kernel = decode_mma_kernel<kD, kTiles, kN, kCapped, kPerToken>;
+  constexpr auto kernel = decode_mma_kernel<kD, kTiles, kN, kCapped, kPerToken, kByLength>;
   constexpr size_t smem = mma_smem_bytes<kD, kTiles, kN>();
   const cudaError_t err = allow_shared_memory<kernel, smem>(device);
   if (err != cudaSuccess) return err;
@@ -1510,6 +1513,12 @@ cudaError_t launch_mma(DecodeLaunch& L, dim3 grid, int device, cudaStream_t stre
   L.cluster = decode_cluster_merge(DecodeKernel::kMma, L.splits, blocks, device_info(device)) &&
               cluster_fits<kernel, smem>(device, L.splits);
   return launch_pdl(kernel, grid, dim3(kDecodeThreads), device, stream, L, smem, L.cluster ? L.splits : 1);
+}
+
+template <int kD, int kN, bool kCapped, bool kPerToken>
+cudaError_t launch_mma(DecodeLaunch& L, dim3 grid, int device, cudaStream_t stream) {
+  return L.by_length ? launch_mma_kernel<kD, kN, kCapped, kPerToken, true>(L, grid, device, stream)
+                     : launch_mma_kernel<kD, kN, kCapped, kPerToken, false>(L, grid, device, stream);
 }
 
 // The tensor-core reader's kernel for the block's query rows and the soft cap.
