@@ -89,7 +89,8 @@ def main():
                 print(res.stderr[-2000:], file=sys.stderr)
                 sys.exit(1)
             row = json.loads(res.stdout.strip().splitlines()[-1])
-            print(f"round {r} {name}: {row.pop('_file')}", file=sys.stderr)
+            # Each round's row as it comes: a run cut off by a time limit still leaves its rounds.
+            print(f"round {r} {name}: {row.pop('_file')} {json.dumps(row)}", file=sys.stderr, flush=True)
             runs[name].append(row)
     cases = list(runs[builds[0][0]][0])
     print("case".ljust(16) + "".join(name.rjust(12) for name, _ in builds) + "   (gpu us, median of rounds)")
