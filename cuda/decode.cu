@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <type_traits>
 
@@ -860,13 +861,19 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     }
     // The powers of two together first (exact), then the global scales in the CPU path's order:
     // k_scale * sm_scale * kUnpackScale overflowed to inf for scales the CPU path takes (5.3e36 on
-    // sm_89+), and a token with a zero K row then gave 0 * inf = NaN (review).
+    // sm_89+), and a token with a zero K row then gave 0 * inf = NaN (review). The factor still
+    // passes FLT_MAX where k_scale * sm_scale * max|q| nears it (2^kUnpackExp over the row's
+    // 2^-k): held at FLT_MAX, a zero logit stays 0 and the others still overflow to -inf or +inf
+    // as on the CPU path (sm_80's 2^14 did at sm_scale 3e38 and max|q| 2). Only where
+    // k_scale * sm_scale itself is finite: the CPU path's inf there gives NaN, and so does this.
     const float kq0 = read_scale(p.k_scale) * p.sm_scale;
 #pragma unroll
     for (int n = 0; n < kN; ++n)
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-        kq[n][j] = kq0 * (kUnpackScale * qi_s[8 * n + 2 * t + j]) * (kCapped ? 1.0f : kLog2e);
+      for (int j = 0; j < 2; ++j) {
+        const float f = kq0 * (kUnpackScale * qi_s[8 * n + 2 * t + j]) * (kCapped ? 1.0f : kLog2e);
+        kq[n][j] = isinf(f) && !isinf(kq0) ? copysignf(FLT_MAX, f) : f;
+      }
   };
 
   int64_t first[kN][2], last[kN][2];

@@ -206,9 +206,9 @@ TORCH_DTYPES = ("bfloat16", "float16", "float32")
 NUMPY_DTYPES = ("float16", "float32")
 
 
-def minus_inf_logits_case(nv, L, T=16, D=64):
+def minus_inf_logits_case(nv, L, T=16, D=64, q0=2.0):
     """A one-head cache of L positions whose logits, at sm_scale 3e38, are -inf but the last
-    (q . k = -12 overflows fp32; the last K row is 0), whose V is 1 (every other V 0): the torch
+    (q . k = -6 q0 overflows fp32; the last K row is 0), whose V is 1 (every other V 0): the torch
     cache, query and block table. Attending it gives V[L - 1] and lse 0; without the last
     position, nothing (out 0, lse -inf)."""
     blocks = -(-L // T)
@@ -219,7 +219,7 @@ def minus_inf_logits_case(nv, L, T=16, D=64):
     v[-1] = 1.0
     nv.store(k, v, cache, torch.arange(L), 1.0, 1.0, scale_layout="linear")
     q = torch.zeros(1, 1, D, dtype=torch.bfloat16)
-    q[0, 0, 0] = 2.0
+    q[0, 0, 0] = q0
     return cache, q, torch.arange(blocks, dtype=torch.int32)[None]
 
 
