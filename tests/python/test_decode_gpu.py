@@ -738,8 +738,8 @@ def test_cuda_logits_of_minus_inf_weigh_zero(L, shift, cap, q0):
     k_scale * sm_scale * 2^6 overflowed to inf at sm_scale 3e38 (a zero K row then gave
     0 * inf = NaN). Its factor with the row's power of two, k_scale * sm_scale * 2^6 * 2^-k, still
     overflowed with max|q| 2 on sm_80 (2^14 there: the sm_80 paths' run, 2026-12-05), and by
-    the same arithmetic would with max|q| 1024 on sm_90; now held at FLT_MAX. CPU semantics (test_decode.py): -inf weighs
-    0 wherever it falls."""
+    the same arithmetic would with max|q| 1024 on sm_90; now held at FLT_MAX. CPU semantics
+    (test_decode.py): -inf weighs 0 wherever it falls."""
     cache, q, bt = minus_inf_logits_case(nv, L, q0=q0)
     for n in (L, L - 1):
         lens = torch.tensor([n], dtype=torch.int32)
