@@ -79,12 +79,16 @@ __device__ __forceinline__ void row_range(const DecodeLaunch& L, int64_t len, in
   first = pos_first(L.p, last);
 }
 
-// The block-table columns of this split of a sequence of length len (decode_split_cols), or
-// the plan's where the launch does not follow the lengths (DecodeLaunch::by_length).
-__device__ __forceinline__ SplitCols split_cols(const DecodeLaunch& L, int32_t split, int64_t len) {
-  if (!L.by_length) return {split * L.cols_per_split, L.cols_per_split};
+// The block-table columns of this split of a sequence of length len where the launch's splits
+// follow the lengths (DecodeLaunch::by_length; decode_split_cols).
+__device__ __forceinline__ SplitCols length_split_cols(const DecodeLaunch& L, int32_t split, int64_t len) {
   return decode_split_cols(len, split, L.splits, L.p.max_blocks, L.unit_shift, L.window, L.p.window_left, L.p.q_len,
                            [&](int64_t x) { return L.block_size.div_any(x); });
+}
+// The same, or the plan's columns where the launch does not follow the lengths.
+__device__ __forceinline__ SplitCols split_cols(const DecodeLaunch& L, int32_t split, int64_t len) {
+  if (!L.by_length) return {split * L.cols_per_split, L.cols_per_split};
+  return length_split_cols(L, split, len);
 }
 
 // Query row rr of KV head h of sequence b: its row of query, out and lse (b * q_len + i) and its
@@ -794,7 +798,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   // The length is loaded after the query (in program order): the split computed from it, and
   // the wait for its load, then come after the query's loads too (SASS).
   const int64_t len = load_index(p.seq_lens, b);
-  const SplitCols sc = kByLength ? split_cols(L, split, len) : SplitCols{plan_col, L.cols_per_split};
+  const SplitCols sc = kByLength ? length_split_cols(L, split, len) : SplitCols{plan_col, L.cols_per_split};
   if (kByLength && sc.col != plan_col) first_entries(sc.col, sc.cols);
   // The split's tokens [lo, hi); this warp's steps start at s0 = lo + (warp + kDecodeWarps * n) * kStep.
   const int64_t lo = sc.col * p.T;
