@@ -30,7 +30,8 @@ bool stride_ok(int64_t size, int64_t stride, int64_t expected) {
 void check_page_stride(const Tensor& c, int64_t N, int64_t page_stride, int64_t min_bytes) {
   if (N > 1 && page_stride < min_bytes)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
-         "%s: page stride %lld bytes received; pages would overlap (one page needs %lld bytes)",
+         "%s: page stride %lld bytes received; it must be at least one page (%lld bytes): pages "
+         "may not overlap or run backwards",
          c.name, static_cast<long long>(page_stride), static_cast<long long>(min_bytes));
 }
 

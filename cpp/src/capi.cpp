@@ -517,7 +517,6 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
   const Tensor query(query_t, "query"), out(out_t, "out"), bt(block_table_t, "block_table");
   // The query has Hq = group * H heads: no heads hint for the cache's orientation check.
   Cache c = resolve_cache(kv_cache, value_cache, -1, "query");
-  apply_profile(c, profile);
   const Tensor cache_ref(kv_cache, c.k_name);
 
   query.expect_ndim(3, "(num_seqs * q_len, num_qo_heads, head_size)");
@@ -531,6 +530,9 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
     fail(NVFP4KV_ERROR_INVALID_VALUE, "query: head size %lld (shape %s) but %s has head size %d",
          static_cast<long long>(query.size(2)), query.shape_str().c_str(), c.k_name, c.k.D);
   check_decode_head_size(c.v.D, c.v_name);
+  // After the head sizes: the 'vllm' profile refuses some of them too, but an unsupported head
+  // size is the error to name (review).
+  apply_profile(c, profile);
   if (query.numel() > 0 && query.stride(2) != 1)
     fail(NVFP4KV_ERROR_INVALID_VALUE, "query: stride along head_size is %lld; expected 1",
          static_cast<long long>(query.stride(2)));

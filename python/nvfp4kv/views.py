@@ -129,12 +129,12 @@ def _check_nonempty(T: int, H: int, name: str):
 
 
 def _check_page_stride(N: int, stride: int, page_bytes: int, name: str):
-    # As the C ABI's check_page_stride: with N > 1 pages must not overlap; with N <= 1 the page
-    # stride never addresses memory (any value, negative included, is accepted).
+    # As the C ABI's check_page_stride: with N > 1 the stride is at least one page; with N <= 1
+    # the page stride never addresses memory (any value, negative included, is accepted).
     if N > 1 and stride < page_bytes:
         raise ValueError(
-            f"{name}: page stride {stride} bytes; pages would overlap (one page needs "
-            f"{page_bytes} bytes)"
+            f"{name}: page stride {stride} bytes; it must be at least one page ({page_bytes} "
+            f"bytes): pages may not overlap or run backwards"
         )
 
 

@@ -423,6 +423,10 @@ def bad_cases():
         c = make_cache(12, 16, 2, 32, backend="torch")
         kw.update(kv_cache=c.kv_cache, query=torch.zeros(3, 8, 32, dtype=torch.bfloat16), scale_layout="linear")
 
+    def vllm_cache_96(kw):  # the 'vllm' profile refuses V head size 96 too, but the head size is the error
+        c = make_cache(12, 16, 2, 96, backend="torch")
+        kw.update(kv_cache=c.kv_cache, query=torch.zeros(3, 8, 96, dtype=torch.bfloat16), scale_layout="vllm")
+
     def v_side_32(kw):
         c = make_cache(12, 16, 2, 128, view="sides", backend="torch")
         v = make_cache(12, 16, 2, 32, view="sides", backend="torch")
@@ -446,6 +450,7 @@ def bad_cases():
         ("query int16", q_as(torch.int16), TypeError, "query: dtype int16 received; expected bfloat16 or"),
         ("query head size 32", small_cache, ValueError, "query: head size 32.*64, 128 and 256"),
         ("V head size 32", v_side_32, ValueError, "value_cache: head size 32.*64, 128 and 256"),
+        ("head size 96, 'vllm' profile", vllm_cache_96, ValueError, "query: head size 96.*64, 128 and 256"),
         ("query head size != cache", set_(query=torch.zeros(3, 8, 64, dtype=torch.bfloat16)), ValueError, "query"),
         ("query last stride", strided_query, ValueError, "query"),
         ("query 2-D", set_(query=torch.zeros(3, 8 * 128, dtype=torch.bfloat16)), ValueError, "query"),
@@ -513,6 +518,14 @@ def test_window_past_int64_is_no_window():
     want = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03)
     got = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03, window_left=2**64)
     assert torch.equal(bits(got), bits(want))
+
+
+def test_pages_running_backwards_are_refused():
+    """Found by review: reversed pages (a negative page stride) were refused as overlapping."""
+    kv = make_cache(4, 16, 2, 128).kv_cache[::-1]
+    with pytest.raises(ValueError, match="page stride -.*at least one page"):
+        nvfp4kv.decode_attention(np.zeros((1, 2, 128), np.float16), kv, np.zeros((1, 1), np.int32),
+                                 np.ones(1, np.int32), scale_layout="linear")
 
 
 def test_vllm_profile_needs_hnd():
