@@ -7,7 +7,8 @@
    This program's malloc replaces the C library's for the whole process, C++'s operator new
    included (glibc's symbol interposition; the test is built on Linux only). The calls:
    - a store that is refused (k_scale 0): its message is built while malloc fails;
-   - a CPU decode on two threads: the worker's buffers and its thread fail. */
+   - a CPU decode on two threads: the worker's buffers and its thread fail, and a call that fails
+     leaves its output untouched. */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
@@ -77,6 +78,9 @@ static nvfp4kv_status decode_two_threads(void) {
     if (st == NVFP4KV_SUCCESS)
       for (b = 0; b < B * H * D; ++b)
         if ((&out[0][0][0])[b] != 0) return (nvfp4kv_status)-1; /* a wrong output: reported below */
+    if (st != NVFP4KV_SUCCESS) /* a call that fails leaves out untouched (found by review) */
+      for (b = 0; b < B * H * D; ++b)
+        if ((&out[0][0][0])[b] != 0xFFFF) return (nvfp4kv_status)-2;
     return st;
   }
 }

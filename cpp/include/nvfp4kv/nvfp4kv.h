@@ -247,8 +247,9 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_gather_dequant(const DLTensor* kv_cache,
  * out = softmax-weighted sum of v, times v_scale, rounded to nearest even. Positions whose
  * block-table entry is < 0 or >= N (or whose block is past max_blocks) are masked out and never
  * read. A row that sees no position (seq_len <= 0, p < 0, everything masked) gets out = 0 and
- * lse = -inf. A group stored from NaN makes the rows that see it NaN. The CPU path computes in
- * fp32 and is the reference of the CUDA path (tolerances: docs/c-api.md). */
+ * lse = -inf. A K group stored from NaN makes the rows that see its position NaN (out and lse);
+ * a V group, only that group's 16 elements of out in those rows. The CPU path computes in fp32
+ * and is the reference of the CUDA path (tolerances: docs/c-api.md). */
 NVFP4KV_API nvfp4kv_status nvfp4kv_decode_attention(const DLTensor* query, const DLTensor* kv_cache,
                                                     const DLTensor* value_cache,
                                                     const DLTensor* block_table,

@@ -62,13 +62,16 @@ int configured_threads() {
   return want > 0 ? want : cpus;
 }
 
-// fn(k, n) for k in [0, n), share k of n, on n threads: configured_threads(), fewer when `work`
-// (elements in all) is small, one when the call's tensors are not `separate` (separable(),
-// apart() below).
-template <class Fn>
-void for_shares(double work, bool separate, const Fn& fn) {
+// The shares of a call: configured_threads(), fewer when `work` (elements in all) is small, one
+// when the call's tensors are not `separate` (separable(), apart() below).
+int share_count(double work, bool separate) {
   const double by_work = std::max(1.0, std::floor(work / static_cast<double>(kMinWork)));
-  const int n = separate ? static_cast<int>(std::min<double>(configured_threads(), by_work)) : 1;
+  return separate ? static_cast<int>(std::min<double>(configured_threads(), by_work)) : 1;
+}
+
+// fn(k, n) for k in [0, n), share k of n, on n threads.
+template <class Fn>
+void run_shares(int n, const Fn& fn) {
   if (n <= 1) return fn(0, 1);
   // A share that throws (std::bad_alloc of its buffers) hands the exception to this thread, which
   // rethrows the first after every share has ended: thrown on a worker it would end the process.
@@ -95,6 +98,11 @@ void for_shares(double work, bool separate, const Fn& fn) {
   for (std::thread& t : pool) t.join();
   for (const std::exception_ptr& e : thrown)
     if (e) std::rethrow_exception(e);
+}
+
+template <class Fn>
+void for_shares(double work, bool separate, const Fn& fn) {
+  run_shares(share_count(work, separate), fn);
 }
 
 // Whether page (store, dequantize) or run of 64 output tokens (gather) i (>= 0) is in share k of
@@ -344,6 +352,8 @@ void gather_impl(const GatherParams& p) {
 void cpu_for_shares(double work, bool separate, const std::function<void(int, int)>& fn) {
   for_shares(work, separate, fn);
 }
+int cpu_share_count(double work, bool separate) { return share_count(work, separate); }
+void cpu_run_shares(int n, const std::function<void(int, int)>& fn) { run_shares(n, fn); }
 bool cpu_in_share(int64_t i, int k, int n) { return in_share(i, k, n); }
 
 void cpu_set_threads(int threads) { g_threads.store(threads, std::memory_order_relaxed); }

@@ -260,12 +260,17 @@ void decode_impl(const DecodeParams& p) {
   }
   work *= static_cast<double>(p.H) * rows * (p.k.D + p.v.D);
   // Units write disjoint elements of out and lse (the C ABI checked that neither addresses an
-  // element twice, that they do not overlap each other or any input).
-  cpu_for_shares(work, true, [&](int k, int n) {
-    Scratch s(p, rows);
+  // element twice, that they do not overlap each other or any input). Every share's buffers are
+  // allocated before any share starts: a share whose allocation failed after another had written
+  // its rows would fail the call with out partly written (found by review).
+  const int n = cpu_share_count(work, true);
+  std::vector<Scratch> scratch;
+  scratch.reserve(static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k) scratch.emplace_back(p, rows);
+  cpu_run_shares(n, [&](int k, int n_) {
     for (int64_t b = 0; b < p.B; ++b)
       for (int64_t h = 0; h < p.H; ++h)
-        if (cpu_in_share(b * p.H + h, k, n)) decode_unit<kDType>(p, b, h, logit_scale, v_scale, cap, s);
+        if (cpu_in_share(b * p.H + h, k, n_)) decode_unit<kDType>(p, b, h, logit_scale, v_scale, cap, scratch[k]);
   });
 }
 
