@@ -137,20 +137,33 @@ def _register() -> None:
 
 
 def _version_bump(op):
-    """The op's ADInplaceOrView kernel: bumps the version counter of every tensor it writes, as
-    torch's in-place ops do, so autograd refuses a backward through a tensor the op overwrote
-    (the C ABI writes through pointers torch does not see). Not reached under inference_mode,
-    whose tensors have no version counter."""
+    """The op's ADInplaceOrView kernel: bumps the version counter of every tensor it writes once
+    the call has succeeded, as torch's in-place ops do, so autograd refuses a backward through a
+    tensor the op overwrote after it was saved (the C ABI writes through pointers torch does not
+    see). The ops have no gradient, so with grad mode on a tensor to be written that requires grad
+    is refused before anything is written: autograd would keep its old history (a wrong gradient,
+    found by review); under torch.no_grad() it is written, as torch's in-place ops allow. Not
+    reached under inference_mode, whose tensors have no version counter."""
     args = op._schema.arguments
     written = [(i, a.name) for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
     below = torch._C._after_ADInplaceOrView_keyset
+    op_name = op._schema.name
 
     def kernel(keyset, *given, **named):
+        tensors = []
         for i, name in written:
             t = given[i] if i < len(given) else named.get(name)
             if isinstance(t, torch.Tensor):
-                torch.autograd.graph.increment_version(t)
-        return op.redispatch(keyset & below, *given, **named)
+                if t.requires_grad and torch.is_grad_enabled():
+                    raise RuntimeError(
+                        f"{op_name}: {name} requires grad; the op has no gradient, so autograd would not "
+                        "see it overwritten: write into a tensor that does not require grad, or call the "
+                        "op under torch.no_grad()")
+                tensors.append(t)
+        result = op.redispatch(keyset & below, *given, **named)
+        for t in tensors:
+            torch.autograd.graph.increment_version(t)
+        return result
 
     return kernel
 

@@ -412,10 +412,12 @@ def get_kv_cache_shape(
         multiple of 16 up to :data:`NVFP4_MAX_HEAD_SIZE`, or a packed cache with layout "NHD"
         (whose K and V would interleave; see :func:`get_kv_cache_stride_order`).
     """
-    _check_nonnegative_int("num_blocks", num_blocks)
-    _check_positive_int("block_size", block_size)
-    _check_positive_int("num_kv_heads", num_kv_heads)
-    _check_positive_int("head_size", head_size)
+    # Python ints from here on: a NumPy or torch integer kept as given would make the tuple hold
+    # it, and 2 * num_kv_heads overflow in int32 (found by review).
+    num_blocks = _check_nonnegative_int("num_blocks", num_blocks)
+    block_size = _check_positive_int("block_size", block_size)
+    num_kv_heads = _check_positive_int("num_kv_heads", num_kv_heads)
+    head_size = _check_positive_int("head_size", head_size)
     _check_kv_cache_dtype(cache_dtype_str, "cache_dtype_str")
     _check_layout(layout)
     packed = _resolve_packed(packed, cache_dtype_str, layout)
@@ -563,8 +565,8 @@ class KVCacheSpec:
         int
             ``memory_bytes // (page_size_bytes * num_layers)``.
         """
-        _check_nonnegative_int("memory_bytes", memory_bytes)
-        _check_positive_int("num_layers", num_layers)
+        memory_bytes = _check_nonnegative_int("memory_bytes", memory_bytes)  # Python ints: no
+        num_layers = _check_positive_int("num_layers", num_layers)  # NumPy int32 product to overflow
         return memory_bytes // (self.page_size_bytes * num_layers)
 
     def max_tokens_for(self, memory_bytes: int, num_layers: int = 1) -> int:

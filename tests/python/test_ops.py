@@ -240,6 +240,37 @@ def test_ops_bump_the_version_of_what_they_write():
     assert same((ki, vi), (ko, vo))  # bitwise (random scale bytes include NaN)
 
 
+def test_ops_refuse_to_overwrite_what_requires_grad():
+    """Found by review: an op wrote into a tensor autograd tracked (a non-leaf keeps its old
+    history: a wrong gradient, no error; a leaf was written where torch's in-place ops raise).
+    With grad mode on such an output is refused before anything is written; under no_grad it is
+    written, as torch allows."""
+    c = case(seed=5)
+    w = torch.ones(N, T, H, D, requires_grad=True)
+    for ko in (w * 2, torch.zeros(N, T, H, D, requires_grad=True)):
+        before = ko.detach().clone()
+        with pytest.raises(RuntimeError, match="key_out requires grad; the op has no gradient"):
+            torch.ops.nvfp4kv.dequantize(c["kv"], c["ks"], c["vs"], ko, torch.empty(N, T, H, D))
+        assert torch.equal(ko.detach(), before)
+    ko = w * 2
+    with torch.no_grad():
+        version = ko._version
+        torch.ops.nvfp4kv.dequantize(c["kv"], c["ks"], c["vs"], ko, torch.empty(N, T, H, D))
+    assert ko._version > version
+
+
+def test_a_failing_op_bumps_no_version():
+    """Found by review: the version moved before the op ran, so a call that raised and wrote
+    nothing still made a later backward fail."""
+    w = torch.ones(1, requires_grad=True)
+    out = torch.zeros(1)
+    loss = (w * out).sum()  # saves out
+    with pytest.raises(TypeError, match="x: dtype int32"):
+        torch.ops.nvfp4kv.amax(torch.ones(3, dtype=torch.int32), out)
+    loss.backward()
+    assert w.grad is not None
+
+
 def test_fake_tensors_never_dereferenced():
     """Under FakeTensorMode every entry point runs on shapes alone (the ops' fake implementations)
     for every cache form, HND and NHD, where a store once read the fake pointer and crashed."""

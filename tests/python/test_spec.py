@@ -155,6 +155,16 @@ def test_kv_cache_shape_nvfp4_packed_by_default():
     assert S.get_kv_cache_shape(3, 32, 4, 64, "bfloat16", packed=True) == (3, 8, 32, 64)
 
 
+def test_kv_cache_shape_of_numpy_ints_is_python_ints():
+    """Found by review: NumPy integers went into the tuple as given, and 2 * num_kv_heads of an
+    int32 2^30 wrapped to -2^31."""
+    shape = S.get_kv_cache_shape(np.int64(4), np.int32(16), np.int32(2**30), np.int16(64), "nvfp4")
+    assert shape == (4, 2**31, 16, 36) and all(type(x) is int for x in shape)
+    spec = S.KVCacheSpec(16, 8, 128)
+    assert type(spec.num_blocks_for(np.int32(10**9), np.int32(2**20))) is int
+    assert spec.num_blocks_for(np.int64(10**15), np.int32(2**20)) == 10**15 // (spec.page_size_bytes * 2**20)
+
+
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 def test_kv_cache_shape(layout):
     assert S.get_kv_cache_shape(10, 16, 8, 128, "nvfp4", layout, packed=False) == (10, 2, 16, 8, 72)
