@@ -565,8 +565,9 @@ class KVCacheSpec:
         int
             ``memory_bytes // (page_size_bytes * num_layers)``.
         """
-        memory_bytes = _check_nonnegative_int("memory_bytes", memory_bytes)  # Python ints: no
-        num_layers = _check_positive_int("num_layers", num_layers)  # NumPy int32 product to overflow
+        # Python ints, as get_kv_cache_shape: no NumPy int32 product to overflow.
+        memory_bytes = _check_nonnegative_int("memory_bytes", memory_bytes)
+        num_layers = _check_positive_int("num_layers", num_layers)
         return memory_bytes // (self.page_size_bytes * num_layers)
 
     def max_tokens_for(self, memory_bytes: int, num_layers: int = 1) -> int:

@@ -267,10 +267,11 @@ void decode_impl(const DecodeParams& p) {
   std::vector<Scratch> scratch;
   scratch.reserve(static_cast<size_t>(n));
   for (int k = 0; k < n; ++k) scratch.emplace_back(p, rows);
-  cpu_run_shares(n, [&](int k, int n_) {
+  cpu_run_shares(n, [&](int k, int shares) {
     for (int64_t b = 0; b < p.B; ++b)
       for (int64_t h = 0; h < p.H; ++h)
-        if (cpu_in_share(b * p.H + h, k, n_)) decode_unit<kDType>(p, b, h, logit_scale, v_scale, cap, scratch[k]);
+        if (cpu_in_share(b * p.H + h, k, shares))
+          decode_unit<kDType>(p, b, h, logit_scale, v_scale, cap, scratch[static_cast<size_t>(k)]);
   });
 }
 
