@@ -44,7 +44,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=8, help="query heads (default: %(default)s)")
     p.add_argument("--kv-heads", type=int, default=2,
                    help="KV heads; heads must be a multiple (GQA) (default: %(default)s)")
-    p.add_argument("--head-size", type=int, default=128, help="multiple of 16 (default: %(default)s)")
+    p.add_argument("--head-size", type=int, default=128,
+                   help=f"multiple of 16 up to {nvfp4kv.spec.NVFP4_MAX_HEAD_SIZE} (default: %(default)s)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per page (default: %(default)s)")
     p.add_argument("--extra-blocks", type=int, default=7,
                    help="unused pages in the cache besides the prompts' (default: %(default)s)")
@@ -66,8 +67,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         p.error("--extra-blocks must be 0 or more")
     if args.heads % args.kv_heads:
         p.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
-    if args.head_size % 16:
-        p.error("--head-size must be a multiple of 16")
+    if args.head_size % 16 or args.head_size > nvfp4kv.spec.NVFP4_MAX_HEAD_SIZE:
+        p.error(f"--head-size must be a multiple of 16 up to {nvfp4kv.spec.NVFP4_MAX_HEAD_SIZE}, "
+                f"got {args.head_size}")
     if not 0 <= args.seed < 2**63:
         p.error(f"--seed must be 0 to 2**63 - 1, got {args.seed}")
     cuda = torch.cuda.is_available() and nvfp4kv.build_info()["cuda_available"]

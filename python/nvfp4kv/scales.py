@@ -340,7 +340,10 @@ class ScaleTracker:
                 raise TypeError(f"state_dict: {name} of dtype {dtype}; expected a float array")
             if bool((x < 0).any()):
                 raise ValueError(f"state_dict: {name} has a negative amax; an amax is max |x| >= 0")
-            if bool(((x > _FLOAT32_MAX) & (x != float("inf"))).any()):  # float64: would become inf
+            # float64: would become inf. Narrower floats cannot hold such a value, and NumPy would
+            # cast the bound to float16 for the comparison (an overflow warning; found by review).
+            wide = getattr(dtype, "itemsize", 8) > 4
+            if wide and bool(((x > _FLOAT32_MAX) & (x != float("inf"))).any()):
                 raise ValueError(f"state_dict: {name} has a finite amax past the float32 range; the tracker "
                                  "keeps float32")
         # Both converted (float32, the storage's framework and device) before either is copied, so a
@@ -348,6 +351,8 @@ class ScaleTracker:
         # read as below every value (x86's default NaN is negative): NaN stays sticky.
         like = self._amax if self._amax is not None else k
         k, v = (abs(self._converted(name, x, like)) for name, x in (("k_amax", k), ("v_amax", v)))
+        if _framework(k) == "torch":  # a state that requires grad must not pull the tracker into
+            k, v = k.detach(), v.detach()  # autograd (its amax op refuses such a tensor; review)
         if self._amax is None:
             self._allocate(k)
         a = self._amax

@@ -326,13 +326,13 @@ def test_options_alone_go_to_demo_and_debug_0_is_off(monkeypatch):
 
 def test_common_options_before_the_subcommand():
     """Found by review: `nvfp4kv --json plan` was refused as an unknown --json (the option of every
-    subcommand, given before it); it is `nvfp4kv plan --json` now. Other leading options are still
-    the top level's error."""
+    subcommand, given before it); it is `nvfp4kv plan --json` now. Other leading options are an
+    error: one line that names them, and the subcommand where it does not take them."""
     rc, out, err = run("--json", "-q", "plan", "--memory", "80GiB")
     assert rc == 0, err
     assert json.loads(out)["command"] == "plan"
     rc, out, err = run("--tokens", "64", "plan")
-    assert rc == 2 and err.count("\n") == 1 and err.startswith("nvfp4kv: error: ")
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("nvfp4kv plan: error: --tokens 64: plan does")
 
 
 def test_closed_stdout_and_stderr_in_subprocess():
@@ -710,10 +710,14 @@ def test_cli_package_names_and_python_m_cli():
 
 def test_subcommand_options_before_the_subcommand_are_named():
     """Found by review: `nvfp4kv --seed 5 plan` said "invalid choice: '5'"."""
+    rc, out, err = run("--seed", "5", "demo")
+    assert rc == 2 and out == ""
+    assert err == ("nvfp4kv: error: --seed 5: a subcommand's options go after it (nvfp4kv demo --seed 5) "
+                   "(see 'nvfp4kv --help')\n"), err
+    # Found by review: the same hint named `plan --seed 5`, which plan refuses.
     rc, out, err = run("--seed", "5", "plan")
     assert rc == 2 and out == ""
-    assert err == ("nvfp4kv: error: --seed 5: a subcommand's options go after it (nvfp4kv plan --seed 5) "
-                   "(see 'nvfp4kv --help')\n"), err
+    assert err == "nvfp4kv plan: error: --seed 5: plan does not take these options (see 'nvfp4kv plan --help')\n", err
     rc, out, _ = run("--json", "-q", "plan")  # the common options still may
     assert rc == 0 and out.startswith("{")
 

@@ -86,7 +86,8 @@ def test_command_line_prints_table(example, capsys):
 
 @pytest.mark.parametrize("argv", [["--kv-heads", "0"], ["--block-size", "0"], ["--seq-lens", "abc"],
                                   ["--seq-lens", "0,0"], ["--head-size", "0"], ["--extra-blocks", "-1"],
-                                  ["--device", "tpu"], ["--device", "nonsense"], ["--heads", "0"]])
+                                  ["--device", "tpu"], ["--device", "nonsense"], ["--heads", "0"],
+                                  ["--head-size", "528"]])
 def test_bad_arguments_are_one_line_errors(example, capsys, argv):
     """Found by review: these ended in tracebacks (ZeroDivisionError, torch errors)."""
     with pytest.raises(SystemExit) as e:

@@ -5,6 +5,7 @@ cases (skipped without CUDA) against the CPU path bit for bit, and inside a CUDA
 """
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -273,6 +274,23 @@ def test_tracker_load_state_dict_names_what_is_wrong():
         assert torch.equal(tr.k_amax(), before["k_amax"]) and torch.equal(tr.v_amax(), before["v_amax"])
     tr.load_state_dict({"layers": np.int64(2), "k_amax": np.array([np.inf, 1.0]), "v_amax": np.zeros(2)})
     assert tr.k_amax().tolist() == [float("inf"), 1.0]  # an inf amax is one (data held an inf)
+
+
+@needs_torch
+def test_tracker_load_state_dict_of_narrow_or_grad_arrays():
+    """Found by review: a float16 NumPy state warned of an overflow (NumPy cast the float32 bound
+    to float16 for the check), and a state that requires grad made the tracker's storage require
+    grad, so a compiled update then refused to write it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tr = nvfp4kv.ScaleTracker(1)
+        tr.load_state_dict({"layers": 1, "k_amax": np.ones(1, np.float16), "v_amax": np.full(1, 2, np.float16)})
+    assert tr.k_amax().tolist() == [1.0] and tr.v_amax().tolist() == [2.0]
+    for tr in (nvfp4kv.ScaleTracker(1), nvfp4kv.ScaleTracker(1, device="cpu")):  # allocated by the load, before it
+        tr.load_state_dict({"layers": 1, "k_amax": torch.nn.Parameter(torch.tensor([2.0])), "v_amax": torch.ones(1)})
+        assert not tr.k_amax().requires_grad
+        torch.compile(lambda k: tr.update(0, k), fullgraph=True, backend="eager")(torch.tensor([5.0]))
+        assert tr.k_amax().tolist() == [5.0]
 
 
 @needs_torch

@@ -102,6 +102,18 @@ def _debug() -> bool:
     return os.environ.get("NVFP4KV_DEBUG", "") not in ("", "0")
 
 
+def _parses(argv: list[str]) -> bool:
+    """Whether argv parses with nothing left over (its errors not printed)."""
+    stderr, sys.stderr = sys.stderr, open(os.devnull, "w")
+    try:
+        return not build_parser().parse_known_args(argv)[1]
+    except SystemExit:
+        return False
+    finally:
+        sys.stderr.close()
+        sys.stderr = stderr
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nvfp4kv`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -118,9 +130,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if first and all(a in _COMMON for a in argv[:first]):
         argv = argv[first:first + 1] + argv[:first] + argv[first + 1:]
     elif first and argv[0].startswith("-") and not any(a in ("-h", "--help", "--version") for a in argv[:first]):
-        # `nvfp4kv --seed 5 plan`: argparse would call 5 an invalid subcommand
-        sys.stderr.write(_usage_line(PROG, f"{' '.join(argv[:first])}: a subcommand's options go after it "
-                                           f"({PROG} {argv[first]} {' '.join(argv[:first])})"))
+        # `nvfp4kv --seed 5 demo`: argparse would call 5 an invalid subcommand. The command with
+        # them moved is suggested only where that subcommand takes them (review: `--seed 5 plan`
+        # suggested `plan --seed 5`, which plan refuses).
+        given, command = " ".join(argv[:first]), argv[first]
+        if _parses(argv[first:first + 1] + argv[:first]):
+            sys.stderr.write(_usage_line(PROG, f"{given}: a subcommand's options go after it "
+                                               f"({PROG} {command} {given})"))
+        else:
+            sys.stderr.write(_usage_line(f"{PROG} {command}", f"{given}: {command} does not take these options"))
         return 2
     try:
         args, extra = build_parser().parse_known_args(argv)
