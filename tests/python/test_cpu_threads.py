@@ -148,9 +148,14 @@ def test_a_large_call_starts_its_threads(nv):
 
 
 def test_thread_setting_and_environment(nv):
-    for bad in (-1, 257):
+    for bad in (-1, 257, 2**31, 2**70):  # found by review: 2**31 was the binding's TypeError
         with pytest.raises(ValueError, match="threads"):
             nv.set_cpu_threads(bad)
+    for bad in (True, 2.0, "2"):  # found by review: True was taken as 1
+        with pytest.raises(TypeError, match="threads must be an int"):
+            nv.set_cpu_threads(bad)
+    nv.set_cpu_threads(np.int64(2))
+    assert nv.cpu_threads() == 2
     nv.set_cpu_threads(0)
     assert 1 <= nv.cpu_threads() <= 16
     code = "import nvfp4kv; print(nvfp4kv.cpu_threads())"
