@@ -254,11 +254,13 @@ bool self_overlapping(const Tensor& x) {
 }  // namespace
 
 // Whether some element of b occupies a byte of some element of a. Exact where the two share
-// their element size and strides (non-negative, each larger than the span of the smaller ones:
-// the views of one allocation, such as the K and V halves of a paged cache): b's offsets minus
-// a's, delta, must then be a sum of j_k * stride_k with j_k inside both extents, which a search
-// over at most two candidates per dimension decides. Elsewhere the byte ranges decide
-// (conservative: a false "overlap" only for interleaved views of different layouts).
+// their element size and strides (non-zero, each larger in magnitude than the span of the
+// smaller ones: the views of one allocation, such as the K and V halves of a paged cache, or
+// those halves reversed): b's offsets minus a's, delta, must then be a sum of j_k * stride_k
+// with j_k inside both extents, which a search over at most two candidates per dimension
+// decides. A dimension both walk backwards is walked forwards from its far end (the same
+// elements). Elsewhere the byte ranges decide (conservative: a false "overlap" only for
+// interleaved views of different layouts).
 bool elements_overlap(const Tensor& a, const Tensor& b) {
   if (!overlap(a, b)) return false;
   const int64_t e = element_bytes(a.t->dtype);
@@ -267,18 +269,29 @@ bool elements_overlap(const Tensor& a, const Tensor& b) {
     int64_t stride, lo, hi;  // j in [lo, hi]
   } dims[8];
   int n = 0;
+  int64_t shift = 0;  // elements added to b's offset from a's by the dimensions walked forwards
   for (int i = 0; i < a.ndim(); ++i) {
     if (a.size(i) <= 1 && b.size(i) <= 1) continue;
-    if (a.stride(i) != b.stride(i) || a.stride(i) <= 0) return true;
+    int64_t st = a.stride(i);
+    if (b.stride(i) != st || st == 0) return true;
+    if (st < 0) {
+      // a's far end lies (size_a - 1) |st| below its start, b's (size_b - 1) |st| below its own.
+      st = -st;
+      int64_t d;
+      if (__builtin_mul_overflow(a.size(i) - b.size(i), st, &d) || __builtin_add_overflow(shift, d, &shift))
+        return true;
+    }
     int k = n++;
-    while (k > 0 && dims[k - 1].stride < a.stride(i)) {  // descending strides
+    while (k > 0 && dims[k - 1].stride < st) {  // descending strides
       dims[k] = dims[k - 1];
       --k;
     }
-    dims[k] = Dim{a.stride(i), -(b.size(i) - 1), a.size(i) - 1};
+    dims[k] = Dim{st, -(b.size(i) - 1), a.size(i) - 1};
   }
   const intptr_t diff = reinterpret_cast<intptr_t>(b.ptr()) - reinterpret_cast<intptr_t>(a.ptr());
   if (diff % e != 0) return true;
+  int64_t delta;
+  if (__builtin_add_overflow(static_cast<int64_t>(diff / e), shift, &delta)) return true;
   // span[k]: the largest |sum| of the dimensions after k (smaller strides).
   int64_t span[9] = {0};
   for (int k = n - 1; k >= 0; --k) {
@@ -305,7 +318,7 @@ bool elements_overlap(const Tensor& a, const Tensor& b) {
       return false;
     }
   };
-  return Search{dims, span, n, floor_div}(0, static_cast<int64_t>(diff / e));
+  return Search{dims, span, n, floor_div}(0, delta);
 }
 
 void check_apart(std::initializer_list<const Tensor*> outputs, std::initializer_list<const Tensor*> inputs,

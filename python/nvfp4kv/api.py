@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from . import _C
 from .spec import KV_CACHE_LAYOUTS  # within a page side, heads outer (HND) or tokens outer (NHD)
@@ -226,7 +226,7 @@ def prepare_store(
 
 def store_workspace_bytes(num_blocks: int, block_size: int) -> int:
     """Bytes of a :func:`store` workspace for caches of up to ``num_blocks`` blocks of ``block_size`` tokens."""
-    return _C.store_workspace_bytes(num_blocks, block_size)
+    return _C.store_workspace_bytes(*_int64s(num_blocks=num_blocks, block_size=block_size))
 
 
 def store_workspace(kv_cache: Any, value_cache: Any = None, *, kv_layout: Optional[str] = None) -> Any:
@@ -648,6 +648,14 @@ def _host_readable_index(x: Any, arg: str) -> None:
         raise TypeError(f"{arg}: dtype {getattr(x, 'dtype', type(x).__name__)} received; expected int64 or int32")
 
 
+def _has_data(x: Any, arg: str) -> None:
+    """Refuses a torch tensor without memory (meta or fake) that this module must read on the host
+    (its error would otherwise be torch's, naming no argument)."""
+    if _without_data(x):
+        raise ValueError(f"{arg}: a tensor without data (meta or fake) received; the outputs' row count is "
+                         "read from it on the host: pass key_out and value_out")
+
+
 def _uint8_cache(kv_cache: Any, value_cache: Any) -> None:
     """Refuses, as the C ABI would, a cache whose shape this module is about to allocate from but
     that holds no NVFP4 bytes (a bf16 cache's last dimension is no F = D/2 + D/16)."""
@@ -669,6 +677,7 @@ def _total_rows(seq_lens: Any, cu_seqlens: Any, computed: bool, block_table: Any
     """``cu_seqlens[-1]``, read on the host (a sync), to allocate the outputs; checked here since
     this module does the reading. `computed`: cu_seqlens came from :func:`_prefix_sums`, whose
     input is then the argument to blame."""
+    _has_data(seq_lens if computed else cu_seqlens, "seq_lens" if computed else "cu_seqlens")
     if computed:
         lo = seq_lens.min() if int(seq_lens.shape[0]) else 0
         if int(lo) < 0:
@@ -767,13 +776,9 @@ def decode_workspace_bytes(num_seqs: int, q_len: int, num_qo_heads: int, num_kv_
     (``num_seqs``, ``num_kv_heads``, ``max_blocks_per_seq``), so one workspace serves every call
     of that geometry, and a larger one does too.
     """
-    args = dict(num_seqs=num_seqs, q_len=q_len, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-                head_size_v=head_size_v, max_blocks_per_seq=max_blocks_per_seq)
-    ints = [_int(v, k) for k, v in args.items()]  # a bool is no count
-    for k, v in zip(args, ints):
-        if not -2**63 <= v < 2**63:  # the binding takes int64: name the argument, as the C ABI would
-            raise ValueError(f"{k}: an int past the int64 range received ({len(str(abs(v)))} digits)")
-    return _C.decode_workspace_bytes(*ints)
+    return _C.decode_workspace_bytes(*_int64s(num_seqs=num_seqs, q_len=q_len, num_qo_heads=num_qo_heads,
+                                             num_kv_heads=num_kv_heads, head_size_v=head_size_v,
+                                             max_blocks_per_seq=max_blocks_per_seq))
 
 
 def decode_workspace(kv_cache: Any, query: Any, block_table: Any, q_len: int = 1, value_cache: Any = None, *,
@@ -822,6 +827,16 @@ def _int(x: Any, arg: str) -> int:
     if isinstance(x, bool) or not isinstance(x, numbers.Integral):
         raise TypeError(f"{arg}: {type(x).__name__} received; expected an int")
     return int(x)
+
+
+def _int64s(**args: Any) -> List[int]:
+    """Counts the binding takes as int64, in order: a bool or a non-integer is a TypeError, an int
+    past int64 a ValueError naming the argument (the C ABI checks the values within it)."""
+    ints = [_int(v, k) for k, v in args.items()]
+    for k, v in zip(args, ints):
+        if not -2**63 <= v < 2**63:
+            raise ValueError(f"{k}: an int past the int64 range received ({len(str(abs(v)))} digits)")
+    return ints
 
 
 def _decode_scalars(query: Any, sm_scale: Any, logits_soft_cap: Any, window_left: Any,

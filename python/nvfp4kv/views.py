@@ -81,6 +81,9 @@ def _shape_and_strides(x: Any, name: str):
     if torch is not None:
         if x.dtype != torch.uint8:
             raise TypeError(f"{name} must have dtype uint8, got {x.dtype}")
+        if x.is_neg():  # as the extension: views of it would carry the bit over the raw bytes
+            raise ValueError(f"{name}: a lazily negated torch view (is_neg() is True) exports its un-negated "
+                             "memory; pass x.resolve_neg()")
         return tuple(x.shape), tuple(x.stride())
     np = _numpy_module_of(x)
     if np is not None:

@@ -362,17 +362,20 @@ void import_scale(Arg& a, nb::handle obj, const char* name) {
     const double v = PyFloat_AsDouble(obj.ptr());  // ints too; OverflowError past the double range
     const bool past_double = v == -1.0 && PyErr_Occurred();
     if (past_double) PyErr_Clear();
+    bool lost;  // a finite number that float32 cannot hold: it became inf, or 0
     {
       const nvfp4kv::FloatModeGuard ieee;  // the caller's FTZ must not flush a subnormal scale to 0
-      a.scalar = static_cast<float>(v);
+      a.scalar = static_cast<float>(v);    // (nor its DAZ read one as 0 in the test below)
+      lost = std::isfinite(v) && (std::isinf(a.scalar) || (a.scalar == 0.0f && v != 0.0));
     }
-    // A number the C ABI's float cannot hold is named here: the ABI would report the inf it became.
-    if (past_double || (std::isinf(a.scalar) && std::isfinite(v))) {
+    // A number the C ABI's float cannot hold is named here: the ABI would report the inf or the 0
+    // it became.
+    if (past_double || lost) {
       std::string text = nb::repr(obj).c_str();
       if (text.size() > 40)  // a huge int: its first digits and its length
         text = text.substr(0, 20) + "... (" + std::to_string(text.size() - (text[0] == '-')) + " digits)";
       throw nb::value_error((std::string(name) + ": " + text +
-                             " received; a global scale must be a finite float32 > 0 (at most 3.4028235e+38)")
+                             " received; a global scale must be a finite float32 > 0 (float32 holds 1.4e-45 to 3.4028235e+38)")
                                 .c_str());
     }
     a.t.data = &a.scalar;

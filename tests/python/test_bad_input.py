@@ -241,10 +241,14 @@ def test_invalid_global_scale_float(nv, backend, which, g):
 
 @pytest.mark.parametrize("which", ["k_scale", "v_scale"])
 def test_scale_messages_name_the_number(nv, which):
-    """Found by review: 1e39 (finite, but no float32) was reported as "inf received", and a huge
-    int was echoed whole; numpy strings and complex numbers were read as floats."""
+    """Found by review: 1e39 (finite, but no float32) was reported as "inf received" (and 1e-50 as
+    "0 received"), a huge int was echoed whole; numpy strings and complex numbers were read as
+    floats."""
     s = Setup("numpy")
     assert_rejected(nv, s, s.store(**{which: 1e39}), ValueError, f"{which}: 1e\\+39 received.*float32")
+    for tiny in (1e-50, np.float64(1e-50), -1e-50):  # 0 in float32: was reported as "0 received"
+        assert_rejected(nv, s, s.store(**{which: tiny}), ValueError,
+                        f"{which}: (np.float64\\()?-?1e-50\\)? received.*float32")
     assert_rejected(nv, s, s.store(**{which: 2**1100}), ValueError, f"{which}: 1358298529.*332 digits")
     for g in (np.str_("0.01"), np.array("0.01"), np.complex64(0.01 + 5j), np.array(0.01 + 5j)):
         assert_rejected(nv, s, s.store(**{which: g}), TypeError, f"{which}: a numpy")

@@ -311,6 +311,67 @@ def test_dequantize_into_the_two_halves_of_one_paged_output_is_accepted():
     assert torch.equal(out[:, 1].view(torch.int16), want_v.view(torch.int16))
 
 
+def test_reversed_halves_of_one_output_are_accepted_and_reversed_overlaps_rejected():
+    # numpy's [::-1] gives negative strides; the two halves still share no element (review: they
+    # were refused as overlapping), while a reversed view of the same elements still overlaps.
+    cache = filled_cache()
+    want_k, want_v = nv.dequantize(cache.kv_cache, **LINEAR)
+    big = np.full((N, 2, T, H, D), 7.0, np.float32)
+    nv.dequantize(cache.kv_cache, key_out=big[::-1, 0], value_out=big[::-1, 1], **LINEAR)
+    assert_floats_identical(big[::-1, 0], want_k.numpy())
+    assert_floats_identical(big[::-1, 1], want_v.numpy())
+    kout = np.full((N, T, H, D), 7.0, np.float32)
+    with pytest.raises(ValueError, match=shares("value_out", "key_out")):
+        nv.dequantize(cache.kv_cache, key_out=kout[::-1], value_out=kout[::-1, ::-1], **LINEAR)
+    assert (kout == 7.0).all()
+    # gather: the halves of one output buffer along the heads, reversed
+    bt, sl = torch.tensor([[0, 1]]), torch.tensor([6])
+    gk, gv, _ = nv.gather_dequant(cache.kv_cache, bt, sl, dtype="float32", **LINEAR)
+    kv = np.full((6, 2, H, D), 7.0, np.float32)
+    nv.gather_dequant(cache.kv_cache, bt.numpy(), sl.numpy(), key_out=kv[:, 0, ::-1], value_out=kv[:, 1, ::-1],
+                      **LINEAR)
+    assert_floats_identical(kv[:, 0, ::-1], gk.numpy())
+    assert_floats_identical(kv[:, 1, ::-1], gv.numpy())
+    # decode: query and out as the two halves of one buffer, heads reversed
+    rng = np.random.default_rng(3)
+    qo = np.zeros((2, 2 * H, 2, D), np.float32)
+    qo[:, :, 0] = rng.standard_normal((2, 2 * H, D))
+    q16 = qo.astype(np.float16)
+    bt2 = np.array([[0], [1]], np.int32)
+    sl2 = np.array([4, 3], np.int32)
+    want = nv.decode_attention(np.ascontiguousarray(q16[:, ::-1, 0]), cache.kv_cache.numpy(), bt2, sl2, 1.0, 1.0,
+                               **LINEAR)
+    nv.decode_attention(q16[:, ::-1, 0], cache.kv_cache.numpy(), bt2, sl2, 1.0, 1.0, out=q16[:, ::-1, 1], **LINEAR)
+    assert_floats_identical(q16[:, ::-1, 1], np.asarray(want))
+    with pytest.raises(ValueError, match=shares("query", "out")):
+        nv.decode_attention(q16[:, ::-1, 0], cache.kv_cache.numpy(), bt2, sl2, 1.0, 1.0, out=q16[:, :, 0], **LINEAR)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_same_stride_outputs_with_flipped_dimensions_are_judged_by_their_elements(seed):
+    # Two (N, T, H, D) slices of one buffer along its first axis, after random flips of its axes
+    # (not the last: outputs take last stride 1): the verdict must be numpy's exact one
+    # (np.shares_memory), not the byte ranges'.
+    rng = np.random.default_rng(seed)
+    cache = filled_cache()
+    want_k, want_v = nv.dequantize(cache.kv_cache, **LINEAR)
+    lead = int(rng.integers(N, 3 * N + 1))
+    start = int(rng.integers(0, lead - N + 1))
+    buf = np.full((lead, T, H, D), 7.0, np.float32)
+    flips = tuple(slice(None, None, -1) if f else slice(None) for f in rng.integers(0, 2, 3))
+    y = buf[flips]
+    ko, vo = y[:N], y[start:start + N]
+    if np.shares_memory(ko, vo, max_work=None):
+        before = buf.copy()
+        with pytest.raises(ValueError, match=shares("value_out", "key_out")):
+            nv.dequantize(cache.kv_cache, key_out=ko, value_out=vo, **LINEAR)
+        assert np.array_equal(buf, before)
+    else:
+        nv.dequantize(cache.kv_cache, key_out=ko, value_out=vo, **LINEAR)
+        assert_floats_identical(ko, want_k.numpy())
+        assert_floats_identical(vo, want_v.numpy())
+
+
 def test_split_cache_sides_of_one_allocation_are_accepted():
     # vLLM's kv_cache.unbind(1): two views whose bytes interleave page by page.
     rng = np.random.default_rng(8)
@@ -514,6 +575,19 @@ def test_meta_tensor_as_key_or_cache_is_a_value_error():
         nv.dequantize(torch.empty(N, 2, T, H, F, dtype=torch.uint8, device="meta"),
                       key_out=torch.empty(N, T, H, D), value_out=torch.empty(N, T, H, D), **LINEAR)
     assert np.array_equal(cache.snapshot(), before)
+
+
+def test_gather_without_outputs_and_lengths_without_data_is_a_value_error():
+    # The outputs' row count is read on the host from seq_lens (or cu_seqlens): a meta one gave
+    # torch's RuntimeError or NotImplementedError, naming no argument (review).
+    cache = filled_cache()
+    bt, meta = torch.tensor([[0, 1]]), lambda x: x.to("meta")
+    with pytest.raises(ValueError, match=r"seq_lens: .*without data.*key_out and value_out"):
+        nv.gather_dequant(cache.kv_cache, bt, meta(torch.tensor([6])), **LINEAR)
+    with pytest.raises(ValueError, match=r"cu_seqlens: .*without data.*key_out and value_out"):
+        nv.gather_dequant(cache.kv_cache, bt, torch.tensor([6]), cu_seqlens=meta(torch.tensor([0, 6])), **LINEAR)
+    with pytest.raises(ValueError, match=r"seq_lens: .*without data"):  # every argument meta
+        nv.gather_dequant(meta(cache.kv_cache), meta(bt), meta(torch.tensor([6])), **LINEAR)
 
 
 # -------------------------------------------------------------- 10. floating-point mode

@@ -311,6 +311,13 @@ def test_workspace_bytes_rejects_bad_sizes(nv):
         with pytest.raises(ValueError, match="num_blocks"):
             nv.store_workspace_bytes(*args)
     assert nv.store_workspace_bytes(0, 16) == 16
+    # Found by review: a bool was taken as 1, and a float or an int past int64 got nanobind's
+    # TypeError, which names no argument.
+    for args, err, arg in [((True, 16), TypeError, "num_blocks: bool"), ((4, 16.0), TypeError, "block_size: float"),
+                           ((2**70, 16), ValueError, "num_blocks: an int past the int64 range")]:
+        with pytest.raises(err, match=f"^{arg}"):
+            nv.store_workspace_bytes(*args)
+    assert nv.store_workspace_bytes(np.int64(4), np.int32(16)) == nv.store_workspace_bytes(4, 16)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

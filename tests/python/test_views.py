@@ -426,6 +426,17 @@ def test_rejects_wrong_dtype():
             V.nvfp4_kv_cache_split_views(torch.zeros((2, 2, 16, 2, 72), dtype=torch.bfloat16))
 
 
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_rejects_a_negated_torch_view():
+    # Found by review: torch's RuntimeError from .view(float8), naming no argument.
+    cache = torch.zeros((2, 2, 16, 2, 36), dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"kv_cache: a lazily negated.*resolve_neg"):
+        V.nvfp4_kv_cache_split_views(torch._neg_view(cache))
+    with pytest.raises(ValueError, match=r"side: a lazily negated.*resolve_neg"):
+        V.nvfp4_split_data_scale(torch._neg_view(cache[:, 0]))
+    assert len(V.nvfp4_split_data_scale(torch._neg_view(cache[:, 0]).resolve_neg())) == 2
+
+
 def test_rejects_bad_shape():
     with pytest.raises(ValueError, match="must be 2"):
         V.nvfp4_kv_cache_split_views(np.zeros((2, 3, 16, 2, 36), np.uint8), "linear")
