@@ -593,11 +593,26 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
   const ScaleArg ks = resolve_scale(k_scale, "k_scale", c.device);
   const ScaleArg vs = resolve_scale(v_scale, "v_scale", c.device);
 
+  // What only the CPU path reads, refused on CUDA before the workspace is asked for: NOT_SUPPORTED
+  // whatever else the call lacks, an empty batch included (review).
+  const bool on_cuda = where(c.device, c.k_name) == Where::kCuda;
+  if (on_cuda && c.k.D != c.v.D)
+    fail(NVFP4KV_ERROR_NOT_SUPPORTED,
+         "decode_attention on the GPU needs equal K and V head sizes (%d and %d received; the CPU path takes them)",
+         c.k.D, c.v.D);
+  const auto off4 = [](const CacheSide& s) {
+    return reinterpret_cast<uintptr_t>(s.base) % 4 != 0 || s.page_stride % 4 != 0;
+  };
+  if (on_cuda && (off4(c.k) || off4(c.v)))
+    fail(NVFP4KV_ERROR_NOT_SUPPORTED,
+         "decode_attention on the GPU needs cache sides whose start and page stride are multiples of 4 bytes "
+         "(the CPU path takes any)");
+
   // The workspace: read by the CUDA path only, and only where it splits the sequences.
   const int64_t max_blocks = bt.size(1);
   const int64_t splits = decode_splits(B, c.H, max_blocks);
   // An empty batch splits nothing and needs none, as nvfp4kv_decode_workspace_size says (0 bytes).
-  const int64_t need = where(c.device, c.k_name) == Where::kCuda && splits > 1
+  const int64_t need = on_cuda && splits > 1
                            ? decode_workspace_bytes(B, q_len, Hq, c.H, c.v.D, max_blocks)
                            : 0;
   const bool use_workspace = need > 0;
@@ -608,7 +623,7 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
   if (use_workspace) {
     if (!workspace)
       fail(NVFP4KV_ERROR_INVALID_VALUE,
-           "workspace: NULL, but %lld sequences of %lld KV heads and %lld blocks split on the GPU and need "
+           "workspace: NULL, but %lld sequences of %lld KV heads and %lld blocks may split on the GPU and need "
            "%lld bytes of workspace (nvfp4kv_decode_workspace_size, nvfp4kv.decode_workspace)",
            static_cast<long long>(B), static_cast<long long>(c.H), static_cast<long long>(max_blocks),
            static_cast<long long>(need));

@@ -519,6 +519,15 @@ def test_cuda_refuses_what_only_the_cpu_takes():
     out_d = torch.full((2, 8, 64), 7.0, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="equal K and V head sizes"):
         nv.decode_attention(q, kc, bt, sl, 1.0, 1.0, value_cache=vc, scale_layout="linear", out=out_d)
+    # Found by review: an empty batch returned success, and a geometry that splits asked for its
+    # workspace (ValueError) before refusing the head sizes.
+    with pytest.raises(RuntimeError, match="equal K and V head sizes"):
+        nv.decode_attention(q[:0], kc, bt[:0], sl[:0], 1.0, 1.0, value_cache=vc, scale_layout="linear",
+                            out=out_d[:0])
+    wide = torch.zeros(2, 64, dtype=torch.int32, device="cuda")  # 64 columns: 2 sequences split
+    assert nv.decode_workspace_bytes(2, 1, 8, 2, 64, 64) > 0
+    with pytest.raises(RuntimeError, match="equal K and V head sizes"):
+        nv.decode_attention(q, kc, wide, sl, 1.0, 1.0, value_cache=vc, scale_layout="linear", out=out_d)
     kv, bt, sl, q = make(2, 40, 2, 4, 64, 16)
     out_a = torch.full(q.shape, 7.0, dtype=q.dtype, device="cuda")
     with pytest.raises(RuntimeError, match="multiples of 4 bytes"):

@@ -235,8 +235,10 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_gather_dequant(const DLTensor* kv_cache,
  * out:          [B * q_len, Hq, Dv], the query's dtype, last stride 1, on the cache's device.
  * lse:          NULL, or [B * q_len, Hq] float32: natural log of each row's softmax
  *               denominator, with the logits scaled (k_scale * sm_scale) and capped.
- * workspace:    split-KV partials. Used by the CUDA path when the geometry splits sequences
- *               (nvfp4kv_decode_workspace_size gives more than 0 bytes), and then required:
+ * workspace:    split-KV partials. Required by the CUDA path where the geometry may split
+ *               sequences (nvfp4kv_decode_workspace_size gives more than 0 bytes: sized from the
+ *               geometry alone for the most splits it allows; a call with pages shorter than 16
+ *               tokens or a window may split less and use part of it, or none):
  *               float32 or uint8, contiguous, 16-byte aligned, at least that size, on the cache's
  *               device, sharing no byte with any other argument; its contents need no
  *               initialization. Unused otherwise (and always on the CPU: NULL is fine), where
