@@ -180,6 +180,19 @@ def test_gather_every_view_matches_reference(nv, backend, view, layout, scale_la
                      pass_cu=bool(i % 2), strided=(i == 1), seed=i)
 
 
+@pytest.mark.parametrize("T", (5, 12))
+@pytest.mark.parametrize("layout", ("HND", "NHD"))
+def test_gather_pages_of_a_block_size_not_a_power_of_two(nv, T, layout):
+    # Found by mutation testing: finding a position's page by a shift instead of a division
+    # passed every CPU test, whose block sizes were all powers of two.
+    N, H, D = 6, 2, 32
+    cache = make_cache(N, T, H, D, "5d", layout, "numpy", seed=T)
+    rng = np.random.default_rng(T)
+    bt = random_table(rng, 3, 4, N, bad=False)
+    seq_lens = np.array([4 * T, 2 * T + 3, T - 1], np.int64)  # sequences that cross pages
+    check_gather(nv, cache, bt, seq_lens, 0.5, 2.0, "linear", "float32")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bad_block_table_entries_give_zeros(nv, backend):
     N, T, H, D = 3, 4, 2, 32
