@@ -19,7 +19,7 @@ Outputs (re-running reproduces them; everything is seeded):
   docs/accuracy/results.json          every number
   docs/accuracy.md                    the block between the GENERATED markers is rewritten
 
-Usage, from the repository root (CPU only, about a minute on 2 cores):
+Usage, from the repository root (CPU only, about 3 minutes on 2 cores):
   python tools/accuracy_study.py            # full run, writes the docs
   python tools/accuracy_study.py --quick    # 13 sweep points, no MiniLM, writes nothing
 

@@ -4,7 +4,8 @@ The reference is the issue's definition: attention in float64 (NumPy) over what
 nvfp4kv.dequantize() gives for the cache (float32, the global scales applied), with the query's
 bf16/fp16 values, the soft cap, the window, causal query rows and masked block-table entries.
 The CPU path computes in fp32 and rounds the output to the query's dtype, so it is held to a
-relative L2 error (REL_L2_TOL, over the whole output) and lse to an absolute error (LSE_TOL).
+relative L2 error (REL_L2_TOL for bf16, REL_L2_TOL_FP16 for fp16, over the whole output) and lse
+to an absolute error (LSE_TOL).
 Rows that see no position must be exactly 0 with lse -inf. Rejected calls must leave out and lse
 bit for bit as they were.
 """
@@ -20,8 +21,14 @@ nvfp4kv = pytest.importorskip("nvfp4kv")
 import nvfp4kv.ops  # noqa: E402,F401  (registers the ops even if torch came after nvfp4kv)
 
 # The tolerances of the CPU path against the float64 reference (stated once).
-REL_L2_TOL = 4e-3  # relative L2 error of out (bf16 rounding alone is ~1.1e-3)
-LSE_TOL = 1e-4     # absolute error of lse
+REL_L2_TOL = 4e-3       # relative L2 error of a bf16 out (the issue's bound; bf16 rounding alone gives 1.6-1.7e-3)
+REL_L2_TOL_FP16 = 1e-3  # of an fp16 out (measured on the CPU path: at most 2.1e-4; review)
+LSE_TOL = 1e-4          # absolute error of lse
+
+
+def rel_l2_tol(dtype):
+    """The bound for an output of this torch dtype."""
+    return REL_L2_TOL_FP16 if dtype == torch.float16 else REL_L2_TOL
 
 MEASURED = {"rel_l2": 0.0, "lse": 0.0}  # the largest errors seen in this run (for reports)
 
@@ -131,7 +138,8 @@ def check(cache, q, bt, seq_lens, q_len=1, k_scale=0.02, v_scale=0.03, scale_lay
     err = np.linalg.norm(o - want) / den if den > 0 else np.linalg.norm(o)
     lse_err = np.abs(l64[~empty] - want_lse[~empty]).max() if (~empty).any() else 0.0
     MEASURED["rel_l2"], MEASURED["lse"] = max(MEASURED["rel_l2"], err), max(MEASURED["lse"], lse_err)
-    assert err <= REL_L2_TOL, f"relative L2 error {err:.3g} > {REL_L2_TOL}"
+    tol = rel_l2_tol(q.dtype)
+    assert err <= tol, f"relative L2 error {err:.3g} > {tol}"
     assert lse_err <= LSE_TOL, f"lse error {lse_err:.3g} > {LSE_TOL}"
     return err, lse_err
 

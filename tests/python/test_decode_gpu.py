@@ -68,6 +68,7 @@ def check_against_cpu(kv, bt, sl, q, shift=0, **kw):
     """The GPU's output and lse against the CPU path's (the same -inf rows); returns both outputs."""
     want, want_lse = run(kv, bt, sl, q, "cpu", **kw)
     got, got_lse = run(kv, bt, sl, q, "cuda", shift=shift, **kw)
+    print(f"\ndecode GPU vs CPU ({q.dtype}): rel L2 {close(got, want):.2e}")
     assert close(got, want) <= REL_L2
     assert torch.equal(got_lse.isinf(), want_lse.isinf())
     fin = ~want_lse.isinf()
@@ -559,7 +560,7 @@ def check_gpu(cache, q, bt, sl, q_len=1, k_scale=0.02, v_scale=0.03, scale_layou
     err = np.linalg.norm(o - want) / den if den > 0 else np.linalg.norm(o)
     lse_err = np.abs(l64[~empty] - want_lse[~empty]).max() if (~empty).any() else 0.0
     GPU_MEASURED["rel_l2"], GPU_MEASURED["lse"] = max(GPU_MEASURED["rel_l2"], err), max(GPU_MEASURED["lse"], lse_err)
-    print(f"\ndecode GPU vs float64: rel L2 {err:.2e}, lse {lse_err:.1e}")
+    print(f"\ndecode GPU vs float64 ({q.dtype}): rel L2 {err:.2e}, lse {lse_err:.1e}")
     assert err <= REL_L2_TOL and lse_err <= LSE_TOL, (err, lse_err)
 
 
