@@ -163,9 +163,11 @@ class ScaleTracker:
     :meth:`update` folds ``max |key|`` and ``max |value|`` into the layer's running maxima through
     ``nvfp4kv_amax`` (accumulating, on the caller's stream): no host synchronization, no
     allocation after the first use, fixed addresses, so it can be captured in a CUDA graph (allocate
-    first: pass ``device`` or run one update before the capture). :meth:`k_scales` and
-    :meth:`v_scales` give the decode scales ``amax * margin / 448``, computed on the device.
-    A NaN in the data makes that layer's amax NaN (sticky until :meth:`reset`).
+    first: pass ``device`` or run one update before the capture; allocate first as well before
+    updating from several threads at once, since two first updates would each allocate).
+    :meth:`k_scales` and :meth:`v_scales` give the decode scales ``amax * margin / 448``,
+    computed on the device. A NaN in the data makes that layer's amax NaN (sticky until
+    :meth:`reset`).
     """
 
     def __init__(self, layers: Union[int, Sequence[str]], device: Any = None):

@@ -45,18 +45,27 @@ int usable_cpus() {
   return c ? static_cast<int>(c) : 1;
 }
 
+// A value of NVFP4KV_CPU_THREADS that is not a whole number in [0, kMaxCpuThreads] is ignored (auto).
+int env_threads() {
+  const char* v = getenv("NVFP4KV_CPU_THREADS");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long n = strtol(v, &end, 10);
+  return errno == 0 && *end == '\0' && n >= 0 && n <= kMaxCpuThreads ? static_cast<int>(n) : 0;
+}
+
+// The environment and the CPUs, read at the first call: kept in atomics, not function-local
+// statics, whose initialization guard, held by a thread reading them when another forks the
+// process, would block the child's first call for ever (review). Threads that both read first
+// store the same values.
+std::atomic<int> g_env_threads{-1}, g_cpus{-1};
+
 int configured_threads() {
-  // The environment and the CPUs are read once per process. A value of NVFP4KV_CPU_THREADS that
-  // is not a whole number in [0, kMaxCpuThreads] is ignored (auto).
-  static const int env = [] {
-    const char* v = getenv("NVFP4KV_CPU_THREADS");
-    if (!v || !*v) return 0;
-    char* end = nullptr;
-    errno = 0;
-    const long n = strtol(v, &end, 10);
-    return errno == 0 && *end == '\0' && n >= 0 && n <= kMaxCpuThreads ? static_cast<int>(n) : 0;
-  }();
-  static const int cpus = std::min(usable_cpus(), kMaxAutoThreads);
+  int env = g_env_threads.load(std::memory_order_relaxed);
+  if (env < 0) g_env_threads.store(env = env_threads(), std::memory_order_relaxed);
+  int cpus = g_cpus.load(std::memory_order_relaxed);
+  if (cpus < 0) g_cpus.store(cpus = std::min(usable_cpus(), kMaxAutoThreads), std::memory_order_relaxed);
   const int n = g_threads.load(std::memory_order_relaxed);
   const int want = n < 0 ? env : n;
   return want > 0 ? want : cpus;
