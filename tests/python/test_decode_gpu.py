@@ -18,8 +18,9 @@ if not nv.build_info()["cuda_available"]:
     pytest.skip("no CUDA build of nvfp4kv", allow_module_level=True)
 
 # The GPU and the CPU path round differently (order of sums, exp), both against the same fp64
-# attention; their outputs agree far inside the 4e-3 the fp64 comparison allows.
-REL_L2 = 4e-3
+# attention; their outputs agree far inside the 4e-3 the fp64 comparison allows (H100, a19b264:
+# at most 9.4e-4 over 186 comparisons, median 1.6e-5).
+REL_L2 = 2e-3
 
 
 def make(B, L, H, group, D, T, q_len=1, form="5d", scale_layout="vllm", dtype=torch.bfloat16, seed=0,
@@ -455,7 +456,7 @@ def test_cuda_call_allocates_nothing_and_never_syncs():
 # The GPU reader held directly to the issue's reference (float64 attention over dequantize() of
 # the cache), with the CPU tests' tolerances, for every geometry the CPU path is tested on.
 from conftest import minus_inf_logits_case, view_combos  # noqa: E402
-from test_decode import LSE_TOL, ODD_GROUPS_Q_LEN, REL_L2_TOL, million_token_setup, reference, setup  # noqa: E402
+from test_decode import LSE_TOL, ODD_GROUPS_Q_LEN, million_token_setup, reference, rel_l2_tol, setup  # noqa: E402
 
 GPU_MEASURED = {"rel_l2": 0.0, "lse": 0.0}
 
@@ -561,7 +562,7 @@ def check_gpu(cache, q, bt, sl, q_len=1, k_scale=0.02, v_scale=0.03, scale_layou
     lse_err = np.abs(l64[~empty] - want_lse[~empty]).max() if (~empty).any() else 0.0
     GPU_MEASURED["rel_l2"], GPU_MEASURED["lse"] = max(GPU_MEASURED["rel_l2"], err), max(GPU_MEASURED["lse"], lse_err)
     print(f"\ndecode GPU vs float64 ({q.dtype}): rel L2 {err:.2e}, lse {lse_err:.1e}")
-    assert err <= REL_L2_TOL and lse_err <= LSE_TOL, (err, lse_err)
+    assert err <= rel_l2_tol(q.dtype) and lse_err <= LSE_TOL, (err, lse_err)
 
 
 @pytest.mark.parametrize("D", [64, 128, 256])
