@@ -562,6 +562,52 @@ def test_only_key_out_given_of_a_wrong_dtype_is_blamed_on_key_out():
         nv.dequantize(cache.kv_cache, key_out=torch.zeros(N, T, H, D, dtype=torch.int32), **LINEAR)
 
 
+# ------------------------------------------- 7b. checks that mutation testing found untested
+def test_sides_of_different_page_counts_are_rejected():
+    # Nothing else guards N: with this check removed, slot 15 of a 4-page key side went to page 3
+    # of a 1-page value side, 144 bytes past its end (review).
+    buf = poison(5 * T * H * F + 2 * GUARD)
+    kc = view_as(buf, GUARD, torch.uint8, (4, T, H, F))
+    vc = view_as(buf, GUARD + 4 * T * H * F, torch.uint8, (1, T, H, F))
+    key, value, _ = inputs()
+    check = unchanged(buf)
+    with pytest.raises(ValueError, match=r"value_cache: shape .* does not match key_cache"):
+        nv.reshape_and_cache_flash(key, value, kc, vc, torch.tensor([15, 0, 1]), "nvfp4", 1.0, 1.0, **LINEAR)
+    with pytest.raises(ValueError, match=r"value_cache: shape .* does not match key_cache"):
+        nv.dequantize(kc, value_cache=vc, **LINEAR)
+    check()
+
+
+@pytest.mark.parametrize("scale", [np.array([1.0, 2.0], np.float32), np.ones(3, np.float32),
+                                   np.zeros(0, np.float32), torch.ones(2), torch.ones(1, 2)])
+@pytest.mark.parametrize("which", ["k_scale", "v_scale"])
+def test_a_scale_of_other_than_one_element_is_rejected(scale, which):
+    cache, call = small_store()
+    before = cache.snapshot()
+    with pytest.raises(ValueError, match=rf"{which}: shape .* expected exactly one element"):
+        call(**{which: scale})
+    with pytest.raises(ValueError, match=rf"{which}: shape .* expected exactly one element"):
+        nv.dequantize(cache.kv_cache, **{which: scale}, **LINEAR)
+    assert np.array_equal(cache.snapshot(), before)
+
+
+def test_strided_or_misaligned_workspaces_are_rejected():
+    cache, call = small_store()
+    before = cache.snapshot()
+    need = nv.store_workspace_bytes(N, T)
+    with pytest.raises(ValueError, match="workspace: address not a multiple of 4 bytes"):
+        call(workspace=torch.zeros(need + 4, dtype=torch.uint8)[1:need + 1])
+    assert np.array_equal(cache.snapshot(), before)
+    # decode: any workspace given is checked on the CPU too (the C ABI's promise)
+    q = torch.randn(2, 2 * H, D).to(torch.bfloat16)
+    out = torch.full((2, 2 * H, D), 7.0, dtype=torch.bfloat16)
+    args = (q, cache.kv_cache, torch.tensor([[0], [1]]), torch.tensor([3, 4]), 1.0, 1.0)
+    for ws in (torch.zeros(64)[::2], torch.zeros(8, 8, dtype=torch.uint8).t()):
+        with pytest.raises(ValueError, match="workspace: shape .* is not contiguous"):
+            nv.decode_attention(*args, out=out, workspace=ws, **LINEAR)
+    assert bool((out == 7.0).all())
+
+
 # -------------------------------------------------- 8. tensors without memory (meta tensors)
 def test_meta_tensor_as_key_or_cache_is_a_value_error():
     cache, _ = small_store()
