@@ -423,6 +423,18 @@ def test_plan_llama_8b_hand_computed():
     assert f["nvfp4"]["bytes_per_token"] == 32 * 8 * 144 == 36864
 
 
+
+def test_plan_context_not_a_multiple_of_the_block_size():
+    # 8200 tokens of 16 take 513 pages, the last partly filled (mutation testing: pages per
+    # sequence rounded down passed every test, whose contexts were multiples of the block size).
+    r = run_json("plan", "--model", "llama-3.1-8b", "--memory", "80GiB", "--utilization", "0.9", "--weights",
+                 "16GiB", "--block-size", "16", "--context", "8200")
+    assert r["pages_per_sequence"] == 513
+    f = _by_name(r)
+    assert f["nvfp4"]["pages"] == 101944  # as at 8192 (test above): the budget is the same
+    assert f["nvfp4"]["max_sequences"] == 101944 // 513 == 198
+    assert f["bf16"]["max_sequences"] == 28672 // 513 == 55
+
 def test_plan_qwen_7b_decimal_units_hand_computed():
     r = run_json(
         "plan",
