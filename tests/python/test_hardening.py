@@ -418,17 +418,25 @@ def test_option_string_with_a_nul_is_rejected(arg, value):
     assert np.array_equal(cache.snapshot(), before)
 
 
-@pytest.mark.parametrize("scale", [True, False, np.bool_(True), np.array(True)],
-                         ids=["True", "False", "np.bool_", "0-d bool array"])
+BOOL = (TypeError, "a bool")
+ONE_ELEMENT = (ValueError, "shape .* expected exactly one element")  # untested until mutation testing
+
+
+@pytest.mark.parametrize("scale,error", [
+    (True, BOOL), (False, BOOL), (np.bool_(True), BOOL), (np.array(True), BOOL),
+    (np.array([1.0, 2.0], np.float32), ONE_ELEMENT), (np.ones(3, np.float32), ONE_ELEMENT),
+    (np.zeros(0, np.float32), ONE_ELEMENT), (torch.ones(2), ONE_ELEMENT), (torch.ones(1, 2), ONE_ELEMENT)],
+    ids=["True", "False", "np.bool_", "0-d bool array", "2 floats", "3 floats", "empty", "torch 2", "torch 1x2"])
 @pytest.mark.parametrize("arg", ["k_scale", "v_scale"])
-def test_bool_scale_is_a_type_error(arg, scale):
+def test_bool_or_not_one_element_scale_is_rejected(arg, scale, error):
     cache, call = small_store()
     before = cache.snapshot()
-    with pytest.raises(TypeError, match=rf"{arg}: a bool"):
+    exc, text = error
+    with pytest.raises(exc, match=rf"{arg}: {text}"):
         call(**{arg: scale})
-    with pytest.raises(TypeError, match=rf"{arg}: a bool"):
-        nv.prepare_store(cache.kv_cache, **{arg: scale}, **LINEAR)
-    with pytest.raises(TypeError, match=rf"{arg}: a bool"):
+    with pytest.raises(exc, match=rf"{arg}: {text}"):  # when prepared (a bool) or when called
+        nv.prepare_store(cache.kv_cache, **{arg: scale}, **LINEAR)(*inputs())
+    with pytest.raises(exc, match=rf"{arg}: {text}"):
         nv.dequantize(cache.kv_cache, **{arg: scale}, **LINEAR)
     assert np.array_equal(cache.snapshot(), before)
 
@@ -576,19 +584,6 @@ def test_sides_of_different_page_counts_are_rejected():
     with pytest.raises(ValueError, match=r"value_cache: shape .* does not match key_cache"):
         nv.dequantize(kc, value_cache=vc, **LINEAR)
     check()
-
-
-@pytest.mark.parametrize("scale", [np.array([1.0, 2.0], np.float32), np.ones(3, np.float32),
-                                   np.zeros(0, np.float32), torch.ones(2), torch.ones(1, 2)])
-@pytest.mark.parametrize("which", ["k_scale", "v_scale"])
-def test_a_scale_of_other_than_one_element_is_rejected(scale, which):
-    cache, call = small_store()
-    before = cache.snapshot()
-    with pytest.raises(ValueError, match=rf"{which}: shape .* expected exactly one element"):
-        call(**{which: scale})
-    with pytest.raises(ValueError, match=rf"{which}: shape .* expected exactly one element"):
-        nv.dequantize(cache.kv_cache, **{which: scale}, **LINEAR)
-    assert np.array_equal(cache.snapshot(), before)
 
 
 def test_strided_or_misaligned_workspaces_are_rejected():
