@@ -259,6 +259,32 @@ def test_long_sequences(D, window):
     check(cache, q, bt, sl, q_len=2, window=window)
 
 
+def test_a_maximum_that_rises_late_in_a_long_sequence():
+    # The CPU path sums positions in levels, the top one holding sums from the 4096th position on;
+    # a row's maximum that rises there must rescale every level (mutation testing: skipping the
+    # top level passed every test, whose maxima settled early). The last page's K is the first
+    # query head's row, twice: a logit of about 64 against about 15 before it.
+    T, D = 16, 64
+    cache, q, bt, sl = setup(N=600, T=T, H=1, D=D, B=1, group=4, seed=3, seq_lens=[9000])
+    page = int(bt[0, 8999 // T])
+    k = (2 * q[0, 0].float()).expand(T, 1, D).contiguous()
+    nvfp4kv.store(k, torch.randn(T, 1, D), slot_mapping=torch.arange(page * T, (page + 1) * T), k_scale=0.02,
+                  v_scale=0.03, **cache.kwargs())
+    check(cache, q, bt, sl)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_one_position_gives_its_value_rounded_once(dtype):
+    # Weight 1: out is the dequantized V row times v_scale, rounded once to the query's dtype,
+    # exactly, a zero's sign aside (the sums start at +0) (mutation testing: a truncating bf16
+    # output stayed inside the 4e-3 bound).
+    cache, q, bt, sl = setup(N=8, T=16, H=2, D=128, B=8, group=4, dtype=dtype, seed=5, seq_lens=[1] * 8)
+    out = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03)
+    _, vd = nvfp4kv.dequantize(cache.kv_cache, 0.02, 0.03, dtype="float32")
+    want = vd[bt[:, 0].long(), 0].repeat_interleave(4, dim=1).to(TORCH_DTYPE[dtype])  # [B, Hq, D]
+    assert torch.equal(out.float(), want.float())
+
+
 def million_token_setup(window, seed, D=64, N=48, T=16, index="int32"):
     """Two sequences, of 2^20 + 77 positions (the issue asks for at least 1M) and of 1000, whose
     block tables repeat N pages in random order, with masked entries (-1 and N) among them: every
