@@ -518,7 +518,8 @@ def tokens_from_groups(groups, H, D, rng, n=None):
 
 # -------------------------------------------------------------------------- tokens and slots
 def scatter_slots(rng, n, N, T, dtype="int64"):
-    """n distinct valid slots in random order (duplicates are not specified by the contract)."""
+    """n distinct valid slots in random order (duplicates: the last token wins on the CPU only, as
+    c-api.md says; test_cpu_threads.py stores them)."""
     assert n <= N * T
     return rng.permutation(N * T)[:n].astype(dtype)
 
