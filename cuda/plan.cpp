@@ -118,7 +118,9 @@ int64_t gather_pages_blocks_per_seq(const GatherShape& s, const PagesPlan& pages
   const int64_t share = std::max<int64_t>(1, resident / std::max<int64_t>(1, s.B));
   const int64_t per_seq =
       std::max(std::min(pages.units_per_seq, share), (pages.units_per_seq + kPageStages - 1) / kPageStages);
-  return std::max<int64_t>(1, per_seq);
+  // At most gridDim.x's 2^31 - 1 (terabyte outputs passed it: review); the blocks stride through
+  // the units, so fewer take more rounds each.
+  return std::max<int64_t>(1, std::min<int64_t>(per_seq, INT32_MAX));
 }
 
 bool decode_cluster_merge(DecodeKernel kind, int64_t splits, int64_t blocks, const DeviceInfo& d) {

@@ -162,6 +162,11 @@ static void test_gather() {
   p = plan_gather_pages(s, kH200);
   CHECK(gather_pages_blocks_per_seq(s, p, resident) == p.units_per_seq / kPageStages, "1M pages: %lld",
         static_cast<long long>(gather_pages_blocks_per_seq(s, p, resident)));
+  // Terabyte outputs: the grid's x stays within CUDA's 2^31 - 1 (review: 2^34 tokens of T 4 gave
+  // 2^31 blocks, 2^35 a cast to 0).
+  p.units_per_seq = int64_t{1} << 40;
+  CHECK(gather_pages_blocks_per_seq(s, p, resident) == INT32_MAX, "2^40 units: %lld",
+        static_cast<long long>(gather_pages_blocks_per_seq(s, p, resident)));
 }
 
 void test_decode() {
