@@ -353,6 +353,16 @@ void import_optional(Arg& a, nb::handle obj, const char* name, bool writable) {
   if (!obj.is_none()) import_array(a, obj, name, writable);
 }
 
+// x as the C ABI's float, converted and compared in IEEE mode: the caller's FTZ must not flush a
+// subnormal to 0, nor its DAZ read one as 0 in the test. `lost`: x finite and nonzero, but 0 or
+// infinite as a float.
+float to_float32(double x, bool* lost) {
+  const nvfp4kv::FloatModeGuard ieee;
+  const float f = static_cast<float>(x);
+  *lost = std::isfinite(x) && x != 0.0 && (f == 0.0f || std::isinf(f));
+  return f;
+}
+
 // A global scale: a Python number becomes a host float32 scalar, anything else an array.
 void import_scale(Arg& a, nb::handle obj, const char* name) {
   if (PyBool_Check(obj.ptr()))
@@ -362,12 +372,8 @@ void import_scale(Arg& a, nb::handle obj, const char* name) {
     const double v = PyFloat_AsDouble(obj.ptr());  // ints too; OverflowError past the double range
     const bool past_double = v == -1.0 && PyErr_Occurred();
     if (past_double) PyErr_Clear();
-    bool lost;  // a finite number that float32 cannot hold: it became inf, or 0
-    {
-      const nvfp4kv::FloatModeGuard ieee;  // the caller's FTZ must not flush a subnormal scale to 0
-      a.scalar = static_cast<float>(v);    // (nor its DAZ read one as 0 in the test below)
-      lost = std::isfinite(v) && (std::isinf(a.scalar) || (a.scalar == 0.0f && v != 0.0));
-    }
+    bool lost;
+    a.scalar = to_float32(v, &lost);
     // A number the C ABI's float cannot hold is named here: the ABI would report the inf or the 0
     // it became.
     if (past_double || lost) {
@@ -608,12 +614,9 @@ void gather_dequant(nb::handle kv_cache, nb::handle value_cache, nb::handle bloc
 // become 0 or infinite: a soft cap of 1e-50 would turn into "no cap", -1e-50 into an accepted
 // -0) is a ValueError naming it; NaN and infinities go on to the C ABI's checks.
 float scalar_float(double x, const char* name) {
-  float f;
-  {
-    const nvfp4kv::FloatModeGuard ieee;  // no flush of a subnormal to 0 on the way to float
-    f = static_cast<float>(x);
-  }
-  if (std::isfinite(x) && x != 0.0 && (f == 0.0f || std::isinf(f))) {
+  bool lost;
+  const float f = to_float32(x, &lost);
+  if (lost) {
     char msg[160];
     snprintf(msg, sizeof msg, "%s: %.9g received; outside float32's range (the C ABI takes a float)", name, x);
     throw nb::value_error(msg);

@@ -642,6 +642,18 @@ def flush_denormal():
         torch.set_flush_denormal(False)
 
 
+def test_flush_denormal_mode_keeps_a_subnormal_sm_scale():
+    # The binding compared the float32 it made outside its IEEE-mode guard: under DAZ a subnormal
+    # sm_scale read as 0 and was refused as "outside float32's range" (found rereading the change).
+    cache = filled_cache()
+    args = (torch.randn(2, 2 * H, D, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16),
+            cache.kv_cache, torch.tensor([[0], [1]]), torch.tensor([3, 4]), 1.0, 1.0)
+    want = nv.decode_attention(*args, sm_scale=1e-40, **LINEAR)
+    with flush_denormal():
+        got = nv.decode_attention(*args, sm_scale=1e-40, **LINEAR)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
 @pytest.mark.parametrize("g", [1.0, 1e-38], ids=["g=1", "g=1e-38 (subnormal)"])
 def test_flush_denormal_mode_changes_no_byte(g):
     rng = np.random.default_rng(11)
