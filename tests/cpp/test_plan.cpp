@@ -91,6 +91,21 @@ static void test_store() {
   CHECK(select_store_variant(s, kH200, PAGE) == StoreVariant::kSorted, "page order at the most heads");
   s.H = kSortedMaxHeads + 1;
   CHECK(select_store_variant(s, kH200, PAGE) == StoreVariant::kPairs, "more heads: token order");
+  CHECK(kSortedMaxHeads == 524280, "16 warps a block, 2 rows a head, 65535 blocks along y");
+  // Page order only where K and V rows have one size made of whole pairs that tile a warp; group
+  // pairs only where both sides have an even number of groups (found by mutation testing).
+  s = store_shape(4 * at);
+  s.workspace = true;
+  s.Dk = 32;
+  s.Dv = 64;
+  CHECK(select_store_variant(s, kH200, PAGE) == StoreVariant::kPairs, "Dk != Dv: token order");
+  s.Dk = s.Dv = 96;  // 3 pairs a row: not a divisor of 32
+  CHECK(select_store_variant(s, kH200, PAGE) == StoreVariant::kPairs, "D 96: token order");
+  s = store_shape(kSmallPerSm * 132 + 1);
+  s.H = 1;
+  s.Dk = 32;
+  s.Dv = 16;  // one V group: no pairs
+  CHECK(select_store_variant(s, kH200, AUTO) == StoreVariant::kVec, "Dv 16: one group per item");
 }
 
 static GatherShape gather_shape(int64_t B, int64_t len) {
@@ -151,6 +166,39 @@ static void test_gather() {
   s.layout = Layout::kNHD;
   s.H = 6;
   CHECK(plan_gather_pages(s, kH200).heads == 0, "NHD with H 6 (not a power of two)");
+  // Each unit's runs must start and end on 16 bytes (bulk copies): H 1, T 1, D 128 has 8-byte
+  // scale runs; head sizes from 64; a unit's chunks in one pass of the block's threads (HND D 512,
+  // H 8: 4 heads a unit; NHD cannot split a page's heads). Found by mutation testing.
+  s = gather_shape(8, 2048);
+  s.H = 1;
+  s.T = 1;
+  CHECK(plan_gather_pages(s, kH200).heads == 0, "8-byte scale runs");
+  s = gather_shape(8, 2048);
+  s.H = 1;
+  s.T = 8;
+  s.Dk = 32;
+  s.Dv = 64;
+  CHECK(plan_gather_pages(s, kH200).heads == 0, "Dk 32");
+  s = gather_shape(8, 2048);
+  s.T = 1;
+  s.Dk = s.Dv = 512;
+  CHECK(plan_gather_pages(s, kH200).heads == 4, "HND D 512, T 1: %lld heads", static_cast<long long>(plan_gather_pages(s, kH200).heads));
+  s.layout = Layout::kNHD;
+  CHECK(plan_gather_pages(s, kH200).heads == 0, "NHD D 512, T 1");
+  // Row pairs need both sides' code rows 16-byte aligned.
+  s = gather_shape(8, 2048);
+  s.k_aligned16 = false;
+  CHECK(!gather_pairs_ok(s), "K side 8-byte aligned");
+  s = gather_shape(8, 2048);
+  s.v_aligned16 = false;
+  CHECK(!gather_pairs_ok(s), "V side 8-byte aligned");
+  // A block table of no columns is a valid call (every token masked): still one block a sequence.
+  s = gather_shape(1, 1);
+  s.max_blocks = 0;
+  p = plan_gather_pages(s, kH200);
+  CHECK(gather_rows_blocks_per_seq(s, 2, resident) == 1 && gather_pages_blocks_per_seq(s, p, resident) == 1,
+        "no columns: %lld, %lld", static_cast<long long>(gather_rows_blocks_per_seq(s, 2, resident)),
+        static_cast<long long>(gather_pages_blocks_per_seq(s, p, resident)));
   s = gather_shape(1, 64);  // 32 block steps: one wave, a block per step
   CHECK(gather_rows_blocks_per_seq(s, 2, resident) == 32, "64 tokens");
   // Grid sizes: one wave of the row kernel for small gathers, up to four for large ones; the
@@ -178,6 +226,10 @@ void test_decode() {
   for (int T : {1, 2, 3, 4, 8, 12, 24, 40})  // every block size: a tile in its tokens' pages
     CHECK(select_decode_kernel({T, 128, true, false, true}) == DecodeKernel::kMma, "T %d", T);
   CHECK(select_decode_kernel({3, 64, true, false, true}) == DecodeKernel::kMma, "T 3, D 64");
+  for (int T : {1, 2, 3, 4, 8, 12, 15, 17, 24, 40})  // a 16-token tile may cross pages
+    CHECK(decode_per_token_pages(T), "T %d: per-token pages", T);
+  for (int T : {16, 32, 48, 64, 256})
+    CHECK(!decode_per_token_pages(T), "T %d: a tile in one page", T);
   CHECK(select_decode_kernel({12, 128, false, false, true}) == DecodeKernel::kLanes, "T 12, unaligned sides");
   for (int T = 1; T <= 64; ++T)  // the unit: the fewest whole pages that make a multiple of 16 tokens
     for (int64_t c = 1; c <= decode_unit_cols(T); ++c)
@@ -204,6 +256,10 @@ void test_decode() {
                 (sp.cols * T) % 16 == 0,
             "T %d, %lld columns: %lld x %lld", T, (long long)cols, (long long)sp.splits, (long long)sp.cols);
     }
+  // Columns past int32 (an 8 GiB block table): the splits still cover the table.
+  sp = plan_decode_split(1, 1, int64_t{1} << 31, 16);
+  CHECK(sp.splits == decode_splits(1, 1, int64_t{1} << 31) && sp.splits > 1 && sp.splits * sp.cols >= int64_t{1} << 31,
+        "2^31 columns: %lld x %lld", (long long)sp.splits, (long long)sp.cols);
   sp = plan_decode_split(1, 8, 4096, 12);  // 1 x 49152 at T 12: splits of whole 48-token units
   CHECK(sp.splits == decode_splits(1, 8, 1024) && sp.cols % 4 == 0, "1 x 49152, T 12: %lld x %lld", (long long)sp.splits,
         (long long)sp.cols);
@@ -232,6 +288,15 @@ void test_decode() {
         "a window past int64: the table");
   CHECK(decode_span_cols(int64_t{1} << 44, 1 << 20, 1, INT64_MAX - 8) == int64_t{1} << 44,
         "a window near int64's end over a table past it: the table, no overflow");
+  // Counts past 32 bits (tables of 2^31 columns or more; found by mutation testing).
+  CHECK(decode_span_cols((int64_t{1} << 31) + 2, 1, 1, (int64_t{1} << 31) - 16) == int64_t{1} << 31,
+        "a window of 2^31 tokens at T 1: %lld", (long long)decode_span_cols((int64_t{1} << 31) + 2, 1, 1, (int64_t{1} << 31) - 16));
+  {
+    const auto div16 = [](int64_t x) { return x / 16; };
+    const SplitCols sc = decode_split_cols(int64_t{1} << 36, 0, 1, int64_t{1} << 32, 0, false, -1, 1, div16);
+    CHECK(sc.col == 0 && sc.cols == int64_t{1} << 32, "one split of 2^32 columns: %lld + %lld", (long long)sc.col,
+          (long long)sc.cols);
+  }
   CHECK(decode_span_cols(256, 16, 1, 1023) == 65, "window 1023 at T 16: %lld", (long long)decode_span_cols(256, 16, 1, 1023));
 
   // Each sequence's splits (decode_split_cols over the plan of the span): for every length, the
