@@ -62,6 +62,8 @@ def check_json_path(path: str, *, new: bool) -> str:
         raise ValueError("empty path")
     if os.path.isdir(path):
         raise ValueError(f"{path!r} is a directory")
+    if path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)):  # abspath would drop it
+        raise ValueError(f"{path!r} names a directory, not a file")
     if new and os.path.lexists(path):
         raise ValueError(f"{path!r} exists; choose a new path (nothing is overwritten)")
     parent = os.path.dirname(os.path.abspath(path))

@@ -133,7 +133,10 @@ def test_json_path_is_checked_before_a_run(tmp_path):
     (tmp_path / "r.json").write_text("{}")
     assert bench.check_json_path(str(tmp_path / "r.json"), new=False)
     for path, needle, new in [(str(tmp_path / "r.json"), "exists", True), (str(tmp_path), "is a directory", False),
-                              (str(tmp_path / "no" / "r.json"), "does not exist", False), (" ", "empty", False)]:
+                              (str(tmp_path / "no" / "r.json"), "does not exist", False), (" ", "empty", False),
+                              # review: a trailing slash passed (abspath drops it), then the write failed
+                              (str(tmp_path / "nodir") + "/", "names a directory", True),
+                              (str(tmp_path / "r.json") + "/", "names a directory", False)]:
         with pytest.raises(ValueError, match=needle):
             bench.check_json_path(path, new=new)
     with pytest.raises(SystemExit) as e:

@@ -369,6 +369,11 @@ def test_bad_argument_in_subprocess_has_no_traceback():
         ("1e9", 1000000000),
         ("123", 123),
         ("123B", 123),
+        ("100000KB", 10**8),  # decimal units are powers of 10 (mutation testing: KB as 2^10 passed)
+        ("3MB", 3 * 10**6),
+        ("2TB", 2 * 10**12),
+        ("3KiB", 3072),
+        ("2TiB", 2 * 2**40),
     ],
 )
 def test_parse_size(text, expected):
@@ -434,6 +439,34 @@ def test_plan_context_not_a_multiple_of_the_block_size():
     assert f["nvfp4"]["pages"] == 101944  # as at 8192 (test above): the budget is the same
     assert f["nvfp4"]["max_sequences"] == 101944 // 513 == 198
     assert f["bf16"]["max_sequences"] == 28672 // 513 == 55
+
+def test_plan_boundaries_from_mutation_testing():
+    """Cases that mutants of plan.py and _common.py passed: sequences counted in pages (a context
+    of 17 takes 2 pages of 16, not 17 tokens), an exact budget at the size limit, the format
+    records' keys, the sliding-window note, the largest count, the length limit of a number and
+    binary units printed from exactly one unit."""
+    r = run_json("plan", "--model", "llama-3.1-8b", "--memory", "80GiB", "--utilization", "0.9", "--weights",
+                 "16GiB", "--block-size", "16", "--context", "17")
+    f = _by_name(r)
+    assert r["pages_per_sequence"] == 2 and f["nvfp4"]["max_sequences"] == 101944 // 2
+    r = run_json("plan", "--memory", "1048576TiB", "--utilization", "0.9")
+    assert r["kv_budget_bytes"] == 2**60 * 9 // 10  # exact, not through a float
+    assert all(set(x) == {"name", "cache_dtype", "page_bytes_per_layer", "page_bytes", "bytes_per_token",
+                          "gain_vs_bf16", "pages", "max_tokens", "max_sequences"} for x in r["formats"])
+    rc, out, _err = run("plan", "--model", "gemma-2-9b")
+    assert rc == 0 and "note: alternates sliding-window (4096)" in out
+    rc, _out, err = run("plan", "--layers", str(2**63 - 1), "--json")
+    assert rc == 0, err
+    rc, _out, err = run("plan", "--utilization", "0." + "9" * 98)  # 100 characters: accepted
+    assert rc == 0, err
+    rc, _out, err = run("plan", "--utilization", "0." + "9" * 99)
+    assert rc == 2 and "too long" in err
+    rc, _out, err = run("plan", "--layers", "0" * 99 + "1", "--json")  # an integer: the same limit
+    assert rc == 0, err
+    rc, _out, err = run("plan", "--layers", "0" * 100 + "1")
+    assert rc == 2 and "too long" in err
+    assert cli._common._human_bytes(2**30) == "1.00 GiB" and cli._common._human_bytes(2**30 - 1) == "1024.00 MiB"
+
 
 def test_plan_qwen_7b_decimal_units_hand_computed():
     r = run_json(

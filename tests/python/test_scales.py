@@ -118,6 +118,9 @@ def test_amax_empty_and_accumulate():
     out[0] = -4.0  # a negative stored amax counts as below every |x|
     nvfp4kv.amax(np.array([0.0], np.float32), out, accumulate=True)
     assert bits(out[0]) == 0
+    out[:] = np.array([0xFFC00000], np.uint32).view(np.float32)  # so does a negative NaN (x86's inf - inf)
+    nvfp4kv.amax(np.array([1.0], np.float32), out, accumulate=True)
+    assert out[0] == 1.0
     with pytest.raises(ValueError, match="accumulate"):
         nvfp4kv.amax(np.ones(3, np.float32), accumulate=True)
 
@@ -530,3 +533,45 @@ def test_tracker_second_review():
         nvfp4kv.amax(None)
     with pytest.raises(TypeError, match="numpy.bool"):
         nvfp4kv.amax(good, np.zeros(1, np.float32), accumulate=np.bool_(True))
+
+
+def test_tracker_mutation_review():
+    """Behaviours that mutants of scales.py passed: a layer past the end (the tracker's message,
+    and no storage fixed by the refused call), a bool is not a layer, a first update whose key
+    folded before its value was refused keeps the key (python-api.md), layer names as a tuple in a
+    state, an amax of shape (n, 1) or of a non-float dtype refused by name."""
+    tr = nvfp4kv.ScaleTracker(2)
+    with pytest.raises(IndexError, match="layer: 2 is out of range; this tracker has 2 layers"):
+        tr.update(2, np.ones(2, np.float32))
+    assert tr.device is None
+    with pytest.raises(TypeError, match="layer: bool"):
+        tr.update(True, np.ones(2, np.float32))
+    with pytest.raises(TypeError, match="value"):
+        tr.update(0, np.full(2, 3.0, np.float32), np.ones(2))  # float64 value
+    assert tr.device == "cpu" and tr.k_amax()[0] == 3.0  # the key was folded: kept
+    with pytest.raises(IndexError, match="layer: 2 is out of range"):
+        tr.update(2, np.ones(2, np.float32))  # with storage too
+    named = nvfp4kv.ScaleTracker(["a", "b"])
+    named.update("b", np.full(2, 5.0, np.float32))
+    state = named.state_dict()
+    state["layers"] = ("a", "b")
+    named.load_state_dict(state)
+    assert named.k_amax()[1] == 5.0
+    good = np.zeros(2, np.float32)
+    for bad, exc, needle in ((np.zeros((2, 1), np.float32), ValueError, r"k_amax of shape \(2, 1\)"),
+                             (np.zeros(2, np.int32), TypeError, "k_amax of dtype int32"),
+                             (np.zeros(2, np.complex64), TypeError, "k_amax of dtype complex64")):
+        with pytest.raises(exc, match=needle):
+            tr.load_state_dict({"layers": 2, "k_amax": bad, "v_amax": good})
+    assert tr.k_amax()[0] == 3.0
+
+
+@needs_torch
+def test_tracker_torch_state_is_a_copy_and_device_a_torch_device():
+    tr = nvfp4kv.ScaleTracker(2, device="cpu")
+    tr.update(0, torch.tensor([1.0]))
+    state = tr.state_dict()
+    tr.update(0, torch.tensor([9.0]))
+    assert state["k_amax"][0].item() == 1.0  # a copy, as documented
+    assert isinstance(tr.device, torch.device) and tr.device.type == "cpu"
+
