@@ -374,8 +374,15 @@ def write_json(path: str, result: Dict, *, replace: bool = True) -> None:
         except FileExistsError:
             raise
         except OSError:  # a file system without hard links: an exclusive create instead
-            with open(tmp) as src, open(path, "x") as dst:
-                dst.write(src.read())
+            with open(tmp) as src:
+                data = src.read()
+            dst = open(path, "x")  # FileExistsError if the name was taken meanwhile
+            try:
+                with dst:
+                    dst.write(data)
+            except BaseException:  # a short write (a full disk): the file made here goes (review)
+                os.unlink(path)
+                raise
         os.unlink(tmp)
     except BaseException:
         if os.path.lexists(tmp):

@@ -112,6 +112,45 @@ def test_write_json_new_file_only(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
 
 
+def test_write_json_without_hard_links_leaves_no_partial_file(tmp_path, monkeypatch):
+    """Found by review: where os.link fails (a file system without hard links) the file is created
+    exclusively and written; a write that failed there (a full disk) left a partial file."""
+    import builtins
+    import errno
+
+    def no_link(src, dst):
+        raise OSError(errno.EPERM, "no hard links here")
+
+    class FullDisk:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            self.f.write(data[:3])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def opener(file, mode="r", *args, **kwargs):
+        f = builtins.open(file, mode, *args, **kwargs)
+        return FullDisk(f) if "x" in mode else f
+
+    monkeypatch.setattr(bench.os, "link", no_link)
+    path = tmp_path / "r.json"
+    bench.write_json(str(path), {"a": 1}, replace=False)  # the fallback itself works
+    assert json.loads(path.read_text()) == {"a": 1}
+    path.unlink()
+    monkeypatch.setattr(bench, "open", opener, raising=False)
+    with pytest.raises(OSError, match="No space"):
+        bench.write_json(str(path), {"a": 1}, replace=False)
+    assert list(tmp_path.iterdir()) == []  # neither the partial file nor the temporary one
+
+
 def test_progress_writes_whole_lines_off_a_terminal(capsys):
     # Captured stderr is not a terminal: every status is its own line, with no carriage return
     # or escape sequence that a log file or CI output would keep as garbage.
