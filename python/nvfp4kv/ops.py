@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from . import _C
 
@@ -104,9 +105,53 @@ def _amax_impl(x, out, accumulate=False):
     _C.amax(x, out, 1 if accumulate else 0, None)
 
 
-def _nothing(*args, **kwargs) -> None:
-    """The fake implementation of every op: they only write into tensors they were given."""
-    return None
+def _written(op):
+    """(position, name) of each tensor argument the op writes (``Tensor(a!)`` in its schema)."""
+    return [(i, a.name) for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+
+
+def _offset_is_safe(t: torch.Tensor) -> bool:
+    """Whether inductor hands the op `t` where it lies: its storage offset is a number, or the
+    offset of a graph input as that input came (one symbol whose source is the input's
+    storage_offset(); measured correct). An offset computed from a dynamic size (`out_all[l]`,
+    or a view taken inside the graph of an input at a dynamic offset) is not: torch 2.13's
+    inductor passes such a view at offset 0 of its base (pytorch#198068). Where torch's
+    internals do not answer, not safe."""
+    off = t.storage_offset()
+    if is_concrete_int(off):
+        return True
+    try:
+        expr = off.node.expr
+        sources = off.node.shape_env.var_to_sources.get(expr, []) if expr.is_Symbol else []
+        names = [s.name() if callable(s.name) else s.name for s in sources]  # a property in torch 2.13
+        return any(n.endswith(".storage_offset()") for n in names)
+    except Exception:  # noqa: BLE001  (torch internals of another version)
+        return False
+
+
+def _fake(op):
+    """The op's fake implementation: the ops only write into tensors they were given, so it returns
+    nothing, but it refuses a tensor to write that inductor would hand the op at another place
+    (_offset_is_safe): the op would write over the start of the view's base, silently. That
+    happens under dynamic=True and also under torch's default automatic dynamic shapes once a
+    size has changed between calls (a per-layer output `out_all[l]` of a batch that grew: found
+    by review)."""
+    written = _written(op)
+    op_name = op._schema.name.split("::")[-1]
+
+    def fake(*given, **named) -> None:
+        for i, name in written:
+            t = given[i] if i < len(given) else named.get(name)
+            if isinstance(t, torch.Tensor) and not _offset_is_safe(t):
+                raise ValueError(
+                    f"nvfp4kv.{op_name}: {name} is a view at storage offset {t.storage_offset()}, which depends "
+                    "on a dynamic size; torch.compile's inductor passes such a view to a custom op at offset 0 "
+                    "(pytorch#198068), so the op would write over the start of its base. Pass a whole tensor, "
+                    "or a view whose offset does not depend on a dynamic size (one output tensor per layer, "
+                    "or torch._dynamo.mark_static on that dimension)")
+        return None
+
+    return fake
 
 
 _IMPLS = {
@@ -131,8 +176,8 @@ def _register() -> None:
         torch.library.define(qualname, schema)
         # One Python implementation for every device: the C ABI dispatches on the tensors' device.
         torch.library.impl(qualname, "CompositeExplicitAutograd")(_IMPLS[name])
-        torch.library.register_fake(qualname)(_nothing)
         op = getattr(getattr(torch.ops, _NS), name).default
+        torch.library.register_fake(qualname)(_fake(op))
         _LIB.impl(name, _version_bump(op), "ADInplaceOrView", with_keyset=True)
 
 
@@ -144,8 +189,7 @@ def _version_bump(op):
     is refused before anything is written: autograd would keep its old history (a wrong gradient,
     found by review); under torch.no_grad() it is written, as torch's in-place ops allow. Not
     reached under inference_mode, whose tensors have no version counter."""
-    args = op._schema.arguments
-    written = [(i, a.name) for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+    written = _written(op)
     below = torch._C._after_ADInplaceOrView_keyset
     op_name = op._schema.name
 

@@ -160,6 +160,64 @@ def test_compile_dynamic_shapes_on_whole_tensors():
     assert same(got, want)
 
 
+def _layered_decode():
+    c = case(seed=7)
+    kv, bt, seq_lens, ks, vs = c["kv"], c["bt"], c["seq_lens"], c["ks"], c["vs"]
+
+    def decode(q, out, lse=None):
+        nvfp4kv.decode_attention(q, kv, bt[: q.shape[0]], seq_lens[: q.shape[0]], ks, vs, out=out, lse=lse)
+
+    return decode
+
+
+@pytest.mark.parametrize("form", ["stacked", "separate", "input_views", "views_of_an_input_view"])
+def test_compile_writes_at_dynamic_offsets(form):
+    """Found by review: inductor handed the op a per-layer output view out_all[1] at offset 0 once
+    the batch size had changed (torch's automatic dynamic shapes, pytorch#198068), so layer 1's
+    output overwrote layer 0's with no error. The ops' fake implementation refuses a view whose
+    offset is computed from a dynamic size (out_all[l], o[1] of an input o); tensors of their own,
+    and views passed in as inputs (an offset of their own), compile and equal eager at every
+    batch size (measured: inductor places those right)."""
+    decode = _layered_decode()
+
+    def stacked(q, outs, lses):  # outs [2, B, H, D], lses [2, B, H]: views made in the graph
+        for layer in range(2):
+            decode(q[layer], outs[layer], lses[layer])
+
+    def separate(q, o0, o1, l0, l1):  # whole tensors, or views made outside the graph
+        decode(q[0], o0, l0)
+        decode(q[1], o1, l1)
+
+    def nested(q, o):  # o [2, B, H, D], a view passed in; o[1] made in the graph
+        decode(q[0], o[0])
+        decode(q[1], o[1])
+
+    fn = {"stacked": stacked, "separate": separate, "input_views": separate, "views_of_an_input_view": nested}[form]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="inductor")
+    for b, k in ((2, 1), (3, 2), (3, 1)):  # the batch size and the input views' offsets change
+        q = torch.randn(2, b, H, D).to(torch.bfloat16)
+
+        def buffers():
+            outs, lses = torch.zeros(3, 2, b, H, D, dtype=torch.bfloat16), torch.zeros(3, 2, b, H)
+            if form == "stacked":
+                return outs, (outs[0], lses[0])
+            if form == "separate":
+                return outs, (outs[0, 0].clone(), outs[0, 1].clone(), lses[0, 0].clone(), lses[0, 1].clone())
+            if form == "input_views":
+                return outs, (outs[k, 0], outs[k, 1], lses[k, 0], lses[k, 1])
+            return outs, (outs[k],)
+
+        (got_all, got), (want_all, want) = buffers(), buffers()
+        if b == 3 and form in ("stacked", "views_of_an_input_view"):
+            with pytest.raises(Exception, match=r"out is a view at storage offset .* depends on a dynamic size"):
+                compiled(q, *got)
+            return
+        compiled(q, *got)
+        fn(q, *want)
+        assert same(got, want) and same(got_all, want_all)  # bytes: the random cache has NaN groups
+
+
 def test_compile_gather_needs_its_outputs():
     c = case()
 
