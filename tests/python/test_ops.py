@@ -218,6 +218,68 @@ def test_compile_writes_at_dynamic_offsets(form):
         assert same(got, want) and same(got_all, want_all)  # bytes: the random cache has NaN groups
 
 
+def test_ops_mutation_review():
+    """What mutants of ops.py passed (mutation testing): accumulate through the amax op and the
+    compiled API, the recipe of reshape_and_cache_flash's op, stream= refused under compile, a
+    given cu_seqlens returned as given, a float scale as a 0-d tensor, and the op's message for a
+    bad kv_cache_dtype naming that argument."""
+    x = torch.tensor([1.0, -2.0])
+    out = torch.tensor([5.0])
+    torch.ops.nvfp4kv.amax(x, out, True)
+    assert out.item() == 5.0
+    torch._dynamo.reset()
+    out = torch.tensor([5.0])
+    torch.compile(lambda x, o: nvfp4kv.amax(x, o, accumulate=True), fullgraph=True, backend="aot_eager")(x, out)
+    assert out.item() == 5.0
+    c = case(seed=8)
+    kv_op, kv_api = c["kv"].clone(), c["kv"].clone()
+    args = (c["key"], c["value"])
+    torch.ops.nvfp4kv.reshape_and_cache_flash(*args, kv_op[:, 0], kv_op[:, 1], c["slots"], "nvfp4_4over6", c["ks"],
+                                              c["vs"])
+    nvfp4kv.reshape_and_cache_flash(*args, kv_api[:, 0], kv_api[:, 1], c["slots"], "nvfp4_4over6", c["ks"], c["vs"])
+    plain = c["kv"].clone()
+    nvfp4kv.reshape_and_cache_flash(*args, plain[:, 0], plain[:, 1], c["slots"], "nvfp4", c["ks"], c["vs"])
+    assert torch.equal(kv_op, kv_api) and not torch.equal(kv_op, plain)
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        torch.ops.nvfp4kv.reshape_and_cache_flash(*args, kv_op[:, 0], kv_op[:, 1], c["slots"], "fp4", c["ks"], c["vs"])
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="stream"):
+        torch.compile(lambda *a: nvfp4kv.store(*a, stream=7), fullgraph=True, backend="eager")(
+            c["key"], c["value"], c["kv"].clone(), c["slots"], c["ks"], c["vs"])
+    cu = torch.tensor([0, 20, 20, 52], dtype=torch.int32)  # given: returned as given, not recomputed
+    seq_lens = torch.tensor([3, 0, 2], dtype=torch.int32)
+    kg, vg = torch.empty(52, H, D, dtype=torch.bfloat16), torch.empty(52, H, D, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    got = torch.compile(lambda *a: nvfp4kv.gather_dequant(*a, cu_seqlens=cu, key_out=kg, value_out=vg)[2],
+                        fullgraph=True, backend="eager")(c["kv"], c["bt"], seq_lens, c["ks"], c["vs"])
+    assert torch.equal(got, cu)
+    assert nvfp4kv.ops.scale_tensor(0.5).shape == () and nvfp4kv.ops.scale_tensor(0.5).dtype == torch.float32
+
+
+@pytest.mark.parametrize("scale, ok", [(np.True_, False), (np.array(True), False), ("0.01", False),
+                                       (np.float32(0.03), True), (np.array(0.03), True), (0.03, True)])
+def test_compiled_scales_refused_as_eager(scale, ok):
+    """Found by review: under torch.compile a numpy bool or a string was taken as a scale (np.True_
+    stored with scale 1.0) where the eager API raises TypeError."""
+    c = case(seed=9)
+
+    def f(kv, s):
+        nvfp4kv.store(c["key"], c["value"], kv, c["slots"], s, c["vs"])
+
+    torch._dynamo.reset()
+    kv_c, kv_e = c["kv"].clone(), c["kv"].clone()
+    if not ok:
+        with pytest.raises(TypeError):
+            f(kv_e, scale)
+        with pytest.raises(Exception, match="k_scale/v_scale"):
+            torch.compile(f, fullgraph=True, backend="eager")(kv_c, scale)
+        assert torch.equal(kv_c, c["kv"])
+        return
+    torch.compile(f, fullgraph=True, backend="eager")(kv_c, scale)
+    f(kv_e, scale)
+    assert torch.equal(kv_c, kv_e)
+
+
 def test_compile_gather_needs_its_outputs():
     c = case()
 

@@ -69,7 +69,8 @@ def test_get_kv_quant_mode(dtype, mode):
 
 @pytest.mark.parametrize("dtype, nvfp4", [("nvfp4", True), ("nvfp4_4over6", True), ("NVFP4", False),
                                           ("nvfp4 ", False), ("fp8", False), ("auto", False),
-                                          (None, False), (4, False)])
+                                          (None, False), (4, False),
+                                          (np.array("nvfp4"), False)])  # an array is no dtype string
 def test_is_nvfp4_kv_cache(dtype, nvfp4):
     assert S.is_nvfp4_kv_cache(dtype) is nvfp4
 
@@ -430,6 +431,16 @@ def test_allocate_rejects():
         S.allocate_kv_cache(spec, -1, backend="numpy")
     with pytest.raises(TypeError, match="spec"):
         S.allocate_kv_cache((16, 2, 128), 1, backend="numpy")
+
+
+def test_allocate_on_a_device_torch_cannot_use_is_a_value_error():
+    """Mutation testing: torch without CUDA raises AssertionError for a CUDA device (its lazy
+    init), which must reach the caller as the documented ValueError."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("needs a torch that cannot use CUDA")
+    with pytest.raises(ValueError, match="device: 'cuda'"):
+        S.allocate_kv_cache(S.KVCacheSpec(16, 2, 128), 1, device="cuda")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -466,6 +466,15 @@ def test_rejects_bad_strides():
         V.nvfp4_kv_cache_split_views(c[::-1], "vllm")
 
 
+def test_packed_head_stride_is_checked_over_both_sides():
+    """Mutation testing: with H 1 the packed cache's head stride was checked over H heads, not 2H,
+    so a V head lying over the K head was accepted."""
+    buf = np.zeros(4096, np.uint8)
+    x = np.lib.stride_tricks.as_strided(buf, (1, 2, 4, 36), (1000, 36, 36, 1))
+    with pytest.raises(ValueError, match="HND strides"):
+        V.nvfp4_kv_cache_split_views(x, "linear")
+
+
 # What the views accept is what the store (the C ABI's side_layout / check_page_stride and its
 # 5-D / packed checks) accepts: (name, which entry point, shape, strides, accepted).
 _T, _H, _D = 4, 2, 64
@@ -482,6 +491,9 @@ _AGREE = [
     ("5d one page, negative stride", "5d", (1, 2, _T, _H, _F), (-9, _SIDE) + _HND5, True),
     ("packed pages overlap", "4d", (3, 2 * _H, _T, _F), (2 * _SIDE - 1, _T * _F, _F, 1), False),
     ("packed padded pages", "4d", (3, 2 * _H, _T, _F), (2 * _SIDE + 1, _T * _F, _F, 1), True),
+    # mutation testing: the head stride checked over all 2H heads, and the byte stride of a packed cache
+    ("packed heads overlap", "4d", (3, 2 * _H, _T, _F), (2 * _SIDE, _F, _F, 1), False),
+    ("packed bytes apart", "4d", (3, 2 * _H, _T, _F), (2 * _SIDE, _T * _F, _F, 2), False),
     ("side canonical", "side", (3, _T, _H, _F), (_SIDE,) + _HND5, True),
     ("side pages overlap", "side", (3, _T, _H, _F), (_SIDE - _F,) + _HND5, False),
     ("side page stride 0", "side", (2, _T, _H, _F), (0,) + _HND5, False),
