@@ -123,7 +123,8 @@ def _amax_impl(x, out, accumulate=False):
 
 def _written(op):
     """(position, name) of each tensor argument the op writes (``Tensor(a!)`` in its schema)."""
-    return [(i, a.name) for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    args = op._schema.arguments
+    return [(i, a.name) for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
 
 
 def _offset_is_safe(t: torch.Tensor) -> bool:

@@ -76,8 +76,9 @@ def amax(x: Any, out: Any = None, *, accumulate: bool = False, stream: Any = Non
     The result is exact and the same on the CPU and the GPU bit for bit. NaN is sticky: any NaN
     element makes it NaN (a scale computed from it is then rejected by :func:`nvfp4kv.store` on the
     CPU; check it if the data may hold NaN). With accumulate, an ``out`` whose sign bit is set (a
-    negative value, or a negative NaN such as x86's ``inf - inf``) counts as below every ``|x|``. On CUDA this is one kernel (two without accumulate)
-    on the stream, safe to capture in a CUDA graph.
+    negative value, or a negative NaN such as x86's ``inf - inf``) counts as below every ``|x|``.
+    On CUDA this is one kernel (two without accumulate) on the stream, safe to capture in a CUDA
+    graph.
     """
     out = _amax_out(x, out, accumulate)
     try:
