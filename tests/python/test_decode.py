@@ -159,6 +159,39 @@ def setup(N=12, T=16, H=2, D=128, view="5d", layout="HND", scale_layout="vllm", 
 
 
 # ------------------------------------------------------------------------------------ accuracy
+@pytest.mark.parametrize("window", [-1, 20])
+def test_a_shared_prefix_merged_by_lse(window):
+    """The cascade recipe of the integration guide (§2, "A shared prefix"): the prefix's partial
+    over the prefix's pages with the sequences' full lengths, the suffix's over its own pages and
+    lengths, merged by lse, equals attention over the whole sequence (against float64). Passing
+    the prefix's length instead puts the rows at the prefix's end: wrong with a window (review)."""
+    cache, q, bt, _ = setup(B=3, q_len=2, seed=11)
+    P = 2  # prefix pages (32 positions)
+    seq_lens = torch.tensor([40, 70, 45], dtype=torch.int32)
+    kd, vd = nvfp4kv.dequantize(cache.kv_cache, 0.02, 0.03, value_cache=cache.value_cache, dtype="float32")
+    want, _ = reference(q.float().numpy(), kd.numpy(), vd.numpy(), bt.numpy(), seq_lens.numpy(), 2,
+                        1.0 / math.sqrt(q.shape[2]), 0.0, window, cache.N, cache.T)
+
+    def part(table, lens):
+        out, lse = torch.empty(q.shape, dtype=q.dtype), torch.empty(q.shape[:2])
+        nvfp4kv.decode_attention(q, cache.kv_cache, table, lens, 0.02, 0.03, value_cache=cache.value_cache,
+                                 window_left=window, q_len=2, out=out, lse=lse)
+        return out.double(), lse.double()
+
+    def merged(prefix_lens):
+        (oa, la), (ob, lb) = part(bt[:, :P].contiguous(), prefix_lens), part(bt[:, P:].contiguous(),
+                                                                             seq_lens - P * cache.T)
+        m = torch.maximum(la, lb)  # the suffix holds each row's own position: finite
+        wa, wb = torch.exp(la - m), torch.exp(lb - m)
+        return ((wa[..., None] * oa + wb[..., None] * ob) / (wa + wb)[..., None]).numpy()
+
+    err = np.linalg.norm(merged(seq_lens) - want) / np.linalg.norm(want)
+    assert err <= REL_L2_TOL, err
+    if window >= 0:
+        wrong = np.linalg.norm(merged(torch.full_like(seq_lens, P * cache.T)) - want) / np.linalg.norm(want)
+        assert wrong > 0.05, wrong
+
+
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("group", [1, 4, 8, 16])
 @pytest.mark.parametrize("q_len", [1, 2, 4, 8])
