@@ -170,13 +170,14 @@ def _layered_decode():
     return decode
 
 
-@pytest.mark.parametrize("form", ["stacked", "separate", "input_views", "views_of_an_input_view"])
+@pytest.mark.parametrize("form", ["stacked", "separate", "input_views", "views_of_an_input_view", "slices"])
 def test_compile_writes_at_dynamic_offsets(form):
     """Found by review: inductor handed the op a per-layer output view out_all[1] at offset 0 once
     the batch size had changed (torch's automatic dynamic shapes, pytorch#198068), so layer 1's
     output overwrote layer 0's with no error. The ops' fake implementation refuses a view whose
-    offset is computed from a dynamic size (out_all[l], o[1] of an input o); tensors of their own,
-    and views passed in as inputs (an offset of their own), compile and equal eager at every
+    offset is computed from a dynamic size (out_all[l], o[1] of an input o, and slices o[b:],
+    which inductor places right but which the fake cannot tell from a select); tensors of their
+    own, and views passed in as inputs (an offset of their own), compile and equal eager at every
     batch size (measured: inductor places those right)."""
     decode = _layered_decode()
 
@@ -192,7 +193,13 @@ def test_compile_writes_at_dynamic_offsets(form):
         decode(q[0], o[0])
         decode(q[1], o[1])
 
-    fn = {"stacked": stacked, "separate": separate, "input_views": separate, "views_of_an_input_view": nested}[form]
+    def slices(q, o):  # o [2B, H, D]: o[B:] at a dynamic offset (inductor places slices right, but the
+        b = q.shape[1]  # fake implementation cannot tell a slice from a select: refused as well)
+        decode(q[0], o[:b])
+        decode(q[1], o[b:])
+
+    fn = {"stacked": stacked, "separate": separate, "input_views": separate, "views_of_an_input_view": nested,
+          "slices": slices}[form]
     torch._dynamo.reset()
     compiled = torch.compile(fn, fullgraph=True, backend="inductor")
     for b, k in ((2, 1), (3, 2), (3, 1)):  # the batch size and the input views' offsets change
@@ -206,10 +213,12 @@ def test_compile_writes_at_dynamic_offsets(form):
                 return outs, (outs[0, 0].clone(), outs[0, 1].clone(), lses[0, 0].clone(), lses[0, 1].clone())
             if form == "input_views":
                 return outs, (outs[k, 0], outs[k, 1], lses[k, 0], lses[k, 1])
+            if form == "slices":
+                return outs, (outs[0].reshape(2 * b, H, D),)
             return outs, (outs[k],)
 
         (got_all, got), (want_all, want) = buffers(), buffers()
-        if b == 3 and form in ("stacked", "views_of_an_input_view"):
+        if b == 3 and form in ("stacked", "views_of_an_input_view", "slices"):
             with pytest.raises(Exception, match=r"out is a view at storage offset .* depends on a dynamic size"):
                 compiled(q, *got)
             return
