@@ -58,26 +58,28 @@ _SCHEMAS = {
 }
 
 
+def _not_a_scale(what: str) -> TypeError:
+    return TypeError(f"k_scale/v_scale: {what} received; expected a float or a 1-element float32 tensor")
+
+
 def scale_tensor(x) -> torch.Tensor:
     """A global scale as the ops take it: tensors as they are, numbers as 0-d float32 CPU tensors.
     What the eager API refuses is refused here too (api._scale): a bool of any type, and what is
     not a real number (a string, a numpy bool or string scalar: found by review, where a compiled
-    call stored with np.True_ as 1.0)."""
+    call stored with np.True_ as 1.0). api._scale itself does not trace (numpy dtypes)."""
     if isinstance(x, torch.Tensor):
         return x
     if isinstance(x, bool):
-        raise TypeError("k_scale/v_scale: a bool received; expected a float or a 1-element float32 tensor")
+        raise _not_a_scale("a bool")
     if isinstance(x, (str, bytes)):
-        raise TypeError(f"k_scale/v_scale: a {type(x).__name__} received; expected a float or a 1-element "
-                        "float32 tensor")
+        raise _not_a_scale(f"a {type(x).__name__}")
     if not isinstance(x, numbers.Real):
         # numpy scalars and 0-d arrays (which Dynamo traces as arrays: their dtype only through torch)
         t = torch.as_tensor(x)
         if t.dtype == torch.bool:
-            raise TypeError("k_scale/v_scale: a bool received; expected a float or a 1-element float32 tensor")
+            raise _not_a_scale("a bool")
         if t.dim() != 0 or t.is_complex():
-            raise TypeError(f"k_scale/v_scale: a {type(x).__name__} of dtype {t.dtype} and {t.dim()} dimensions "
-                            "received; expected a float or a 1-element float32 tensor")
+            raise _not_a_scale(f"a {type(x).__name__} of dtype {t.dtype} and {t.dim()} dimensions")
         return torch.zeros((), dtype=torch.float32) + t.to(torch.float32)
     # Not torch.tensor(x): under aot_eager and inductor its value is specialised back to a
     # constant, a recompile per value; a sum with x stays symbolic after the second value.
