@@ -680,6 +680,7 @@ nb::dict cuda_info() {
     nb::gil_scoped_release release;
     count = nvfp4kv_cuda_device_count(&reason);
   }
+  d["cuda_option"] = NVFP4KV_CUDA_OPTION;  // the build's NVFP4KV_CUDA (CMakeLists.txt)
   d["cuda_built"] = nvfp4kv_cuda_built() != 0;
   const int v = nvfp4kv_cuda_build_version();
   d["cuda_version"] =

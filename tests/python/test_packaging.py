@@ -136,6 +136,9 @@ def test_wheel_variant_matches_its_cuda(library):
     m = re.fullmatch(r"nvfp4kv-cu(\d+)", name)
     if not m:
         pytest.skip(f"{name} is not a CUDA wheel variant")
+    if nvfp4kv.build_info()["cuda_option"] == "OFF":  # README: the override builds the CPU path
+        assert library.nvfp4kv_cuda_built() == 0
+        pytest.skip(f"{name} built with NVFP4KV_CUDA=OFF (the CPU path, as asked)")
     assert library.nvfp4kv_cuda_built() == 1, f"{name} was built without its CUDA kernels"
     built = library.nvfp4kv_cuda_build_version()
     assert built // 1000 == int(m.group(1)), f"{name} built with CUDA {built}"
