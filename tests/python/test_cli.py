@@ -440,6 +440,7 @@ def test_plan_context_not_a_multiple_of_the_block_size():
     assert f["nvfp4"]["max_sequences"] == 101944 // 513 == 198
     assert f["bf16"]["max_sequences"] == 28672 // 513 == 55
 
+
 def test_plan_boundaries_from_mutation_testing():
     """Cases that mutants of plan.py and _common.py passed: sequences counted in pages (a context
     of 17 takes 2 pages of 16, not 17 tokens), an exact budget at the size limit, the format

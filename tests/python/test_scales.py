@@ -574,4 +574,3 @@ def test_tracker_torch_state_is_a_copy_and_device_a_torch_device():
     tr.update(0, torch.tensor([9.0]))
     assert state["k_amax"][0].item() == 1.0  # a copy, as documented
     assert isinstance(tr.device, torch.device) and tr.device.type == "cpu"
-
