@@ -171,7 +171,7 @@ def _layered_decode():
 
 
 @pytest.mark.parametrize("form", ["stacked", "separate", "input_views", "views_of_an_input_view", "slices"])
-def test_compile_writes_at_dynamic_offsets(form):
+def test_compile_writes_at_dynamic_offsets(form, request):
     """Found by review: inductor handed the op a per-layer output view out_all[1] at offset 0 once
     the batch size had changed (torch's automatic dynamic shapes, pytorch#198068), so layer 1's
     output overwrote layer 0's with no error. The ops' fake implementation refuses a view whose
@@ -179,6 +179,11 @@ def test_compile_writes_at_dynamic_offsets(form):
     which inductor places right but which the fake cannot tell from a select); tensors of their
     own, and views passed in as inputs (an offset of their own), compile and equal eager at every
     batch size (measured: inductor places those right)."""
+    if form == "views_of_an_input_view" and torch.__version__.startswith("2.11."):
+        # Measured on torch 2.11.0 (the lent GPU machine, CPU tensors): inductor wrote o[l] of the
+        # argument o = outs[1] into outs[2], static shapes too (integration guide §5); 2.13 is right.
+        reason = "torch 2.11's inductor misplaces a view of an input view"
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
     decode = _layered_decode()
 
     def stacked(q, outs, lses):  # outs [2, B, H, D], lses [2, B, H]: views made in the graph
