@@ -939,7 +939,7 @@ def decode_attention(
 def set_cpu_threads(threads: int) -> None:
     """Most threads one call on CPU tensors uses, for the whole process.
 
-    1 to 256, or 0 (the default) for one per CPU the process may run on, at most 16. Until this
+    1 to 256, or 0 (the default) for one per CPU the calling thread may run on, at most 16. Until this
     is called, the environment variable ``NVFP4KV_CPU_THREADS`` sets it (read once). Small calls
     use fewer threads; the bytes are the same for every count. CUDA calls are not affected.
     See docs/python-api.md.
@@ -955,7 +955,8 @@ def set_cpu_threads(threads: int) -> None:
 
 
 def cpu_threads() -> int:
-    """The thread count in force for CPU calls (:func:`set_cpu_threads`; 0 resolved)."""
+    """The thread count in force for CPU calls (:func:`set_cpu_threads`; 0 resolved to the calling
+    thread's CPUs)."""
     return _C.cpu_threads()
 
 

@@ -166,3 +166,26 @@ def test_thread_setting_and_environment(nv):
                                                                   if k != "NVFP4KV_CPU_THREADS"},
                               capture_output=True, text=True, check=True)
         assert out.stdout.strip() == (want or auto.stdout.strip()), env
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no thread affinity on this platform")
+def test_auto_count_follows_the_calling_threads_cpus():
+    """Found by review: the first caller's affinity was kept for the whole process, so a worker
+    pinned to one CPU that called first left every later call on one thread. Run in a child so
+    that the auto count is read fresh (no NVFP4KV_CPU_THREADS)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one usable CPU: a pinned thread's count equals the process's")
+    code = """if True:
+        import os, threading, nvfp4kv
+        mine = min(len(os.sched_getaffinity(0)), 16)
+        got = {}
+        def pinned():
+            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # this thread only (Linux)
+            got['pinned'] = nvfp4kv.cpu_threads()
+        t = threading.Thread(target=pinned); t.start(); t.join()
+        print(got['pinned'], nvfp4kv.cpu_threads(), mine)
+    """
+    env = {k: v for k, v in os.environ.items() if k != "NVFP4KV_CPU_THREADS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    pinned, main, want = map(int, out.stdout.split())
+    assert (pinned, main) == (1, want)

@@ -145,9 +145,10 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_store_with_workspace(
     const DLTensor* workspace, void* stream);
 
 /* Most threads one call on CPU tensors uses, for the whole process: 1 to 256, or 0 (the default)
- * for one per CPU the process may run on (its affinity mask), at most 16. Until it is called,
- * the environment variable NVFP4KV_CPU_THREADS sets it (read once, at the first CPU call or
- * nvfp4kv_cpu_threads(); ignored unless a whole number from 0 to 256, read as strtol does:
+ * for one per CPU the calling thread may run on (its affinity mask, which the threads a call
+ * starts inherit; read at each call), at most 16. Until it is called, the environment variable
+ * NVFP4KV_CPU_THREADS sets it (read once, at the first CPU call large enough for several threads
+ * or nvfp4kv_cpu_threads(); ignored unless a whole number from 0 to 256, read as strtol does:
  * leading blanks, a sign and zeros are fine, nothing may follow). Small calls use fewer
  * (about 131072 elements per thread at least). Each thread takes a share of the pages (store,
  * dequantize) or of the output tokens (gather): the bytes are the same for every thread count,
@@ -155,7 +156,7 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_store_with_workspace(
  * page by page into K and V runs on one thread. The threads are started by the call and joined
  * before it returns; CUDA calls are not affected. */
 NVFP4KV_API nvfp4kv_status nvfp4kv_set_cpu_threads(int threads);
-/* The thread count in force (nvfp4kv_set_cpu_threads; 0 resolved to the hardware's). */
+/* The thread count in force (nvfp4kv_set_cpu_threads; 0 resolved to the calling thread's CPUs). */
 NVFP4KV_API int nvfp4kv_cpu_threads(void);
 
 /* Bytes of a store workspace for caches of up to num_blocks blocks of block_size tokens

@@ -32,7 +32,10 @@ constexpr int64_t kMinWork = int64_t{1} << 17;
 constexpr int kMaxAutoThreads = 16;
 std::atomic<int> g_threads{-1};  // -1: not set yet (NVFP4KV_CPU_THREADS, else auto)
 
-// CPUs this process may run on (its affinity mask: taskset, numactl, a container's cpuset).
+// CPUs the calling thread may run on (its affinity mask: taskset, numactl, a container's cpuset,
+// or an engine pinning its workers), which the threads it starts inherit. Read at every call
+// that could use more than one thread: read once, the first caller's mask held for every thread
+// of the process (a pinned worker first left all later calls on one thread; review).
 int usable_cpus() {
 #if defined(__linux__)
   cpu_set_t set;
@@ -55,27 +58,25 @@ int env_threads() {
   return errno == 0 && *end == '\0' && n >= 0 && n <= kMaxCpuThreads ? static_cast<int>(n) : 0;
 }
 
-// The environment and the CPUs, read at the first call: kept in atomics, not function-local
-// statics, whose initialization guard, held by a thread reading them when another forks the
-// process, would block the child's first call for ever (review). Threads that both read first
-// store the same values.
-std::atomic<int> g_env_threads{-1}, g_cpus{-1};
+// The environment, read at the first call: kept in an atomic, not a function-local static, whose
+// initialization guard, held by a thread reading it when another forks the process, would block
+// the child's first call for ever (review). Threads that both read first store the same value.
+std::atomic<int> g_env_threads{-1};
 
 int configured_threads() {
   int env = g_env_threads.load(std::memory_order_relaxed);
   if (env < 0) g_env_threads.store(env = env_threads(), std::memory_order_relaxed);
-  int cpus = g_cpus.load(std::memory_order_relaxed);
-  if (cpus < 0) g_cpus.store(cpus = std::min(usable_cpus(), kMaxAutoThreads), std::memory_order_relaxed);
   const int n = g_threads.load(std::memory_order_relaxed);
   const int want = n < 0 ? env : n;
-  return want > 0 ? want : cpus;
+  return want > 0 ? want : std::min(usable_cpus(), kMaxAutoThreads);
 }
 
 // The shares of a call: configured_threads(), fewer when `work` (elements in all) is small, one
 // when the call's tensors are not `separate` (separable(), apart() below).
 int share_count(double work, bool separate) {
   const double by_work = std::max(1.0, std::floor(work / static_cast<double>(kMinWork)));
-  return separate ? static_cast<int>(std::min<double>(configured_threads(), by_work)) : 1;
+  if (!separate || by_work < 2) return 1;  // no affinity read for a call that takes one thread
+  return static_cast<int>(std::min<double>(configured_threads(), by_work));
 }
 
 // fn(k, n) for k in [0, n), share k of n, on n threads.
