@@ -318,6 +318,61 @@ def test_one_position_gives_its_value_rounded_once(dtype):
     assert torch.equal(out.float(), want.float())
 
 
+def test_huge_queries_against_small_key_scales():
+    """Found by review: the CPU path summed q . k over the raw values (e2m1 x e4m3, up to 2688)
+    in fp32 before applying k_scale * sm_scale, so queries near bf16's top overflowed the sums to
+    inf and NaN where the logits themselves are ordinary (here up to about 10). Each query row is
+    now scaled by a power of two first, as the CUDA reader does."""
+    T, D, H = 16, 128, 2
+    rng = np.random.default_rng(11)
+    cache = make_cache(6, T, H, D, backend="torch", seed=11)
+    n = 6 * T
+    k = torch.from_numpy(rng.standard_normal((n, H, D)).astype(np.float32)) * 3e-37  # raw values about 3
+    v = torch.from_numpy(rng.standard_normal((n, H, D)).astype(np.float32))
+    nvfp4kv.store(k, v, slot_mapping=torch.arange(n), k_scale=1e-37, v_scale=0.03, **cache.kwargs())
+    bt = as_index(rng.permutation(6)[:4].reshape(2, 2), "int32")
+    sl = as_index([2 * T, T + 5], "int32")
+    q = torch.from_numpy(rng.standard_normal((2, 4 * H, D)).astype(np.float32) * 2.0**124).to(torch.bfloat16)
+    check(cache, q, bt, sl, k_scale=1e-37, v_scale=0.03)
+    # One element of 2^120 against a saturated K group (raw 2688 at k_scale 2^-126): a logit of
+    # 2^120 * 2688 * 2^-126 = 42; with -2^120 beside it, 0. One position: out is V, lse the logit.
+    nvfp4kv.store(torch.full((1, H, D), 2688 * 2.0**-126), v[:1], slot_mapping=torch.tensor([0]),
+                  k_scale=2.0**-126, v_scale=1.0, **cache.kwargs())
+    one = as_index([[0]], "int32")
+    for pair, logit in (((2.0**120, 0.0), 42.0), ((2.0**120, -(2.0**120)), 0.0)):
+        q1 = torch.zeros(1, H, D, dtype=torch.bfloat16)
+        q1[0, :, :2] = torch.tensor(pair)
+        lse = torch.empty(1, H)
+        out = nvfp4kv.decode_attention(q1, cache.kv_cache, one, as_index([1], "int32"), 2.0**-126, 1.0,
+                                       sm_scale=1.0, lse=lse)
+        _, vd = nvfp4kv.dequantize(cache.kv_cache, 2.0**-126, 1.0, dtype="float32")
+        assert torch.equal(out[0].float(), vd[0, 0].to(torch.bfloat16).float()) and lse.eq(logit).all(), lse
+
+
+def test_lse_when_the_maximum_rises_in_every_chunk():
+    """Found by review: the CPU path moved a row's maximum at every rise and rescaled its sums,
+    each time rounding them; a maximum rising a little in each of 2^14 chunks of 64 positions
+    left lse 1.8e-4 off (the output, a ratio, kept its accuracy). The maximum now moves only by
+    more than a slack, as on the GPU. Position j's K holds its chunk's index j // 64 in binary
+    (elements 0 or 6, exact at k_scale 1), and query element d is 2^(d - 28): logits rise from
+    0 to 4e-4 in steps of 6 * 2^-28."""
+    L, T, D = 1 << 20, 64, 64
+    cache = nvfp4kv.allocate_kv_cache(nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=1, head_size=D), L // T)
+    chunk = torch.arange(L) // 64
+    key = torch.zeros(L, 1, D)
+    key[:, 0, :14] = 6.0 * ((chunk[:, None] >> torch.arange(14)) & 1)
+    nvfp4kv.store(key, torch.randn(L, 1, D, generator=torch.Generator().manual_seed(0)), cache,
+                  torch.arange(L), 1.0, 1.0)
+    q = torch.zeros(1, 1, D, dtype=torch.bfloat16)
+    q[0, 0, :14] = 2.0 ** (torch.arange(14, dtype=torch.float32) - 28)
+    lse = torch.empty(1, 1)
+    nvfp4kv.decode_attention(q, cache, torch.arange(L // T, dtype=torch.int32)[None],
+                             torch.tensor([L], dtype=torch.int32), 1.0, 1.0, sm_scale=1.0, lse=lse)
+    logits = key[:, 0, :14].double() @ q[0, 0, :14].double()
+    want = float(torch.logsumexp(logits, 0))
+    assert abs(float(lse) - want) <= LSE_TOL, (float(lse), want)
+
+
 def million_token_setup(window, seed, D=64, N=48, T=16, index="int32"):
     """Two sequences, of 2^20 + 77 positions (the issue asks for at least 1M) and of 1000, whose
     block tables repeat N pages in random order, with masked entries (-1 and N) among them: every

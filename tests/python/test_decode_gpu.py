@@ -44,14 +44,14 @@ def make(B, L, H, group, D, T, q_len=1, form="5d", scale_layout="vllm", dtype=to
     return kv, bt, seq_lens, q
 
 
-def run(kv, bt, seq_lens, q, device, shift=0, **kw):
+def run(kv, bt, seq_lens, q, device, shift=0, k_scale=0.03, **kw):
     """decode_attention on `device`; shift > 0 puts the cache that many bytes past a 16-byte
     boundary (on_cuda)."""
     args = [x.to(device) for x in (q, kv, bt, seq_lens)]
     if shift:
         args[1] = on_cuda(kv, shift=shift)
         assert args[1].data_ptr() % 16 == shift
-    ks, vs = torch.tensor([0.03], device=device), torch.tensor([0.05], device=device)
+    ks, vs = torch.tensor([k_scale], device=device), torch.tensor([0.05], device=device)
     lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=device)
     ws = nv.decode_workspace(args[1], args[0], args[2], q_len=kw.get("q_len", 1)) if device == "cuda" else None
     out = nv.decode_attention(args[0], args[1], args[2], args[3], ks, vs, lse=lse, workspace=ws, **kw)
@@ -75,6 +75,16 @@ def check_against_cpu(kv, bt, sl, q, shift=0, **kw):
     fin = ~want_lse.isinf()
     assert torch.allclose(got_lse[fin], want_lse[fin], atol=1e-4, rtol=0)
     return got, want
+
+
+def test_huge_queries_against_small_key_scales():
+    """Queries near bf16's top (2^124) against a key scale of 2^-124: ordinary logits. The CPU
+    path summed q . k before applying the scales and overflowed there (review); both readers
+    now scale each query row by a power of two first."""
+    kv, bt, sl, q = make(3, 300, 2, 4, 128, 16, seed=21)
+    q = (q.float() * 2.0**124).to(torch.bfloat16)
+    got, want = check_against_cpu(kv, bt, sl, q, k_scale=2.0**-124)
+    assert torch.isfinite(want).all() and torch.isfinite(got).all()
 
 
 @pytest.mark.parametrize("B,L,H,group,D,T,q_len", [

@@ -5,11 +5,15 @@
 // Per unit, the rows r = i * group + g (query row i, query head h * group + g) share every K and
 // V row read. One pass over the tokens, in increasing position, a chunk at a time: each chunk's K
 // and V rows are decoded once, each row's logits computed, and the row's running maximum m raised
-// to the chunk's largest logit, its sums rescaled by exp(m_old - m) when it rises (design notes:
-// "Decode attention on the CPU: one pass"); then p_j = exp(l_j - m) and p_j * v_j are summed.
+// to the chunk's largest logit where that exceeds m by more than kSlack, its sums rescaled by
+// exp(m_old - m) (design notes: "Decode attention on the CPU: one pass"); then p_j = exp(l_j - m)
+// and p_j * v_j are summed. Each query row is scaled by a power of two as the CUDA reader scales
+// it, so that its dot products cannot overflow where its logits do not (same note).
 // Memory stays bounded by a chunk of tokens whatever the sequence lengths. The sums run in three
 // levels (design notes: "Decode attention on the CPU: sums in three levels").
+#include <float.h>
 #include <math.h>
+#include <string.h>
 
 #include <algorithm>
 #include <vector>
@@ -27,6 +31,11 @@ constexpr int kMaxRows = 8 * 16;
 // last place (2^20 positions: lse 1.4e-3 off the fp64 reference), in levels by about
 // kChunk + kFold + n / (kChunk * kFold).
 constexpr int kFold = 64;
+// A row's maximum moves only where a chunk's largest logit exceeds it by more than this (natural
+// log; the CUDA reader's 8 in log2): each move rounds every sum it rescales, and a maximum rising a
+// little in every chunk compounded those roundings in lse (1.8e-4 over 2^20 positions; review).
+// The probabilities then reach at most e^kSlack = 256, far inside fp32.
+constexpr float kSlack = 8.0f * 0.6931471805599453f;
 
 template <DType kDType>
 inline float load_q(const void* base, int64_t idx) {
@@ -106,6 +115,24 @@ struct Scratch {
   }
 };
 
+// 2^k that brings max |q| of a query row to [2^13, 2^14), as the CUDA reader's build_query: exact,
+// and the row's dot products then stay far inside fp32 (a bf16 element reaches 2^127: a row of
+// 2^120 against a saturated K group overflowed where its logit, 42, did not; review). k = 14 - e
+// for max = m 2^e, m in [0.5, 1), from the exponent field E (e = E - 126), at most 126 (rows of
+// subnormal size); 0 for a zero, infinite or NaN maximum.
+inline int query_exp(float mx) {
+  uint32_t bits;
+  memcpy(&bits, &mx, sizeof bits);
+  const int E = static_cast<int>(bits >> 23);  // mx >= 0 or NaN
+  return bits == 0u || E >= 255 ? 0 : std::min(140 - E, 126);
+}
+inline float pow2(int k) {  // k in [-126, 127]
+  const uint32_t bits = static_cast<uint32_t>(127 + k) << 23;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 template <DType kDType>
 void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale, float v_scale, int64_t cap,
                  Scratch& s) {
@@ -114,6 +141,7 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
   const IndexVec bt_row = block_table_row(p, b);
   Range range[kMaxRows];
   float m[kMaxRows], sum[3][kMaxRows];  // the sums of p_j, by level, as acc
+  float factor[kMaxRows];               // logit_scale over the row's power of two
   for (int64_t i = 0; i < p.q_len; ++i) {
     const Range ri = row_range(p, len, i, cap);
     for (int64_t g = 0; g < G; ++g) {
@@ -121,7 +149,20 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
       range[r] = ri;
       m[r] = -INFINITY;
       const int64_t qrow = (b * p.q_len + i) * p.q_stride[0] + (h * G + g) * p.q_stride[1];
-      for (int64_t d = 0; d < D; ++d) s.q[r * D + d] = load_q<kDType>(p.query, qrow + d);
+      float* q = &s.q[r * D];
+      float mx = 0.0f;
+      for (int64_t d = 0; d < D; ++d) {
+        q[d] = load_q<kDType>(p.query, qrow + d);
+        mx = fmaxf(mx, fabsf(q[d]));  // a NaN element leaves it (it reaches the logits anyway)
+      }
+      const int k = query_exp(mx);
+      const float up = pow2(k);
+      for (int64_t d = 0; d < D; ++d) q[d] = mul_rn(q[d], up);
+      // The CUDA reader's factor: exact where it stays a normal float; past FLT_MAX (logit_scale
+      // finite) held there, so a zero logit stays 0 and the others overflow to -inf or +inf as
+      // the unscaled product would.
+      const float f = mul_rn(logit_scale, pow2(-k));
+      factor[r] = isinf(f) && !isinf(logit_scale) ? copysignf(FLT_MAX, f) : f;
       for (int level = 0; level < 3; ++level) {
         sum[level][r] = 0.0f;
         for (int64_t d = 0; d < Dv; ++d) s.acc[level][r * Dv + d] = 0.0f;
@@ -149,7 +190,7 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
       for (int64_t i = 0; i < n; ++i) l[i] = add_rn(l[i], mul_rn(qd, k[i]));
     }
     for (int64_t i = 0; i < n; ++i) {
-      l[i] = mul_rn(l[i], logit_scale);
+      l[i] = mul_rn(l[i], factor[r]);
       if (p.soft_cap > 0.0f) l[i] = mul_rn(p.soft_cap, tanhf(l[i] / p.soft_cap));
     }
   };
@@ -205,7 +246,7 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
       float cm = -INFINITY;
       for (int64_t i = 0; i < n; ++i)
         if (sees(i)) cm = max_nan(cm, l[i]);
-      if (!(cm <= m[r])) {  // the maximum rises (or turns NaN, which then reaches every sum)
+      if (!(cm <= m[r] + kSlack)) {  // the maximum rises (or turns NaN, which then reaches every sum)
         const float m_new = max_nan(m[r], cm);
         if (m[r] != -INFINITY) rescale(r, expf(sub_rn(m[r], m_new)));
         m[r] = m_new;
