@@ -341,8 +341,10 @@ void gather(const DLTensor* kv_cache, const DLTensor* value_cache, const DLTenso
   p.v = DequantSide{c.v, resolve_scale(v_scale, "v_scale", c.device), vo.ptr(),
                     {vo.stride(0), vo.stride(1), 0}};
   p.block_table = bt.ptr();
-  p.bt_stride[0] = bt.stride(0);
-  p.bt_stride[1] = bt.stride(1);
+  // A table without elements (B or max_blocks 0) is never read, and its strides, which nothing
+  // checks, could overflow block_table_row's products (review, UBSan).
+  p.bt_stride[0] = bt.size(1) == 0 ? 0 : bt.stride(0);
+  p.bt_stride[1] = bt.size(1) == 0 ? 0 : bt.stride(1);
   p.bt_int64 = bt64;
   p.seq_lens = index_vec(Tensor(seq_lens, "seq_lens"), cache_ref, B);
   p.cu_seqlens = index_vec(Tensor(cu_seqlens, "cu_seqlens"), cache_ref, B + 1);
@@ -652,8 +654,10 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
   p.lse_stride[0] = lse_t ? lse.stride(0) : 0;
   p.lse_stride[1] = lse_t ? lse.stride(1) : 0;
   p.block_table = bt.ptr();
-  p.bt_stride[0] = bt.stride(0);
-  p.bt_stride[1] = bt.stride(1);
+  // A table without elements (B or max_blocks 0) is never read, and its strides, which nothing
+  // checks, could overflow block_table_row's products (review, UBSan).
+  p.bt_stride[0] = bt.size(1) == 0 ? 0 : bt.stride(0);
+  p.bt_stride[1] = bt.size(1) == 0 ? 0 : bt.stride(1);
   p.bt_int64 = bt64;
   p.seq_lens = seq_lens;
   p.B = B;

@@ -201,11 +201,13 @@ bool import_torch_exchange(Arg& a, nb::handle obj, const TorchInfo* info, const 
     return false;
   reject_negated(obj, info, name);
   // The exported shape and strides live in the tensor; copied so they outlive this frame.
-  int64_t stride = 1;
+  // NULL strides: compact row-major. Unsigned products: an empty tensor's other extents may
+  // multiply past int64 (UBSan, review); the C ABI checks the strides of a tensor with elements.
+  uint64_t stride = 1;
   for (int i = t.ndim - 1; i >= 0; --i) {
     a.shape[i] = t.shape[i];
-    a.strides[i] = t.strides ? t.strides[i] : stride;  // NULL strides: compact row-major
-    stride *= t.shape[i];
+    a.strides[i] = t.strides ? t.strides[i] : static_cast<int64_t>(stride);
+    stride *= static_cast<uint64_t>(t.shape[i]);
   }
   a.t = t;
   a.t.dtype = info->dl[which];
@@ -476,7 +478,7 @@ bool split_half(nb::handle obj, const Arg& a) {
   if (base.is_none()) return false;
   nb::object shape = base.attr("shape");
   // A half keeps its base's token and byte dimensions (api._split_halves says why).
-  if (nb::len(shape) != 4 || nb::cast<int64_t>(shape[1]) != 2 * a.shape[1] ||
+  if (nb::len(shape) != 4 || nb::cast<int64_t>(shape[1]) % 2 != 0 || nb::cast<int64_t>(shape[1]) / 2 != a.shape[1] ||
       nb::cast<int64_t>(shape[2]) != a.shape[2] || nb::cast<int64_t>(shape[3]) != a.shape[3])
     return false;
   nb::object stride = base.attr("stride")();

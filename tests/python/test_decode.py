@@ -781,3 +781,26 @@ def test_window_past_the_table_of_a_huge_length():
     out = nvfp4kv.decode_attention(q, cache, bt, torch.tensor([2**39 + 1]), 1.0, 1.0, window_left=2**39 - 1000,
                                    lse=lse)
     assert out.float().any() and math.isfinite(float(lse))  # positions 1000..1023 are in the table
+
+
+def test_masked_blocks_near_the_end_of_int64():
+    """Found by review (UBSan): a block table broadcast to 2^62 columns of T 2 puts its last
+    positions within T of INT64_MAX; a masked block there advanced the position by (blk + 1) * T,
+    which wrapped, and the call then walked about 2^62 masked blocks (it never returned). Run in
+    a child so that a regression fails by the timeout instead of hanging the suite."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import torch, nvfp4kv
+        cache = torch.zeros((2, 2, 2, 1, 36), dtype=torch.uint8)  # T 2, H 1, D 64
+        bt = torch.full((1, 1), -1, dtype=torch.int64).expand(1, 2**62)  # every entry masked
+        q = torch.ones((1, 1, 64), dtype=torch.bfloat16)
+        lse = torch.empty(1, 1)
+        out = nvfp4kv.decode_attention(q, cache, bt, torch.tensor([2**63 - 1]), scale_layout="linear",
+                                       window_left=0, lse=lse)
+        print(int(out.float().abs().sum()), float(lse))
+    """
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["0", "-inf"]

@@ -224,7 +224,10 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
     while (n < kChunk && j <= hi) {
       const int64_t blk = j / p.T, page = load_index(bt_row, blk);
       if (page < 0 || page >= p.N) {
-        j = (blk + 1) * p.T;
+        // The next block's first position, or past hi: hi lies within T of INT64_MAX where the
+        // block table's positions pass it (a broadcast table; review: (blk + 1) * T wrapped and
+        // the loop walked ~2^62 masked blocks).
+        j = blk < hi / p.T ? (blk + 1) * p.T : hi + 1;
         continue;
       }
       const uint8_t* kside = p.k.base + page * p.k.page_stride;
