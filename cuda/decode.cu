@@ -267,6 +267,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   const int32_t R = min(kRowsPerBlock, rows_total - r0);
 
   __shared__ float q_s[kRowsPerBlock][kD];
+  __shared__ float kq_s[kRowsPerBlock];  // each row's logit factor, its power of two included
   __shared__ float p_s[kDecodeWarps][kRowsPerBlock][32];
   __shared__ float m_s[kDecodeWarps][kRowsPerBlock], l_s[kDecodeWarps][kRowsPerBlock];
   __shared__ float acc_s[kDecodeWarps][kRowsPerBlock][kD];
@@ -285,6 +286,18 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
       v = load_q<kDType>(p.query, q.row * p.q_stride[0] + q.hq * p.q_stride[1] + d);
     }
     q_s[r][d] = v;
+  }
+  __syncthreads();
+  // Each row scaled by its power of two (decode_query_exp), a warp per row: q . k cannot
+  // overflow fp32 where the logit does not (review of the CPU path, which summed as this did).
+  for (int r = warp; r < kRowsPerBlock; r += kDecodeWarps) {
+    float mx = 0.0f;
+    for (int d = lane; d < kD; d += 32) mx = fmaxf(mx, fabsf(q_s[r][d]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const int k = decode_query_exp(mx);
+    for (int d = lane; d < kD; d += 32) q_s[r][d] *= pow2f(k);
+    if (lane == 0) kq_s[r] = decode_held_factor(kq * pow2f(-k), kq);
   }
   __syncthreads();
 
@@ -349,7 +362,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
     uint32_t seen[kRowsPerBlock];  // bit t: the row attends token t0 + t
 #pragma unroll
     for (int r = 0; r < kRowsPerBlock; ++r) {
-      float x = s[r] * kq;
+      float x = s[r] * kq_s[r];
       if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
       const bool ok = page >= 0 && j >= first[r] && j <= last[r];
       seen[r] = __ballot_sync(0xffffffffu, ok);
@@ -843,13 +856,9 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
 #pragma unroll
       for (int o = kD / 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
       if (idx < kQChunks && d == 0) {
-        // k = 14 - e for mx = m 2^e, m in [0.5, 1), from the exponent field E (e = E - 126),
-        // clamped so that the factor stays finite for rows of subnormal size (E 0: their logits
-        // are then below 2^-100 of the rest, as they should be); 0 for a zero, infinite or NaN row.
-        const uint32_t bits = __float_as_uint(mx), E = bits >> 23;  // mx >= 0 or NaN
-        const int k = bits == 0u || E >= 255u ? 0 : min(140 - static_cast<int>(E), 126);
-        qf_s[r] = __uint_as_float(static_cast<uint32_t>(127 + k) << 23);  // 2^k, k in [-114, 126]
-        qi_s[r] = __uint_as_float(static_cast<uint32_t>(127 - k) << 23);  // 2^-k: kq's multiply
+        const int k = decode_query_exp(mx);  // k in [-114, 126]
+        qf_s[r] = pow2f(k);
+        qi_s[r] = pow2f(-k);  // kq's multiply
       }
     }
     __syncthreads();
@@ -875,8 +884,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     for (int n = 0; n < kN; ++n)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const float f = kq0 * (kUnpackScale * qi_s[8 * n + 2 * t + j]) * (kCapped ? 1.0f : kLog2e);
-        kq[n][j] = isinf(f) && !isinf(kq0) ? copysignf(FLT_MAX, f) : f;
+        kq[n][j] = decode_held_factor(kq0 * (kUnpackScale * qi_s[8 * n + 2 * t + j]) * (kCapped ? 1.0f : kLog2e), kq0);
       }
   };
 

@@ -77,13 +77,14 @@ def check_against_cpu(kv, bt, sl, q, shift=0, **kw):
     return got, want
 
 
-def test_huge_queries_against_small_key_scales():
+@pytest.mark.parametrize("shift", [0, 4])  # the tensor-core reader; the lane-per-token reader
+def test_huge_queries_against_small_key_scales(shift):
     """Queries near bf16's top (2^124) against a key scale of 2^-124: ordinary logits. The CPU
-    path summed q . k before applying the scales and overflowed there (review); both readers
-    now scale each query row by a power of two first."""
+    path and the lane-per-token reader summed q . k before applying the scales and overflowed
+    there (review); every reader now scales each query row by a power of two first."""
     kv, bt, sl, q = make(3, 300, 2, 4, 128, 16, seed=21)
     q = (q.float() * 2.0**124).to(torch.bfloat16)
-    got, want = check_against_cpu(kv, bt, sl, q, k_scale=2.0**-124)
+    got, want = check_against_cpu(kv, bt, sl, q, shift=shift, k_scale=2.0**-124)
     assert torch.isfinite(want).all() and torch.isfinite(got).all()
 
 

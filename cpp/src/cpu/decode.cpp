@@ -11,9 +11,7 @@
 // it, so that its dot products cannot overflow where its logits do not (same note).
 // Memory stays bounded by a chunk of tokens whatever the sequence lengths. The sums run in three
 // levels (design notes: "Decode attention on the CPU: sums in three levels").
-#include <float.h>
 #include <math.h>
-#include <string.h>
 
 #include <algorithm>
 #include <vector>
@@ -115,24 +113,6 @@ struct Scratch {
   }
 };
 
-// 2^k that brings max |q| of a query row to [2^13, 2^14), as the CUDA reader's build_query: exact,
-// and the row's dot products then stay far inside fp32 (a bf16 element reaches 2^127: a row of
-// 2^120 against a saturated K group overflowed where its logit, 42, did not; review). k = 14 - e
-// for max = m 2^e, m in [0.5, 1), from the exponent field E (e = E - 126), at most 126 (rows of
-// subnormal size); 0 for a zero, infinite or NaN maximum.
-inline int query_exp(float mx) {
-  uint32_t bits;
-  memcpy(&bits, &mx, sizeof bits);
-  const int E = static_cast<int>(bits >> 23);  // mx >= 0 or NaN
-  return bits == 0u || E >= 255 ? 0 : std::min(140 - E, 126);
-}
-inline float pow2(int k) {  // k in [-126, 127]
-  const uint32_t bits = static_cast<uint32_t>(127 + k) << 23;
-  float f;
-  memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
 template <DType kDType>
 void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale, float v_scale, int64_t cap,
                  Scratch& s) {
@@ -155,14 +135,10 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
         q[d] = load_q<kDType>(p.query, qrow + d);
         mx = fmaxf(mx, fabsf(q[d]));  // a NaN element leaves it (it reaches the logits anyway)
       }
-      const int k = query_exp(mx);
-      const float up = pow2(k);
+      const int k = decode_query_exp(mx);  // as every CUDA reader scales its query rows
+      const float up = pow2f(k);
       for (int64_t d = 0; d < D; ++d) q[d] = mul_rn(q[d], up);
-      // The CUDA reader's factor: exact where it stays a normal float; past FLT_MAX (logit_scale
-      // finite) held there, so a zero logit stays 0 and the others overflow to -inf or +inf as
-      // the unscaled product would.
-      const float f = mul_rn(logit_scale, pow2(-k));
-      factor[r] = isinf(f) && !isinf(logit_scale) ? copysignf(FLT_MAX, f) : f;
+      factor[r] = decode_held_factor(mul_rn(logit_scale, pow2f(-k)), logit_scale);
       for (int level = 0; level < 3; ++level) {
         sum[level][r] = 0.0f;
         for (int64_t d = 0; d < Dv; ++d) s.acc[level][r * Dv + d] = 0.0f;
