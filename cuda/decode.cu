@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   const int32_t R = min(kRowsPerBlock, rows_total - r0);
 
   __shared__ float q_s[kRowsPerBlock][kD];
-  __shared__ float kq_s[kRowsPerBlock];  // each row's logit factor, its power of two included
+  __shared__ double kq_s[kRowsPerBlock];  // each row's logit factor, its 2^-k included (params.h)
   __shared__ float p_s[kDecodeWarps][kRowsPerBlock][32];
   __shared__ float m_s[kDecodeWarps][kRowsPerBlock], l_s[kDecodeWarps][kRowsPerBlock];
   __shared__ float acc_s[kDecodeWarps][kRowsPerBlock][kD];
@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     const int k = decode_query_exp(mx);
     for (int d = lane; d < kD; d += 32) q_s[r][d] *= pow2f(k);
-    if (lane == 0) kq_s[r] = decode_held_factor(kq * pow2f(-k), kq);
+    if (lane == 0) kq_s[r] = static_cast<double>(kq) * static_cast<double>(pow2f(-k));
   }
   __syncthreads();
 
@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
     uint32_t seen[kRowsPerBlock];  // bit t: the row attends token t0 + t
 #pragma unroll
     for (int r = 0; r < kRowsPerBlock; ++r) {
-      float x = s[r] * kq_s[r];
+      float x = static_cast<float>(static_cast<double>(s[r]) * kq_s[r]);
       if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
       const bool ok = page >= 0 && j >= first[r] && j <= last[r];
       seen[r] = __ballot_sync(0xffffffffu, ok);
@@ -884,7 +884,8 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     for (int n = 0; n < kN; ++n)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        kq[n][j] = decode_held_factor(kq0 * (kUnpackScale * qi_s[8 * n + 2 * t + j]) * (kCapped ? 1.0f : kLog2e), kq0);
+        const float f = kq0 * (kUnpackScale * qi_s[8 * n + 2 * t + j]) * (kCapped ? 1.0f : kLog2e);
+        kq[n][j] = isinf(f) && !isinf(kq0) ? copysignf(FLT_MAX, f) : f;
       }
   };
 

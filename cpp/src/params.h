@@ -243,22 +243,16 @@ NVFP4KV_HD IndexVec block_table_row(const Params& p, int64_t b) {
 // query of 2^120 against a saturated K group overflowed where its logit, 42, did not; review).
 // k = 14 - e for max = m 2^e, m in [0.5, 1), from the exponent field E (e = E - 126), at most 126
 // (rows of subnormal size: their logits are then below 2^-100 of the rest); 0 for a zero,
-// infinite or NaN maximum. The logit factor takes 2^-k (decode_held_factor).
+// infinite or NaN maximum. The logit factor takes 2^-k: the CPU path and the lane-per-token
+// reader multiply each fp32 sum by (k_scale * sm_scale) * 2^-k held in a double, exact, so a logit
+// is the float of (q . k) * k_scale * sm_scale rounded once, whatever k (held in a float, that
+// factor passed FLT_MAX for rows near 2^127 and scaled every logit of the row wrongly; review).
 NVFP4KV_HD int decode_query_exp(float mx) {
   const uint32_t bits = float_bits(mx), E = bits >> 23;  // mx >= 0 or NaN
   const int k = 140 - static_cast<int>(E);
   return bits == 0u || E >= 255u ? 0 : (k < 126 ? k : 126);
 }
 NVFP4KV_HD float pow2f(int k) { return bits_float(static_cast<uint32_t>(127 + k) << 23); }  // k in [-126, 127]
-// A logit factor f that includes a row's 2^-k: past FLT_MAX where the global part `scale`
-// (k_scale * sm_scale) is finite, held at FLT_MAX, so that a zero logit stays 0 and the others
-// overflow to -inf or +inf as the unscaled product would (review: 0 x inf = NaN for a zero K
-// row); an infinite `scale` stays infinite, as the CPU path's product.
-NVFP4KV_HD float decode_held_factor(float f, float scale) {
-  const uint32_t inf = 0x7F800000u;
-  const bool f_inf = (float_bits(f) & 0x7FFFFFFFu) == inf, s_inf = (float_bits(scale) & 0x7FFFFFFFu) == inf;
-  return f_inf && !s_inf ? bits_float((float_bits(f) & 0x80000000u) | 0x7F7FFFFFu) : f;  // FLT_MAX
-}
 
 // ---- amax (nvfp4kv_amax) -------------------------------------------------------------------------
 // max(|x|) over a float tensor, exact. The C ABI hands the backends x with its dimensions

@@ -349,6 +349,31 @@ def test_huge_queries_against_small_key_scales():
         assert torch.equal(out[0].float(), vd[0, 0].to(torch.bfloat16).float()) and lse.eq(logit).all(), lse
 
 
+@pytest.mark.parametrize("sm_scale", [2.0**15, 2.0**10])
+def test_a_query_near_the_top_beside_small_elements(sm_scale):
+    """Found by review of the fix above, before it shipped: with a row's 2^-k folded into a float
+    factor, k_scale * sm_scale * 2^-k passed FLT_MAX for a row whose largest element is 2^127 and
+    was held there, which scaled every logit of the row. Here that element meets K's zeros, and
+    the logits are small: 2^-15 * K[:, 1] * sm_scale."""
+    T, D = 16, 64
+    cache = nvfp4kv.allocate_kv_cache(nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=1, head_size=D), 1)
+    k = torch.zeros(2, 1, D)
+    k[:, 0, 1] = torch.tensor([1.0, 2.0])
+    v = torch.from_numpy(np.random.default_rng(4).standard_normal((2, 1, D)).astype(np.float32))
+    nvfp4kv.store(k, v, cache, torch.arange(2), 1.0, 1.0)
+    q = torch.zeros(1, 1, D, dtype=torch.bfloat16)
+    q[0, 0, 0], q[0, 0, 1] = 2.0**127, 2.0**-15
+    bt, sl = as_index([[0]], "int32"), as_index([2], "int32")
+    lse = torch.empty(1, 1)
+    out = nvfp4kv.decode_attention(q, cache, bt, sl, 1.0, 1.0, sm_scale=sm_scale, lse=lse)
+    kd, vd = nvfp4kv.dequantize(cache, 1.0, 1.0, dtype="float32")
+    want, want_lse = reference(q.float().numpy(), kd.numpy(), vd.numpy(), bt.numpy(), sl.numpy(), 1, sm_scale, 0.0,
+                               -1, 1, T)
+    o = out.float().numpy().astype(np.float64)
+    assert np.linalg.norm(o - want) <= REL_L2_TOL * np.linalg.norm(want)
+    assert abs(float(lse) - want_lse[0, 0]) <= LSE_TOL, (float(lse), want_lse[0, 0])
+
+
 def test_lse_when_the_maximum_rises_in_every_chunk():
     """Found by review: the CPU path moved a row's maximum at every rise and rescaled its sums,
     each time rounding them; a maximum rising a little in each of 2^14 chunks of 64 positions

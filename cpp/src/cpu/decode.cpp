@@ -121,7 +121,7 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
   const IndexVec bt_row = block_table_row(p, b);
   Range range[kMaxRows];
   float m[kMaxRows], sum[3][kMaxRows];  // the sums of p_j, by level, as acc
-  float factor[kMaxRows];               // logit_scale over the row's power of two
+  double factor[kMaxRows];              // logit_scale times the row's 2^-k, exact (params.h)
   for (int64_t i = 0; i < p.q_len; ++i) {
     const Range ri = row_range(p, len, i, cap);
     for (int64_t g = 0; g < G; ++g) {
@@ -138,7 +138,7 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
       const int k = decode_query_exp(mx);  // as every CUDA reader scales its query rows
       const float up = pow2f(k);
       for (int64_t d = 0; d < D; ++d) q[d] = mul_rn(q[d], up);
-      factor[r] = decode_held_factor(mul_rn(logit_scale, pow2f(-k)), logit_scale);
+      factor[r] = static_cast<double>(logit_scale) * static_cast<double>(pow2f(-k));
       for (int level = 0; level < 3; ++level) {
         sum[level][r] = 0.0f;
         for (int64_t d = 0; d < Dv; ++d) s.acc[level][r * Dv + d] = 0.0f;
@@ -166,7 +166,7 @@ void decode_unit(const DecodeParams& p, int64_t b, int64_t h, float logit_scale,
       for (int64_t i = 0; i < n; ++i) l[i] = add_rn(l[i], mul_rn(qd, k[i]));
     }
     for (int64_t i = 0; i < n; ++i) {
-      l[i] = mul_rn(l[i], factor[r]);
+      l[i] = static_cast<float>(static_cast<double>(l[i]) * factor[r]);  // rounded once
       if (p.soft_cap > 0.0f) l[i] = mul_rn(p.soft_cap, tanhf(l[i] / p.soft_cap));
     }
   };
