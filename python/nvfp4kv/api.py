@@ -534,7 +534,7 @@ def _dequantize_outputs(kv_cache: Any, value_cache: Any, dtype: Any, key_out: An
 def _gather_outputs(kv_cache: Any, value_cache: Any, seq_lens: Any, cu_seqlens: Any, computed: bool, dtype: Any,
                     key_out: Any, value_out: Any, orient: int = -1, block_table: Any = None) -> Tuple[Any, Any, Any]:
     """gather_dequant()'s outputs (the ones given, else new arrays of cu_seqlens[-1] rows, read on
-    the host: a synchronization with the GPU) and its cu_seqlens (int32 where computed here and
+    the host: a synchronization with the GPU; zeros where no sequence may write) and its cu_seqlens (int32 where computed here and
     the outputs are allocated here, if the total fits)."""
     if not _both_given(dtype, key_out, value_out):
         _uint8_cache(kv_cache, value_cache)
@@ -551,8 +551,12 @@ def _gather_outputs(kv_cache: Any, value_cache: Any, seq_lens: Any, cu_seqlens: 
         given = key_out if key_out is not None else value_out
         gshape = () if given is None else _shape(given, "key_out" if key_out is not None else "value_out")
         rows = gshape[0] if gshape else total
-        key_out = _empty(kv_cache, (rows, h, d), name) if key_out is None else key_out
-        value_out = _empty(kv_cache, (rows, h, dv), name) if value_out is None else value_out
+        # Prefix sums computed here write every row below the total; a caller's cu_seqlens may leave
+        # rows between sequences, and a given output's padding may pass the total: those rows of a
+        # new output are zeros, never memory of whatever was there (CPU and CUDA bytes then agree).
+        zero = not computed or rows != total
+        key_out = _new(kv_cache, (rows, h, d), name, zero) if key_out is None else key_out
+        value_out = _new(kv_cache, (rows, h, dv), name, zero) if value_out is None else value_out
     return key_out, value_out, cu_seqlens
 
 
@@ -746,7 +750,8 @@ def gather_dequant(
     Returns
     -------
     key, value, cu_seqlens
-        Rows outside ``[0, total_tokens)`` are never written.
+        Rows outside ``[0, total_tokens)`` are never written; outputs allocated here are zeros
+        in the rows no sequence writes (gaps a ``cu_seqlens`` passed in leaves).
     """
     orient = _orientation(kv_cache, value_cache, kv_layout)
     computed = cu_seqlens is None

@@ -219,6 +219,33 @@ def test_explicit_cu_seqlens_with_gaps_keeps_poison(nv, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_allocated_outputs_are_zeros_where_no_sequence_writes(nv, backend):
+    """Outputs allocated by the call are zeros in the rows no sequence writes (the gaps of a
+    cu_seqlens passed in; the padding rows of the output that takes a given one's row count),
+    never memory of whatever was there. Found on the GPU: test_cuda_gather_dequant_property
+    failed only inside the whole suite, where the caching allocator hands back used memory."""
+    N, T, H, D = 6, 4, 2, 64
+    cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=7)
+    bt = as_backend(np.array([[5, 0, 3], [2, 2, 1]], np.int64), backend)
+    sl = as_backend(np.array([5, 10], np.int32), backend)
+    cu = as_backend(np.array([2, 10, 25], np.int32), backend)  # gaps [0, 2), [7, 10), [20, 25)
+    gaps = np.r_[0:2, 7:10, 20:25]
+    lib = torch if backend == "torch" else np
+    for _ in range(3):  # leave used memory of the outputs' size for the allocator to hand back
+        del_me = [lib.full((25, H, D), float("nan"), dtype=lib.float32) for _ in range(4)]
+        del del_me
+        k, v, _ = nv.gather_dequant(cache.kv_cache, bt, sl, 0.5, 2.0, cu_seqlens=cu, dtype="float32")
+        for out in (k, v):
+            assert np.all(float_bits(out)[0][gaps] == 0)  # +0.0, where NaN was left
+        # One output given with 5 padding rows: the new one's padding is zeros too.
+        ko = lib.full((30, H, D), 7.0, dtype=lib.float32)
+        del_me = [lib.full((30, H, D), float("nan"), dtype=lib.float32) for _ in range(4)]
+        del del_me
+        ko, v, _ = nv.gather_dequant(cache.kv_cache, bt, sl, 0.5, 2.0, key_out=ko)
+        assert np.all(float_bits(v)[0][15:] == 0) and np.all(np.asarray(ko)[15:] == 7.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_total_tokens_smaller_than_cu_seqlens(nv, backend):
     """Rows past the end of the outputs are not written (and nothing crashes)."""
     N, T, H, D = 4, 8, 1, 16
