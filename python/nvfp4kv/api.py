@@ -737,7 +737,8 @@ def gather_dequant(
     seq_lens : int32/int64 array ``[B]``
     cu_seqlens : int32/int64 array ``[B + 1]``, optional
         Output row of each sequence's first token. Default: the prefix sums of ``seq_lens``,
-        computed on its device in int64 (lengths < 0 count as 0); returned as int32
+        computed on its device in int64 (lengths < 0 count as 0; where the outputs are allocated
+        here, which reads the lengths on the host, a negative length is a ValueError); returned as int32
         (FlashAttention's dtype) when the outputs are allocated here and the total fits in
         int32, else as int64.
     dtype : {"bfloat16", "float16", "float32"}, optional

@@ -3,7 +3,8 @@
 Every ```python block of the pages below that holds a `# -> value` comment is a complete script:
 it is run (in this process, its own namespace) and the lines it prints are compared, in order,
 with those comments: equal, or starting with the text before a closing "..." (a long message cut
-short). Text after two spaces in a comment is an annotation, not output. Blocks that need a GPU
+short). A block followed by "prints (CPU):" and a fenced block (the README's quick start) is
+compared with that block's lines, where no GPU would take the script's device. Text after two spaces in a comment is an annotation, not output. Blocks that need a GPU
 run only where there is one; blocks whose output says "(CPU build)" only on a build without CUDA;
 blocks that name torch at all (some use it without importing it: `allocate_kv_cache`'s default
 backend) only where torch is installed, and those that import it only with the torch the docs name
@@ -36,7 +37,8 @@ def docs_torch():
 
 
 def examples():
-    """(page:line, code) of every python block with at least one `# ->` comment."""
+    """(page:line, code, output block or None) of every python block with at least one `# ->`
+    comment or followed by a "prints (CPU):" output block."""
     found = []
     if not have_pages():
         return found
@@ -49,8 +51,16 @@ def examples():
                 while lines[j].strip() != "```":
                     j += 1
                 code = "\n".join(lines[i + 1:j])
-                if "# ->" in code:
-                    found.append(pytest.param(code, id=f"{page}:{i + 2}"))
+                after = [k for k in range(j + 1, min(j + 6, len(lines))) if lines[k].strip()]
+                cpu_out = None
+                if len(after) >= 2 and lines[after[0]].strip() == "prints (CPU):" and \
+                        lines[after[1]].strip() == "```":
+                    k = after[1] + 1
+                    while lines[k].strip() != "```":
+                        k += 1
+                    cpu_out = lines[after[1] + 1:k]
+                if "# ->" in code or cpu_out is not None:
+                    found.append(pytest.param(code, cpu_out, id=f"{page}:{i + 2}"))
                 i = j
             i += 1
     return found
@@ -73,8 +83,8 @@ def test_examples_found():
     assert docs_torch() == "2.13.0"  # the version .ci/run pins
 
 
-@pytest.mark.parametrize("code", examples())
-def test_example_prints_what_the_docs_say(code):
+@pytest.mark.parametrize("code,cpu_out", examples())
+def test_example_prints_what_the_docs_say(code, cpu_out):
     if re.search(r"device=\"cuda\"|\.cuda\(\)", code):
         torch = pytest.importorskip("torch")
         if not torch.cuda.is_available():
@@ -83,6 +93,8 @@ def test_example_prints_what_the_docs_say(code):
         pytest.skip("prints what a build without CUDA prints")
     if re.search(r"\btorch\b", code):
         torch = pytest.importorskip("torch")
+    if cpu_out is not None and nvfp4kv.build_info()["cuda_available"]:
+        pytest.skip("prints what the script prints on the CPU; a GPU here takes its device")
     if "import torch" in code:
         if torch.__version__.split("+")[0] != docs_torch():
             pytest.skip(f"the examples print what torch {docs_torch()} draws; this is torch {torch.__version__}")
@@ -94,7 +106,7 @@ def test_example_prints_what_the_docs_say(code):
     finally:
         nvfp4kv.set_cpu_threads(threads)
     printed = out.getvalue().rstrip("\n").split("\n") if out.getvalue() else []
-    want = expected(code)
+    want = expected(code) if cpu_out is None else cpu_out
     assert len(printed) == len(want), (printed, want)
     for line, w in zip(printed, want):
         assert matches(line, w), (line, w)

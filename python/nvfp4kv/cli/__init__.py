@@ -5,7 +5,7 @@ Subcommands:
 - ``demo``  (the default): quantize a realistic K/V batch of Llama-3.1-8B geometry into a paged
   NVFP4 cache, read it back, print sizes, errors and store speed.
 - ``plan``: how many tokens / sequences fit in a GPU memory budget, bf16 vs fp8 vs nvfp4.
-- ``bench``: the GPU store benchmark (:mod:`nvfp4kv.bench`).
+- ``bench``: the GPU benchmark of the store and the gather (:mod:`nvfp4kv.bench`).
 - ``info``: version, library file, build details, devices.
 
 Every subcommand has ``--help`` and ``--json`` (machine-readable output on stdout). Bad

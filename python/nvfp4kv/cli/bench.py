@@ -52,9 +52,9 @@ def add_parser(sub, common) -> None:
     p = sub.add_parser(
         "bench",
         parents=[common],
-        help="GPU store benchmark (needs a GPU)",
+        help="GPU benchmark of the store and the gather (needs a GPU)",
         description="Run the GPU store benchmark of nvfp4kv.bench: copy-bandwidth "
-        "and launch ceilings, then the store at several sizes. Needs torch with "
+        "and launch ceilings, then the store and gather_dequant at several sizes. Needs torch with "
         "CUDA and a CUDA build of nvfp4kv.",
     )
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
