@@ -119,7 +119,7 @@ def test_unknown_options_are_reported_by_their_subcommand(argv, prog):
         (["plan", "--memory", "1e20GiB"], "too large (at most 2**60 bytes"),
         (["plan", "--memory", "1048577TiB"], "too large (at most 2**60 bytes"),
         (["plan", "--memory", "9" * 5000], "too long"),
-        (["plan", "--memory=-1GiB"], "not a size"),
+        (["plan", "--memory=-1GiB"], "cannot be negative"),
         # fractions
         (["plan", "--utilization", "1e-100000000"], "exponent out of range"),
         (["plan", "--utilization", "1e1_00000000"], "exponent out of range"),
@@ -532,6 +532,28 @@ def test_plan_table_output():
     assert rows["nvfp4"][1:] == ["589,824", "36,864", "101,944", "1,631,104", "199", "3.56x"]
     assert rows["bf16"][-1] == "1.00x" and rows["fp8"][-1] == "2.00x"
     assert "56.00 GiB for the KV cache" in out
+
+
+def test_plan_notes_a_block_size_that_vllm_scales_cannot_take():
+    """vLLM's V-scale layout interleaves 4 tokens: a block size not divisible by 4 plans fine,
+    but the default store then refuses it; the plan says so (review: it planned silently)."""
+    for bs, noted in ((3, True), (17, True), (16, False), (4, False)):
+        rc, out, _err = run("plan", "--memory", "80GiB", "--block-size", str(bs))
+        assert rc == 0
+        assert (f"note: block size {bs}: vLLM's scale layout" in out) is noted, out
+
+
+def test_negative_sizes_are_named_as_negative():
+    """`--memory -5GB` reached argparse as an option ("expected one argument"); now the size's own
+    check names it, written apart or attached (review)."""
+    for argv in (("--memory", "-5GB"), ("--memory=-5GB",), ("--weights", "-1GB"), ("--weights", "-.5GiB")):
+        rc, out, err = run("plan", *argv)
+        assert rc == 2 and out == "" and "a size cannot be negative" in err, (argv, err)
+        assert err.count("\n") == 1
+    rc, _, err = run("plan", "--utilization", "-0.5")
+    assert rc == 2 and "is not in (0, 1]" in err
+    rc, _, err = run("plan", "--memory", "--json")  # a missing value is still argparse's error
+    assert rc == 2 and "expected one argument" in err
 
 
 def test_model_presets():

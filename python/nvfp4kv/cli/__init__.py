@@ -28,6 +28,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import List
 
 from . import bench, demo, info, plan
 from ._common import PROG, CLIError, UsageError, parse_size
@@ -59,6 +60,19 @@ def _usage_line(prog: str, message: str) -> str:
     """``<prog>: error: <message> (see '<prog> --help')``, on one line whatever the message."""
     message = _LINE_BREAKS.sub(" ", str(message))
     return f"{prog}: error: {message} (see '{prog} --help')\n"
+
+
+def _attach_negative_values(argv: List[str]) -> List[str]:
+    """`--memory -5GB` as `--memory=-5GB`: argparse takes a value that starts with "-" and is not a
+    plain number for an option and says only "expected one argument"; attached, the option's own
+    check names what is wrong with it (review)."""
+    out: List[str] = []
+    for a in argv:
+        if out and re.fullmatch(r"--[a-z][a-z-]*", out[-1]) and re.fullmatch(r"-[0-9.].*", a):
+            out[-1] = f"{out[-1]}={a}"
+        else:
+            out.append(a)
+    return out
 
 
 # Whatever str.splitlines() splits on (an argument echoed in a message may hold any of these).
@@ -125,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or (argv[0].startswith("-") and
                     not any(a in _COMMANDS or a in ("-h", "--help", "--version") for a in argv)):
         argv = ["demo"] + argv
+    argv = _attach_negative_values(argv)
     # The options every subcommand has, given before it (`nvfp4kv --json plan`): after it.
     first = next((i for i, a in enumerate(argv) if a in _COMMANDS), 0)
     if first and all(a in _COMMON for a in argv[:first]):

@@ -86,6 +86,8 @@ def parse_size(text: str) -> int:
     _check_text(text, "a size")
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     if not m:
+        if re.fullmatch(r"\s*-\s*[0-9.].*", text):
+            raise ValueError(f"{text.strip()!r}: a size cannot be negative")
         raise ValueError(f"{text!r} is not a size (examples: 80GiB, 80GB, 512MiB, 1e9)")
     number, unit = m.group(1), m.group(2).lower()
     if unit not in _SIZE_UNITS:

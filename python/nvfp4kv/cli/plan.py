@@ -164,6 +164,10 @@ def _cmd_plan(args) -> int:
     )
     if geo.note:
         print(f"\nnote: {geo.note}")
+    if result["block_size"] % 4:
+        print(f"\nnote: block size {result['block_size']}: vLLM's scale layout (the default, "
+              "scale_layout='vllm') needs a block size divisible by 4; store these pages with "
+              "scale_layout='linear'")
     return 0
 
 
