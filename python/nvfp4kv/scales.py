@@ -199,8 +199,12 @@ class ScaleTracker:
         self._k: List[Any] = []  # 1-element views, one per layer (fixed addresses)
         self._v: List[Any] = []
         if device is not None:
-            import torch
-
+            try:
+                import torch
+            except ImportError:
+                raise ModuleNotFoundError("ScaleTracker: device= allocates torch tensors and needs torch "
+                                          "(pip install torch); without it leave device None: the first "
+                                          "update allocates on its input's framework") from None
             try:
                 like = torch.empty(0, device=torch.device(device))
             except (RuntimeError, AssertionError) as e:  # unknown device, or CUDA not built or present

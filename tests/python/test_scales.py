@@ -5,6 +5,7 @@ cases (skipped without CUDA) against the CPU path bit for bit, and inside a CUDA
 """
 
 import math
+import sys
 import warnings
 
 import numpy as np
@@ -418,6 +419,17 @@ def test_tracker_bad_device_is_a_value_error():
     if not torch.cuda.is_available():  # torch's own error is an AssertionError on a CPU build
         with pytest.raises(ValueError, match="ScaleTracker: device 'cuda'"):
             nvfp4kv.ScaleTracker(1, device="cuda")
+
+
+def test_tracker_device_without_torch_says_what_to_do(monkeypatch):
+    """device= needs torch; without it the error says so and names the way out (review: a bare
+    "No module named 'torch'")."""
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    with pytest.raises(ModuleNotFoundError, match="device= .*needs torch.*leave device None"):
+        nvfp4kv.ScaleTracker(2, device="cpu")
+    tr = nvfp4kv.ScaleTracker(2)  # the way out: numpy from the first update
+    tr.update(1, np.full((3, 4), -2.5, np.float32), np.ones((3, 4), np.float32))
+    assert tr.k_amax().tolist() == [0.0, 2.5]
 
 
 def test_tracker_mismatched_device_message_cpu_build():
