@@ -534,8 +534,8 @@ def _dequantize_outputs(kv_cache: Any, value_cache: Any, dtype: Any, key_out: An
 def _gather_outputs(kv_cache: Any, value_cache: Any, seq_lens: Any, cu_seqlens: Any, computed: bool, dtype: Any,
                     key_out: Any, value_out: Any, orient: int = -1, block_table: Any = None) -> Tuple[Any, Any, Any]:
     """gather_dequant()'s outputs (the ones given, else new arrays of cu_seqlens[-1] rows, read on
-    the host: a synchronization with the GPU; zeros where no sequence may write) and its cu_seqlens (int32 where computed here and
-    the outputs are allocated here, if the total fits)."""
+    the host: a synchronization with the GPU; zeros where no sequence may write) and its
+    cu_seqlens (int32 where computed here and the outputs are allocated here, if the total fits)."""
     if not _both_given(dtype, key_out, value_out):
         _uint8_cache(kv_cache, value_cache)
         _, _, h, d, dv = _cache_geometry(kv_cache, value_cache, orient)  # only to allocate (~1 µs)

@@ -4,8 +4,9 @@ Every ```python block of the pages below that holds a `# -> value` comment is a 
 it is run (in this process, its own namespace) and the lines it prints are compared, in order,
 with those comments: equal, or starting with the text before a closing "..." (a long message cut
 short). A block followed by "prints (CPU):" and a fenced block (the README's quick start) is
-compared with that block's lines, where no GPU would take the script's device. Text after two spaces in a comment is an annotation, not output. Blocks that need a GPU
-run only where there is one; blocks whose output says "(CPU build)" only on a build without CUDA;
+compared with that block's lines, where no GPU would take the script's device. Text after two
+spaces in a comment is an annotation, not output. Blocks that need a GPU run only where there is
+one; blocks whose output says "(CPU build)" only on a build without CUDA;
 blocks that name torch at all (some use it without importing it: `allocate_kv_cache`'s default
 backend) only where torch is installed, and those that import it only with the torch the docs name
 (python-api.md: "each was run with ... torch X"): their outputs follow from torch's random
