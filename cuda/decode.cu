@@ -1150,7 +1150,7 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
     // no reduction over the lanes waits between the logits and the exponentials. Otherwise (the
     // first steps, typically; a NaN, or a row that has seen nothing yet) m moves to the step's
     // maximum, as the classic online softmax does.
-    constexpr float kSlack = 8.0f;
+    constexpr float kSlack = kDecodeSlackLog2;  // params.h
     float pr[kTiles][kN][4];
     bool slow = false;
 #pragma unroll

@@ -310,6 +310,14 @@ void dequantize(const DLTensor* kv_cache, const DLTensor* value_cache, const DLT
   run(c, p, cpu_dequantize, CUDA_OR_NULL(cuda_dequantize), stream);
 }
 
+// The block table's strides for block_table_row (gather, decode): 0 for a table without elements
+// (B or max_blocks 0), which is never read, and whose strides, which nothing checks, could
+// overflow block_table_row's products (review, UBSan).
+void table_strides(const Tensor& bt, int64_t* stride) {
+  stride[0] = bt.size(1) == 0 ? 0 : bt.stride(0);
+  stride[1] = bt.size(1) == 0 ? 0 : bt.stride(1);
+}
+
 void gather(const DLTensor* kv_cache, const DLTensor* value_cache, const DLTensor* block_table_t,
             const DLTensor* seq_lens, const DLTensor* cu_seqlens, const DLTensor* k_scale,
             const DLTensor* v_scale, nvfp4kv_scale_profile profile, DLTensor* key_out_t,
@@ -341,10 +349,7 @@ void gather(const DLTensor* kv_cache, const DLTensor* value_cache, const DLTenso
   p.v = DequantSide{c.v, resolve_scale(v_scale, "v_scale", c.device), vo.ptr(),
                     {vo.stride(0), vo.stride(1), 0}};
   p.block_table = bt.ptr();
-  // A table without elements (B or max_blocks 0) is never read, and its strides, which nothing
-  // checks, could overflow block_table_row's products (review, UBSan).
-  p.bt_stride[0] = bt.size(1) == 0 ? 0 : bt.stride(0);
-  p.bt_stride[1] = bt.size(1) == 0 ? 0 : bt.stride(1);
+  table_strides(bt, p.bt_stride);
   p.bt_int64 = bt64;
   p.seq_lens = index_vec(Tensor(seq_lens, "seq_lens"), cache_ref, B);
   p.cu_seqlens = index_vec(Tensor(cu_seqlens, "cu_seqlens"), cache_ref, B + 1);
@@ -654,10 +659,7 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
   p.lse_stride[0] = lse_t ? lse.stride(0) : 0;
   p.lse_stride[1] = lse_t ? lse.stride(1) : 0;
   p.block_table = bt.ptr();
-  // A table without elements (B or max_blocks 0) is never read, and its strides, which nothing
-  // checks, could overflow block_table_row's products (review, UBSan).
-  p.bt_stride[0] = bt.size(1) == 0 ? 0 : bt.stride(0);
-  p.bt_stride[1] = bt.size(1) == 0 ? 0 : bt.stride(1);
+  table_strides(bt, p.bt_stride);
   p.bt_int64 = bt64;
   p.seq_lens = seq_lens;
   p.B = B;

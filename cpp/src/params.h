@@ -254,6 +254,12 @@ NVFP4KV_HD int decode_query_exp(float mx) {
 }
 NVFP4KV_HD float pow2f(int k) { return bits_float(static_cast<uint32_t>(127 + k) << 23); }  // k in [-126, 127]
 
+// How far (log2) a logit may pass its row's running maximum before the maximum moves, on the
+// CPU path and the tensor-core reader: the probabilities then reach at most 2^8, inside fp16
+// (the reader's operands), and a maximum rising a little at every step no longer rounds every
+// sum at each move (design notes: "Decode attention on the CPU: one pass").
+constexpr float kDecodeSlackLog2 = 8.0f;
+
 // ---- amax (nvfp4kv_amax) -------------------------------------------------------------------------
 // max(|x|) over a float tensor, exact. The C ABI hands the backends x with its dimensions
 // reordered and merged (a maximum does not depend on the order it visits elements): extents >= 2,

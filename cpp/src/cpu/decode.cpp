@@ -30,10 +30,9 @@ constexpr int kMaxRows = 8 * 16;
 // kChunk + kFold + n / (kChunk * kFold).
 constexpr int kFold = 64;
 // A row's maximum moves only where a chunk's largest logit exceeds it by more than this (natural
-// log; the CUDA reader's 8 in log2): each move rounds every sum it rescales, and a maximum rising a
-// little in every chunk compounded those roundings in lse (1.8e-4 over 2^20 positions; review).
-// The probabilities then reach at most e^kSlack = 256, far inside fp32.
-constexpr float kSlack = 8.0f * 0.6931471805599453f;
+// log of params.h's slack): each move rounds every sum it rescales, and a maximum rising a little
+// in every chunk compounded those roundings in lse (1.8e-4 over 2^20 positions; review).
+constexpr float kSlack = kDecodeSlackLog2 * 0.6931471805599453f;
 
 template <DType kDType>
 inline float load_q(const void* base, int64_t idx) {
