@@ -22,6 +22,11 @@ cd - > /dev/null
 
 for step in $steps; do
   case $step in
+    sass|host|ceilings)
+      # These run the laboratory's scripts, which a git checkout has and the sdist leaves out.
+      [ -d tools ] || { echo "step $step needs tools/ (a git checkout of nvfp4kv); skipped"; continue; } ;;
+  esac
+  case $step in
     tests)
       log tests
       python3 -m pytest tests/python -q -p no:cacheprovider -x -rf --tb=short --durations=5 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
