@@ -40,8 +40,7 @@ for step in $steps; do
       timeout 180 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest tests/python/test_gpu.py tests/python/test_gather.py -q -p no:cacheprovider -k "(equals_cpu and 5d) or row_sizes" 2>&1 | tee "$OUT/racecheck.log" | tail -8 ;;
     initcheck)
       # Reads of device memory nothing wrote (memcheck does not see them): the CUDA property tests
-      # compare every returned byte with the CPU's (one failed inside the whole suite only, on
-      # 8a13a69, H100; cause not established).
+      # compare every returned byte with the CPU's.
       log "initcheck over the CUDA property tests and the gather GPU tests"
       timeout 400 compute-sanitizer --tool initcheck --print-limit 20 python3 -m pytest tests/python/test_property.py tests/python/test_gather.py -q -p no:cacheprovider -rf --tb=short -k "cuda" 2>&1 | tee "$OUT/initcheck.log" | tail -8 ;;
     decodecheck)
