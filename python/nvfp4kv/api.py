@@ -740,7 +740,8 @@ def gather_dequant(
         computed on its device in int64 (lengths < 0 count as 0; where the outputs are allocated
         here, which reads the lengths on the host, a negative length is a ValueError); returned as int32
         (FlashAttention's dtype) when the outputs are allocated here and the total fits in
-        int32, else as int64.
+        int32, else as int64. Sequences' rows must not overlap (not checked): a row two write
+        gets the later one's values on the CPU, on the GPU either one's, element by element.
     dtype : {"bfloat16", "float16", "float32"}, optional
         Output dtype when allocated here; default: that of the output passed when only one is,
         else bfloat16 for torch, float32 otherwise.

@@ -200,7 +200,10 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_dequantize_pages(const DLTensor* kv_cache,
  *               last stride 1. Token j of sequence b is read from page block_table[b, j / T],
  *               position j % T, and written to row cu_seqlens[b] + j. A block-table entry < 0 or
  *               >= N (or a block past max_blocks) gives zeros; rows outside [0, total_tokens) are
- *               never written; nothing is read outside the cache.
+ *               never written; nothing is read outside the cache. Sequences' rows must not
+ *               overlap (cu_seqlens[b] + seq_lens[b] <= cu_seqlens[b + 1]; not checked): a row
+ *               two sequences write gets the later one's values on the CPU and, element by
+ *               element, either one's on CUDA.
  * The other arguments as for nvfp4kv_dequantize. */
 NVFP4KV_API nvfp4kv_status nvfp4kv_gather_dequant(const DLTensor* kv_cache,
                                                   const DLTensor* value_cache,
