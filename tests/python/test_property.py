@@ -1298,12 +1298,12 @@ def test_cuda_gather_draws_give_each_row_to_one_sequence(data):
     """The CUDA variant above holds every returned byte to the CPU path's, so its draws must not
     let two sequences write one row: the CPU path gives it the later sequence's values, the GPU
     either one's, element by element. Found on the H100, where that test failed in whole-suite
-    runs only (a row half one sequence's, half the other's): a long sequence's rows ran into the
+    runs only (a row partly one sequence's, partly the other's): a long sequence's rows ran into the
     next one's, whose start the drawn cu_seqlens placed after at most 64 of them. Checked here, on
     the CPU, for the draws the CUDA variant makes."""
     params = draw_gather(data, Env("torch", "cpu"), gpu=True)[3]
     seq = [max(int(n), 0) for n in params["seq"]]
-    cu = params["cu"] if params["cu_kind"] != "default" else np.concatenate([[0], np.cumsum(seq)]).tolist()
+    cu = params["cu"] if params["cu_kind"] != "default" else np.cumsum([0] + seq).tolist()
     owner = {}
     for b, n in enumerate(seq):
         for r in range(max(int(cu[b]), 0), min(int(cu[b]) + n, params["total"])):
