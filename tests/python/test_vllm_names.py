@@ -7,9 +7,10 @@ the file to update, together with python/nvfp4kv/spec.py / views.py and docs/int
 - KV_CACHE_INTERFACE: vllm/v1/kv_cache_interface.py @ 001cabc1
 - TORCH_UTILS: vllm/utils/torch_utils.py @ 0024350b
 - the packed NVFP4 cache (N, 2*num_kv_heads, block_size, full_dim) and its stride orders: vLLM's
-  FlashInfer/TRT-LLM NVFP4 path (vllm/v1/attention/backends/flashinfer_trtllm_utils.py, seen in a
-  vLLM fork branch), and torch_utils @ 0024350b's nvfp4_split_data_scale docstring ("callers
-  split K and V with kv_cache.split(num_kv_heads, dim=1)").
+  FlashInfer/TRT-LLM NVFP4 path since PR #44455 (merged; HND on SM10x), first read in
+  vllm/v1/attention/backends/flashinfer_trtllm_utils.py of a fork branch, and torch_utils @
+  0024350b's nvfp4_split_data_scale docstring ("callers split K and V with
+  kv_cache.split(num_kv_heads, dim=1)").
 """
 
 import numpy as np
