@@ -330,12 +330,6 @@ class Expect:
     def either(self, label):
         self.open.append(label)
 
-    def known(self, exc, label):
-        """A reported finding: `exc` (outside the error contract) is accepted for this draw, with
-        every buffer unchanged; a strict xfail test below pins it."""
-        self.known_exc = (exc, label)
-
-    known_exc = None
     extra_names = frozenset()
     extra_excs = ()
 
@@ -374,9 +368,6 @@ def run_call(call, expect, bufs, params, names):
     try:
         result = call()
     except Exception as e:  # noqa: BLE001 - sorted out below
-        if expect.known_exc is not None and isinstance(e, expect.known_exc[0]):
-            assert_unchanged(bufs, before, f"after {type(e).__name__} ({e})")
-            return False, None, before
         if not isinstance(e, (TypeError, ValueError)):
             raise
         msg = str(e)
@@ -677,12 +668,18 @@ def draw_store(data, env, gpu=False):
     elif dd == "mismatch":
         vdt = "float16" if dtype != "float16" else "float32"
         expect.bad("value dtype != key dtype", {"value", "key"}, (TypeError,))
-    nv_tokens = n
+    v_rows = n
     if dd == "v_tokens":
-        nv_tokens = n + 1
-        vvals = np.concatenate([vvals, vvals[:1] if n else np.zeros((1, kh, vd), np.float32)])
+        # value with one row fewer than key: a defect unless slot_mapping is cut to n - 1 below.
+        # (It was one row more, expected to raise; but rows past the slots are padding, valid by
+        # the contract: found by a seeded long run, where that draw came without another defect.)
+        # With no tokens, one row more: padding, valid. Contiguous, so no stride defect drawn
+        # above for value stays.
         vmode = "contiguous"
-        expect.bad("value token count", {"value", "key", "slot_mapping"})
+        expect.defects = [x for x in expect.defects if x[0] != "value last stride 2"]
+        expect.open = [x for x in expect.open if x != "value negative token stride"]
+        v_rows = n - 1 if n else 1
+        vvals = vvals[:v_rows] if n else np.zeros((1, kh, vd), np.float32)
     if vdt == "int32":
         vbuf, value = place_tokens(env, rng, np.zeros_like(vvals), vdt, "contiguous")
     else:
@@ -716,6 +713,8 @@ def draw_store(data, env, gpu=False):
     elif sl == "long":
         slots, slot_len = slots + [-1], n + 1
         expect.bad("slot_mapping too long", {"slot_mapping"})
+    if v_rows < slot_len:
+        expect.bad("value token count", {"value", "key", "slot_mapping"})
     slayout = d(st.sampled_from(("contiguous", "contiguous", "strided") +
                                 (("reversed",) if env.backend == "numpy" else ())), label="slot_layout")
     if slayout == "reversed" and len(slots) > 1:
@@ -1131,18 +1130,21 @@ def draw_gather(data, env, gpu=False):
         else:
             dtype_arg, odt = draw_dtype_arg(data, env, expect)
         if cu_kind == "default":
-            total = int(np.sum(np.asarray(seq_arr)))
+            total = int(np.sum(np.maximum(np.asarray(seq_arr), 0)))
+            if len(seq_arr) and np.min(seq_arr) < 0:
+                # The call reads the lengths on the host to size its outputs, and refuses a
+                # negative one there (api._total_rows; found by a seeded long run: a valid call
+                # was expected where the lengths summed to >= 0).
+                expect.bad("negative seq_lens, outputs allocated", {"seq_lens"})
         else:
             total = int(cu_arr[-1]) if len(cu_arr) else 0
+            # Two findings of this test, fixed (test_gather_empty_cu_seqlens_without_outputs and
+            # test_gather_negative_total_without_outputs below): an empty cu_seqlens, or a last
+            # entry below 0, sizes no outputs, and the call says so naming cu_seqlens.
             if len(cu_arr) == 0:
-                # Known finding (test_gather_empty_cu_seqlens_without_outputs below): api.py reads
-                # cu_seqlens[-1] before the ABI checks its length and raises IndexError.
-                expect.known(IndexError, "empty cu_seqlens, outputs allocated by the call")
-        if total < 0:
-            # Known finding (test_gather_negative_total_without_outputs below): the outputs are
-            # allocated with a negative row count: numpy's ValueError names no argument, torch
-            # raises RuntimeError.
-            expect.known((ValueError, RuntimeError), "negative cu_seqlens[-1], outputs allocated")
+                expect.bad("empty cu_seqlens, outputs allocated by the call", {"cu_seqlens"})
+            elif total < 0:
+                expect.bad("negative cu_seqlens[-1], outputs allocated", {"cu_seqlens"})
     params = dict(geo, scale_layout=scale_layout, B=B, mb=mb, bt=bt.tolist(), seq=seq.tolist(),
                   cu=cu.tolist(), cu_kind=cu_kind, sl_kind=sl_kind, idx=(bt_dt, sl_dt, cu_dt),
                   give_out=give_out, total=total, odt=odt, ks=ks, vs=vs,
@@ -1159,7 +1161,7 @@ def draw_gather(data, env, gpu=False):
         """{row: (k (H,D), v (H,Dv))}, later sequences winning (the CPU path's order)."""
         kref, vref = ref_dequant(cache, before, ksv, vsv, scale_layout)
         rows = {}
-        cu_use = cu if cu_kind != "default" else np.concatenate([[0], np.cumsum(seq)])
+        cu_use = cu if cu_kind != "default" else np.concatenate([[0], np.cumsum(np.maximum(seq, 0))])
         for b in range(B):
             start, n = int(cu_use[b]), max(int(seq[b]), 0)
             lo, hi = max(0, -start), min(n, total - start)
