@@ -223,9 +223,8 @@ def test_allocated_outputs_are_zeros_where_no_sequence_writes(nv, backend):
     """Outputs allocated by the call are zeros in the rows no sequence writes (the gaps of a
     cu_seqlens passed in; the padding rows of the output that takes a given one's row count),
     never memory of whatever was there: CPU and GPU then agree whatever their allocators hold
-    (found while looking into a GPU-only failure of test_cuda_gather_dequant_property; that
-    failure's cause is not established: none of its derandomized examples, run on the CPU with
-    dirtied allocations, depends on them)."""
+    (found while looking into a GPU-only failure of test_cuda_gather_dequant_property, whose
+    cause turned out to be another: its draws let two sequences write one row)."""
     N, T, H, D = 6, 4, 2, 64
     cache = make_cache(N, T, H, D, "5d", "HND", backend, seed=7)
     bt = as_backend(np.array([[5, 0, 3], [2, 2, 1]], np.int64), backend)
