@@ -16,8 +16,8 @@ Two tables (issue #23, point 4):
   also inside a CUDA graph (µs per call, ours and SDPA's);
 - variants (VARIANTS): one thing changed from 16×4096 each (q_len, GQA group, head size, fp16,
   NHD, block sizes 8 and 1), 1×1024 timed inside a CUDA graph, a window of 4096 tokens at
-  16×32768 (its bytes and SDPA's K/V: the window's), and 1×1024 in a block table 131072 tokens
-  wide (an engine's table of its longest context; graph).
+  16×32768 (its bytes and SDPA's K/V: the window's), and 1×1024 (graph) and 16×4096 in a block
+  table 131072 tokens wide (an engine's table of its longest context).
 
 The SDPA baseline: K/V [B, Hkv, L, D] contiguous per sequence (its best case), enable_gqa. For
 q_len 1 no mask. For q_len > 1 the q_len queries of a sequence are its last q_len positions,
@@ -76,6 +76,7 @@ VARIANTS = {
     "graph": ("1x1024 in a CUDA graph", dict(B=1, L=1024, graph=True)),
     "w4096": ("window 4096 at 16x32768", dict(L=32768, window=4095)),
     "wide": ("1x1024 in a 131072-token table, graph", dict(B=1, L=1024, width=131072, graph=True)),
+    "wide16": ("16x4096 in a 131072-token table", dict(width=131072)),
 }
 
 

@@ -1610,11 +1610,11 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
   L.unit_shift = decode_unit_shift(p.T);
   const DecodeSplit split = plan_decode_split(p.B, p.H, span, p.T);
   L.splits = static_cast<int32_t>(split.splits);
-  // The splits follow the lengths where that can pay: with a window, or with more splits than a
-  // cluster holds (a short sequence in a wide table). With fewer, a short sequence leaves at
-  // most a few blocks idle, and taking every block's split from the length cost 0.33 us at
-  // 1 x 1024 (design notes: "Decode attention: splits from the lengths").
-  L.by_length = L.window || L.splits > kMaxClusterSplits;
+  // The splits follow the lengths where a short sequence would otherwise leave its work to a
+  // few of them (decode_by_length); not where every split is short, since taking the splits from
+  // the lengths cost 0.33 us at 1 x 1024 (design notes: "Decode attention: splits from the
+  // lengths").
+  L.by_length = decode_by_length(split, p.T, L.window);
   if (L.splits > 1 && (p.workspace == nullptr ||
                        p.workspace_floats < decode_workspace_floats(p.B * p.q_len, int64_t{p.H} * p.group, p.v.D, L.splits))) {
     *message = "decode_attention: this geometry splits each sequence and needs a workspace (nvfp4kv.decode_workspace)";

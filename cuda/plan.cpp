@@ -128,6 +128,12 @@ bool decode_cluster_merge(DecodeKernel kind, int64_t splits, int64_t blocks, con
          d.cc_major >= 9;
 }
 
+bool decode_by_length(const DecodeSplit& split, int32_t T, bool window) {
+  // split.cols * T > kDecodePlanSplitTokens, without the product (a table may hold 2^62 tokens).
+  return window || split.splits > kMaxClusterSplits ||
+         (split.splits > 1 && split.cols > kDecodePlanSplitTokens / std::max<int32_t>(T, 1));
+}
+
 DecodeKernel select_decode_kernel(const DecodeShape& s) {
   // Every block size: a tile lies in one page, or (decode_per_token_pages) in its tokens' pages.
   const bool head_ok = s.D == 64 || s.D == 128 || s.D == 256;

@@ -159,4 +159,15 @@ int64_t decode_span_cols(int64_t max_blocks, int32_t T, int32_t q_len, int64_t w
 constexpr int kMaxClusterSplits = 8;  // the portable cluster size
 bool decode_cluster_merge(DecodeKernel kind, int64_t splits, int64_t blocks, const DeviceInfo& d);
 
+// Whether a launch's splits follow each sequence's length (decode_split_cols; design notes:
+// "Decode attention: splits from the lengths") instead of taking the plan's fixed share of the
+// table's columns each: with a window, with more splits than a cluster holds, and wherever a split
+// of the plan holds more than kDecodePlanSplitTokens tokens. In the plan's shares a sequence
+// shorter than its table has all its tokens in the first splits while the others idle, and an
+// engine's table is as wide as its longest context (vLLM: max_model_len / T columns): 16 x 4096 in
+// a table of 131072 tokens made 4 splits of 32768 and read the whole sequence in split 0. A plan
+// split of at most 256 tokens holds at most two steps of each of its block's warps.
+constexpr int64_t kDecodePlanSplitTokens = 256;
+bool decode_by_length(const DecodeSplit& split, int32_t T, bool window);
+
 }  // namespace nvfp4kv

@@ -344,6 +344,19 @@ void test_decode() {
             }
           }
 
+  // Splits from the lengths wherever a plan split holds more than 256 tokens: a short sequence in a
+  // wide table (an engine's) would otherwise leave its tokens to the first of few long splits.
+  CHECK(!decode_by_length(plan_decode_split(1, 8, 64, 16), 16, false), "1 x 1024: 8 splits of 128 tokens");
+  CHECK(!decode_by_length(plan_decode_split(1, 8, 1024, 1), 1, false), "1 x 1024 at T 1: 8 splits of 128 tokens");
+  CHECK(!decode_by_length(plan_decode_split(16, 8, 64, 16), 16, false), "16 x 1024: 4 splits of 256 tokens");
+  CHECK(decode_by_length(plan_decode_split(16, 8, 256, 16), 16, false), "16 x 4096: 4 splits of 1024 tokens");
+  CHECK(decode_by_length(plan_decode_split(16, 8, 8192, 16), 16, false), "16 x 4096 in a 131072-token table");
+  CHECK(!decode_by_length(plan_decode_split(64, 8, 8192, 16), 16, false), "one split: nothing to share");
+  CHECK(decode_by_length(plan_decode_split(1, 8, 8192, 16), 16, false), "64 splits: more than a cluster");
+  CHECK(decode_by_length({1, 8192}, 16, true) && decode_by_length({2, 8}, 16, true), "a window");
+  CHECK(!decode_by_length({2, 85}, 3, false) && decode_by_length({2, 86}, 3, false), "T 3: 255 and 258 tokens");
+  CHECK(decode_by_length({2, int64_t{1} << 44}, 1 << 20, false), "2^64 tokens a split: no overflow");
+
   // 1 x 1024 (Hkv 8, 64 columns): 8 splits, 64 blocks; 16 x 4096: 4 splits, 512 blocks.
   CHECK(decode_cluster_merge(DecodeKernel::kMma, 8, 64, kH200), "8 splits, 64 blocks merge in their clusters on sm_90");
   CHECK(decode_cluster_merge(DecodeKernel::kMma, 2, 132, kH200), "one block per SM");
