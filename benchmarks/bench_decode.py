@@ -16,8 +16,10 @@ Two tables (issue #23, point 4):
   also inside a CUDA graph (µs per call, ours and SDPA's);
 - variants (VARIANTS): one thing changed from 16×4096 each (q_len, GQA group, head size, fp16,
   NHD, block sizes 8 and 1), 1×1024 timed inside a CUDA graph, a window of 4096 tokens at
-  16×32768 (its bytes and SDPA's K/V: the window's), and 1×1024 (graph) and 16×4096 in a block
-  table 131072 tokens wide (an engine's table of its longest context).
+  16×32768 (its bytes and SDPA's K/V: the window's), 1×1024 (graph) and 16×4096 in a block
+  table 131072 tokens wide (an engine's table of its longest context), and in that table 16
+  lengths from 256 to 7936 (a served batch: its mean and bytes those of 16×4096; SDPA's K/V are
+  16×4096's, its best case).
 
 The SDPA baseline: K/V [B, Hkv, L, D] contiguous per sequence (its best case), enable_gqa. For
 q_len 1 no mask. For q_len > 1 the q_len queries of a sequence are its last q_len positions,
@@ -52,6 +54,7 @@ class Spec:
     graph: bool = False  # gpu µs (ours and SDPA's) per call inside a CUDA graph, not queued launches
     window: int = -1  # window_left (q_len 1): each sequence attends its last window + 1 tokens
     width: int = 0  # tokens the block table holds per sequence (0: L), as an engine's table of its longest context
+    ragged: bool = False  # lengths spread evenly over [L/16, 2L - L/16] (mean L), as a served batch's
 
     @property
     def scale_layout(self):
@@ -77,6 +80,7 @@ VARIANTS = {
     "w4096": ("window 4096 at 16x32768", dict(L=32768, window=4095)),
     "wide": ("1x1024 in a 131072-token table, graph", dict(B=1, L=1024, width=131072, graph=True)),
     "wide16": ("16x4096 in a 131072-token table", dict(width=131072)),
+    "ragged": ("16 lengths 256..7936 (mean 4096) in a 131072-token table", dict(width=131072, ragged=True)),
 }
 
 
@@ -96,15 +100,25 @@ def variant_specs(names):
     return [(VARIANTS[n][0], Spec(**VARIANTS[n][1])) for n in VARIANTS if n in names]
 
 
+def lengths(s):
+    """Each sequence's length: L, or (ragged) evenly spaced from L/16 to 2L - L/16, whose mean is L."""
+    if not s.ragged or s.B == 1:
+        return [s.L] * s.B
+    lo, hi = s.L // 16, 2 * s.L - s.L // 16
+    return [lo + (hi - lo) * i // (s.B - 1) for i in range(s.B)]
+
+
 def attended(s):
-    """Tokens of a sequence that its queries attend: all L, or with a window its last window + 1."""
+    """Tokens of a sequence that its queries attend, on average: L, or with a window its last
+    window + 1; ragged lengths average L."""
     return s.L if s.window < 0 else min(s.L, s.window + 1)
 
 
 def nvfp4_bytes(s):
     """NVFP4 bytes one call needs: every attended K and V row of every sequence, codes (D/2) and
     scales (D/16). The query's heads and q_len add no cache bytes (the query and output are < 1 %)."""
-    return s.B * attended(s) * s.H * 2 * (s.D // 2 + s.D // 16)
+    tokens = sum(lengths(s)) if s.ragged else s.B * attended(s)
+    return tokens * s.H * 2 * (s.D // 2 + s.D // 16)
 
 
 def make_case(s, seed=0):
@@ -117,7 +131,7 @@ def make_case(s, seed=0):
 
     dtype = getattr(torch, s.dtype)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    blocks = (max(s.L, s.width) + s.T - 1) // s.T
+    blocks = (max(max(lengths(s)), s.width) + s.T - 1) // s.T
     N = s.B * blocks
     Fd = nvfp4kv.nvfp4_kv_cache_full_dim(s.D)
     raw = torch.empty(N, 2, s.H * s.T * Fd, dtype=torch.uint8, device="cuda").random_(0, 256, generator=g)
@@ -129,7 +143,7 @@ def make_case(s, seed=0):
     else:
         kv = raw.view(N, 2, s.T, s.H, Fd)  # NHD: the buffer's own order
     bt = torch.randperm(N, device="cuda", generator=g).reshape(s.B, blocks).to(torch.int32)
-    seq_lens = torch.full((s.B,), s.L, dtype=torch.int32, device="cuda")
+    seq_lens = torch.tensor(lengths(s), dtype=torch.int32, device="cuda")
     q = torch.randn(s.B * s.q_len, s.Hq, s.D, device="cuda", dtype=dtype, generator=g)
     out = torch.empty_like(q)
     ks = torch.tensor([0.02], device="cuda")

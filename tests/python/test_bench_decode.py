@@ -59,6 +59,9 @@ def test_bytes_follow_the_cache_geometry(bd):
     assert by_label["D 64"] == bd.nvfp4_bytes(base) // 2
     assert by_label["D 256"] == 2 * bd.nvfp4_bytes(base)
     assert by_label["1x1024 in a CUDA graph"] == 1024 * 8 * 2 * 72
+    # Ragged lengths: 256, 768, ..., 7936 (mean 4096), the bytes of 16 x 4096.
+    ragged = bd.Spec(ragged=True)
+    assert bd.lengths(ragged) == [256 + 512 * i for i in range(16)] and bd.nvfp4_bytes(ragged) == bd.nvfp4_bytes(base)
     assert bd.nvfp4_bytes(bd.Spec(H=4)) == bd.nvfp4_bytes(base) // 2
 
 
@@ -66,7 +69,7 @@ def test_variants_change_one_thing(bd):
     base = bd.Spec()
     for label, s in bd.variant_specs(list(bd.VARIANTS)):
         changed = {f for f in bd.Spec.__dataclass_fields__ if getattr(s, f) != getattr(base, f)}
-        several = ({"B", "L", "graph"}, {"L", "window"}, {"B", "L", "width", "graph"})
+        several = ({"B", "L", "graph"}, {"L", "window"}, {"B", "L", "width", "graph"}, {"width", "ragged"})
         assert changed and (len(changed) == 1 or changed in several), (label, changed)
         assert s.Hq % s.H == 0 and 1 <= s.q_len <= 8 and s.D in (64, 128, 256)
     # Interleaved V scales need HND rows; the NHD variant reads linear scales.
