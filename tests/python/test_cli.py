@@ -263,6 +263,16 @@ def test_memory_limit_is_sane():
     assert 2**20 < _memory_limit() <= 2**40
 
 
+def test_plan_text_counts_one_layer_and_one_head_in_the_singular():
+    rc, out, err = run("plan", "--layers", "1", "--kv-heads", "1", "--head-size", "64")
+    assert rc == 0, err
+    assert "1 layer, 1 KV head, head size 64" in out and "page B (1 layer)" in out
+    assert "layers" not in out and "heads" not in out
+    rc, out, err = run("plan", "--layers", "2", "--kv-heads", "8", "--head-size", "64")
+    assert rc == 0, err
+    assert "2 layers, 8 KV heads" in out and "page B (2 layers)" in out
+
+
 def test_plan_supported_head_sizes_still_work():
     for d in (16, 64, 256, 512):
         r = run_json("plan", "--layers", "2", "--kv-heads", "1", "--head-size", str(d))

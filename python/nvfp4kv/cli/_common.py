@@ -217,6 +217,11 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str = "
     )
 
 
+def _count(n: int, noun: str) -> str:
+    """'1 layer', '32 layers'."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _human_bytes(n: float) -> str:
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= size:

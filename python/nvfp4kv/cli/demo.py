@@ -12,6 +12,7 @@ from ._common import (
     _SIZE_FORMATS,
     CLIError,
     UsageError,
+    _count,
     _fmt_ratio,
     _format_sizes,
     _geometry_json,
@@ -332,8 +333,9 @@ def _print_demo(r: dict[str, Any]):
     m = r["model"]
     fw = "torch" if r["backend"] == "torch" else "numpy"
     print(
-        f"nvfp4kv {r['nvfp4kv']} demo: {m['name']} geometry ({m['layers']} layers, "
-        f"{m['kv_heads']} KV heads, head size {m['head_size']}, block size {r['block_size']})"
+        f"nvfp4kv {r['nvfp4kv']} demo: {m['name']} geometry ({_count(m['layers'], 'layer')}, "
+        f"{_count(m['kv_heads'], 'KV head')}, head size {m['head_size']}, "
+        f"block size {r['block_size']})"
     )
     print(f"device:  {r['device']} ({fw} {r['framework_version']}, {r['input_dtype']} input)")
     print(
@@ -344,7 +346,7 @@ def _print_demo(r: dict[str, Any]):
         print(f"data:    {part}")
     print(f"scales:  k_scale = amax/448 = {r['k_scale']:.6g}, v_scale = {r['v_scale']:.6g}")
     print()
-    print(f"KV cache size, whole model ({m['layers']} layers):")
+    print(f"KV cache size, whole model ({_count(m['layers'], 'layer')}):")
     print(
         _table(
             ["format", "page B/layer", "page B", "B/token", "vs bf16", "vs fp8"],

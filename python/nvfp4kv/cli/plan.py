@@ -8,6 +8,7 @@ from typing import Any
 from ..models import DEFAULT_MODEL, MODELS, ModelGeometry, custom_geometry, get_model
 from ._common import (
     UsageError,
+    _count,
     _fmt_ratio,
     _format_sizes,
     _fraction_arg,
@@ -122,8 +123,8 @@ def _cmd_plan(args) -> int:
 
     src = f" ({geo.hf_id})" if geo.hf_id else ""
     print(
-        f"model:   {geo.name}{src}: {geo.layers} layers, {geo.kv_heads} KV heads, "
-        f"head size {geo.head_size}"
+        f"model:   {geo.name}{src}: {_count(geo.layers, 'layer')}, "
+        f"{_count(geo.kv_heads, 'KV head')}, head size {geo.head_size}"
     )
     print(
         f"memory:  {_human_bytes(result['memory_bytes'])} x {result['utilization']:g} - "
@@ -152,7 +153,7 @@ def _cmd_plan(args) -> int:
         _table(
             [
                 "format",
-                f"page B ({geo.layers} layers)",
+                f"page B ({_count(geo.layers, 'layer')})",
                 "B/token",
                 "pages",
                 "max tokens",
