@@ -99,7 +99,10 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle):
 
 
 @pytest.mark.parametrize("argv, prog", [(["plan", "--frob"], "nvfp4kv plan"), (["info", "--tokens", "5"], "nvfp4kv info"),
-                                        (["--frob"], "nvfp4kv demo"), (["bench", "x"], "nvfp4kv bench")])
+                                        (["--frob"], "nvfp4kv demo"), (["bench", "x"], "nvfp4kv bench"),
+                                        # full names only: --mem is not --memory (nor --tok --tokens)
+                                        (["plan", "--mem", "80GB"], "nvfp4kv plan"),
+                                        (["demo", "--tok", "64"], "nvfp4kv demo")])
 def test_unknown_options_are_reported_by_their_subcommand(argv, prog):
     rc, out, err = run(*argv)
     assert rc == 2 and out == ""

@@ -50,7 +50,13 @@ __all__ = [
 
 # ------------------------------------------------------------------------------ argument parsing
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr (and exit status 2)."""
+    """argparse, but a usage error is one line on stderr (and exit status 2), and options only by
+    their full names: an abbreviation that works today (--mem) would stop working, or mean another
+    option, the day a second option shares its prefix."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # the subcommands' parsers are of this class too
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, _usage_line(self.prog, message))
