@@ -19,7 +19,8 @@ Two tables (issue #23, point 4):
   16×32768 (its bytes and SDPA's K/V: the window's), 1×1024 (graph) and 16×4096 in a block
   table 131072 tokens wide (an engine's table of its longest context), and in that table 16
   lengths from 256 to 7936 (a served batch: its mean and bytes those of 16×4096; SDPA's K/V are
-  16×4096's, its best case).
+  16×4096's, its best case), and 1×1024 (graph) given a view of that table's first 64 columns (an
+  engine that cuts its table to the batch's longest sequence).
 
 The SDPA baseline: K/V [B, Hkv, L, D] contiguous per sequence (its best case), enable_gqa. For
 q_len 1 no mask. For q_len > 1 the q_len queries of a sequence are its last q_len positions,
@@ -55,6 +56,7 @@ class Spec:
     window: int = -1  # window_left (q_len 1): each sequence attends its last window + 1 tokens
     width: int = 0  # tokens the block table holds per sequence (0: L), as an engine's table of its longest context
     ragged: bool = False  # lengths spread evenly over [L/16, 2L - L/16] (mean L), as a served batch's
+    cut: bool = False  # pass a view of the table's first columns, up to the longest sequence (an engine that knows it)
 
     @property
     def scale_layout(self):
@@ -81,6 +83,8 @@ VARIANTS = {
     "wide": ("1x1024 in a 131072-token table, graph", dict(B=1, L=1024, width=131072, graph=True)),
     "wide16": ("16x4096 in a 131072-token table", dict(width=131072)),
     "ragged": ("16 lengths 256..7936 (mean 4096) in a 131072-token table", dict(width=131072, ragged=True)),
+    "wide_cut": ("1x1024 in a 131072-token table, its first 64 columns passed, graph",
+                 dict(B=1, L=1024, width=131072, cut=True, graph=True)),
 }
 
 
@@ -143,6 +147,8 @@ def make_case(s, seed=0):
     else:
         kv = raw.view(N, 2, s.T, s.H, Fd)  # NHD: the buffer's own order
     bt = torch.randperm(N, device="cuda", generator=g).reshape(s.B, blocks).to(torch.int32)
+    if s.cut:  # a view: the rows keep the whole table's stride
+        bt = bt[:, : (max(lengths(s)) + s.T - 1) // s.T]
     seq_lens = torch.tensor(lengths(s), dtype=torch.int32, device="cuda")
     q = torch.randn(s.B * s.q_len, s.Hq, s.D, device="cuda", dtype=dtype, generator=g)
     out = torch.empty_like(q)

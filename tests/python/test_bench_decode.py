@@ -69,7 +69,8 @@ def test_variants_change_one_thing(bd):
     base = bd.Spec()
     for label, s in bd.variant_specs(list(bd.VARIANTS)):
         changed = {f for f in bd.Spec.__dataclass_fields__ if getattr(s, f) != getattr(base, f)}
-        several = ({"B", "L", "graph"}, {"L", "window"}, {"B", "L", "width", "graph"}, {"width", "ragged"})
+        several = ({"B", "L", "graph"}, {"L", "window"}, {"B", "L", "width", "graph"}, {"width", "ragged"},
+                   {"B", "L", "width", "cut", "graph"})
         assert changed and (len(changed) == 1 or changed in several), (label, changed)
         assert s.Hq % s.H == 0 and 1 <= s.q_len <= 8 and s.D in (64, 128, 256)
     # Interleaved V scales need HND rows; the NHD variant reads linear scales.
@@ -98,7 +99,8 @@ def test_make_case_on_gpu(bd):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     pytest.importorskip("nvfp4kv")
-    for s in (bd.Spec(B=2, L=64, q_len=2), bd.Spec(B=2, L=64, layout="NHD", D=64, dtype="float16")):
+    for s in (bd.Spec(B=2, L=64, q_len=2), bd.Spec(B=2, L=64, layout="NHD", D=64, dtype="float16"),
+              bd.Spec(B=2, L=64, width=1024, cut=True)):
         c = bd.make_case(s)
         c["ours"]()
         c["sdpa"]()

@@ -510,6 +510,23 @@ def test_workspace_bytes(B, q_len, Hq, H, Dv, mb):
     assert nvfp4kv.decode_workspace_bytes(B, q_len, Hq, H, Dv, mb) == want
 
 
+def test_a_view_of_the_tables_first_columns():
+    """An engine that knows its batch's longest sequence may pass a view of its table's first
+    columns (integration guide): the bits of a table of those columns alone, and that width's
+    workspace; the columns past the view hold pages that nothing reads."""
+    cache, q, bt, _ = setup(N=60, B=3, seed=5)  # 22 columns
+    wide = torch.randint(0, cache.N, (3, 400), dtype=bt.dtype, generator=torch.Generator().manual_seed(2))
+    wide[:, :22] = bt
+    view = wide[:, :22]
+    assert not view.is_contiguous()
+    sl = torch.tensor([352, 17, 200], dtype=torch.int32)
+    got = nvfp4kv.decode_attention(q, cache.kv_cache, view, sl, 0.02, 0.03, value_cache=cache.value_cache)
+    want = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03, value_cache=cache.value_cache)
+    assert torch.equal(bits(got), bits(want))
+    sizes = [nvfp4kv.decode_workspace(cache.kv_cache, q, t).numel() for t in (view, bt, wide)]
+    assert sizes[0] == sizes[1] < sizes[2], sizes
+
+
 def test_decode_workspace_allocates():
     cache, q, bt, sl = setup(N=60, seed=1)  # 22 block-table columns: 2 splits of at least 8
     ws = nvfp4kv.decode_workspace(cache.kv_cache, q, bt)

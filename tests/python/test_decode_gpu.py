@@ -404,6 +404,25 @@ def test_cuda_short_sequences_in_a_wide_table(T, q_len, window, shift):
     check_against_cpu(kv, bt, sl, q, shift=shift, **kw)
 
 
+def test_cuda_a_view_of_the_tables_first_columns():
+    """An engine that knows its batch's longest sequence may pass a view of its table's first
+    columns (integration guide): the call plans for that width, with that width's workspace, and
+    gives the bits of a table of those columns alone; the columns past the view hold pages that
+    nothing reads."""
+    kv, bt, sl, q = make(2, 1024, 2, 4, 128, 16, seed=31)  # 64 columns
+    g = torch.Generator(device="cuda").manual_seed(3)
+    wide = torch.randint(0, kv.shape[0], (2, 8192), dtype=torch.int32, device="cuda", generator=g)
+    wide[:, :64] = bt.cuda()
+    view = wide[:, :64]
+    assert view.stride() == (8192, 1)
+    got, got_lse = run(kv, view, sl, q, "cuda")
+    want, want_lse = run(kv, bt, sl, q, "cuda")
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+    kvc, qc = kv.cuda(), q.cuda()
+    sizes = [nv.decode_workspace(kvc, qc, t).numel() for t in (view, bt.cuda(), wide)]
+    assert sizes[0] == sizes[1] < sizes[2], sizes
+
+
 def test_cuda_graph_of_a_window_with_changing_lengths():
     """The window's first columns come from each sequence's length on the device: replays with
     other lengths (longer and shorter than the window, empty) move them."""
