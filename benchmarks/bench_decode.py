@@ -112,17 +112,17 @@ def lengths(s):
     return [lo + (hi - lo) * i // (s.B - 1) for i in range(s.B)]
 
 
-def attended(s):
-    """Tokens of a sequence that its queries attend, on average: L, or with a window its last
-    window + 1; ragged lengths average L."""
-    return s.L if s.window < 0 else min(s.L, s.window + 1)
+def attended(s, length=None):
+    """Tokens that the queries of a sequence of `length` (default L) attend: all, or with a window
+    its last window + 1."""
+    n = s.L if length is None else length
+    return n if s.window < 0 else min(n, s.window + 1)
 
 
 def nvfp4_bytes(s):
     """NVFP4 bytes one call needs: every attended K and V row of every sequence, codes (D/2) and
     scales (D/16). The query's heads and q_len add no cache bytes (the query and output are < 1 %)."""
-    tokens = sum(lengths(s)) if s.ragged else s.B * attended(s)
-    return tokens * s.H * 2 * (s.D // 2 + s.D // 16)
+    return sum(attended(s, n) for n in lengths(s)) * s.H * 2 * (s.D // 2 + s.D // 16)
 
 
 def make_case(s, seed=0):
@@ -135,7 +135,8 @@ def make_case(s, seed=0):
 
     dtype = getattr(torch, s.dtype)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    blocks = (max(max(lengths(s)), s.width) + s.T - 1) // s.T
+    longest = max(lengths(s))
+    blocks = (max(longest, s.width) + s.T - 1) // s.T
     N = s.B * blocks
     Fd = nvfp4kv.nvfp4_kv_cache_full_dim(s.D)
     raw = torch.empty(N, 2, s.H * s.T * Fd, dtype=torch.uint8, device="cuda").random_(0, 256, generator=g)
@@ -148,7 +149,7 @@ def make_case(s, seed=0):
         kv = raw.view(N, 2, s.T, s.H, Fd)  # NHD: the buffer's own order
     bt = torch.randperm(N, device="cuda", generator=g).reshape(s.B, blocks).to(torch.int32)
     if s.cut:  # a view: the rows keep the whole table's stride
-        bt = bt[:, : (max(lengths(s)) + s.T - 1) // s.T]
+        bt = bt[:, : (longest + s.T - 1) // s.T]
     seq_lens = torch.tensor(lengths(s), dtype=torch.int32, device="cuda")
     q = torch.randn(s.B * s.q_len, s.Hq, s.D, device="cuda", dtype=dtype, generator=g)
     out = torch.empty_like(q)

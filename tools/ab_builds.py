@@ -7,8 +7,8 @@ the rounds per build.
 
 Usage: python tools/ab_builds.py NAME=PKG_DIR [NAME=PKG_DIR ...] [--rounds 3] [--decode BxL,...]
 (PKG_DIR: a `pip install --target` directory; "installed" for the environment's own nvfp4kv;
-a decode case ending in "g" is timed per call inside a CUDA graph, one ending in "r" has
-bench_decode.py's ragged lengths (mean L) in a 131072-token table; a bench_decode.py variant
+a decode case ending in "g" is timed per call inside a CUDA graph, one ending in "r" is
+bench_decode.py's variant ragged (its lengths, mean L, and its table) at that B and L; a bench_decode.py variant
 name, such as d256 or q4, is that variant of 16x4096).
 """
 import argparse
@@ -52,8 +52,7 @@ for c in cases:
     else:
         graph, ragged = c.endswith("g"), c.endswith("r")
         B, L = (int(x) for x in c.rstrip("gr").split("x"))
-        # ragged: bench_decode's ragged lengths (mean L) in a 131072-token table, as its variant's
-        spec = bd.Spec(B=B, L=L, width=131072, ragged=True) if ragged else bd.Spec(B=B, L=L)
+        spec = bd.Spec(**{**(bd.VARIANTS["ragged"][1] if ragged else {}), "B": B, "L": L})
     case = bd.make_case(spec)
     if graph:
         out[f"decode {c}"] = bench._graph_per_call(torch, case["ours"], bd.GRAPH_CALLS, 5)
