@@ -463,7 +463,11 @@ def _empty(like: Any, shape: Tuple[int, ...], dtype: Any) -> Any:
 def _dtype_name(dtype: Any) -> str:
     name = dtype if isinstance(dtype, str) else str(dtype).replace("torch.", "")
     name = {"float": "float32", "half": "float16"}.get(name, name)
-    if name not in _FLOAT_DTYPES:
+    torch = sys.modules.get("torch")
+    # numpy names the rest (np.float16, "f2"), but not a torch dtype, and under torch.compile not a
+    # string: traced, its refusal of either is an internal error in place of the message below.
+    if name not in _FLOAT_DTYPES and not (torch is not None and (
+            isinstance(dtype, torch.dtype) or isinstance(dtype, str) and torch.compiler.is_compiling())):
         try:
             import numpy as np
 
@@ -779,9 +783,10 @@ def decode_workspace_bytes(num_seqs: int, q_len: int, num_qo_heads: int, num_kv_
     """Bytes of the :func:`decode_attention` workspace for that geometry (0: none needed).
 
     The CUDA path splits each sequence's tokens over several blocks when few (sequence, KV head)
-    pairs would occupy the GPU; the split count, hence this size, depends on the geometry alone
-    (``num_seqs``, ``num_kv_heads``, ``max_blocks_per_seq``), so one workspace serves every call
-    of that geometry, and a larger one does too.
+    pairs would occupy the GPU. The split count depends on ``num_seqs``, ``num_kv_heads`` and
+    ``max_blocks_per_seq`` alone, and each split's partial on the query rows and ``head_size_v``,
+    so the size follows from these six arguments, never from the sequence lengths: one workspace
+    serves every call of that geometry, and a larger one does too.
     """
     return _C.decode_workspace_bytes(*_int64s(num_seqs=num_seqs, q_len=q_len, num_qo_heads=num_qo_heads,
                                              num_kv_heads=num_kv_heads, head_size_v=head_size_v,
@@ -799,7 +804,15 @@ def decode_workspace(kv_cache: Any, query: Any, block_table: Any, q_len: int = 1
         raise ValueError(f"query: shape {qshape} received; expected (num_seqs * q_len, num_qo_heads, head_size)")
     if len(bshape) != 2:
         raise ValueError(f"block_table: shape {bshape} received; expected (num_seqs, max_blocks_per_seq)")
-    nbytes = decode_workspace_bytes(bshape[0], q_len, qshape[1], h, dv, bshape[1])
+    try:
+        nbytes = decode_workspace_bytes(bshape[0], q_len, qshape[1], h, dv, bshape[1])
+    except ValueError as e:
+        if not str(e).startswith("nvfp4kv_decode_workspace_size"):  # one naming an argument given here
+            raise
+        # The C ABI names decode_workspace_bytes' parameters (num_qo_heads, head_size_v): say where
+        # they came from.
+        raise ValueError(f"query of shape {tuple(qshape)}, block_table of shape {tuple(bshape)}, q_len {q_len} and "
+                         f"a cache of {h} KV heads of head size {dv}: {e}") from None
     return _zeros(kv_cache, nbytes, "uint8")
 
 
@@ -817,22 +830,37 @@ def _decode_out(query: Any, kv_cache: Any, value_cache: Any, out: Any, block_tab
     if checked and len(bshape) == 2 and 1 <= q_len <= 8 and qshape[0] != bshape[0] * q_len:  # else the C ABI
         raise ValueError(f"query: {qshape[0]} rows (shape {tuple(qshape)}) but block_table has {bshape[0]} "
                          f"sequences of q_len {q_len}; expected {bshape[0] * q_len} rows")
+    dtype = getattr(query, "dtype", None)
+    if dtype is None:  # e.g. a memoryview: the binding reads it, but nothing here can allocate its like
+        raise TypeError(f"query: a {type(query).__name__} received, which has no dtype to allocate the output in; "
+                        "pass out= or a torch, numpy or cupy array")
     dv = _cache_geometry(kv_cache, value_cache)[4]
-    return _empty(query, (qshape[0], qshape[1], dv), query.dtype)
+    return _empty(query, (qshape[0], qshape[1], dv), dtype)
 
 
 def _real(x: Any, arg: str) -> float:
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise TypeError(f"{arg}: {type(x).__name__} received; expected a float")
+        raise TypeError(f"{arg}: {_received(x)} received; expected a float")
+    if getattr(getattr(x, "dtype", None), "name", "") == "float32":
+        return _float32_value(x)  # float() would read a subnormal as 0 under denormals-are-zero
     try:
         return float(x)  # the binding checks the float32 range
     except OverflowError:  # an int (or Fraction) past the double range
         raise ValueError(f"{arg}: a number past the float range received; expected a finite float32") from None
 
 
+def _received(x: Any) -> str:
+    """What a scalar argument's error says was received: its type's name, and for an ndarray that
+    torch.compile made of a numpy scalar (Dynamo traces numpy scalars as arrays), what to pass."""
+    name = type(x).__name__
+    if name == "ndarray" and getattr(x, "ndim", None) == 0:
+        return "a 0-d numpy array (as torch.compile traces a numpy scalar: pass a Python number)"
+    return name
+
+
 def _int(x: Any, arg: str) -> int:
     if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise TypeError(f"{arg}: {type(x).__name__} received; expected an int")
+        raise TypeError(f"{arg}: {_received(x)} received; expected an int")
     return int(x)
 
 
@@ -919,7 +947,8 @@ def decode_attention(
         position).
     workspace : optional
         From :func:`decode_workspace`: needed by CUDA calls whose geometry splits the sequences
-        (:func:`decode_workspace_bytes` > 0); ignored otherwise, and on the CPU.
+        (:func:`decode_workspace_bytes` > 0), which use it; other calls, the CPU's among them,
+        only check a workspace given (its dtype, contiguity and device).
 
     Returns
     -------

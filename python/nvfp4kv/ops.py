@@ -83,6 +83,9 @@ def scale_tensor(x) -> torch.Tensor:
         return torch.zeros((), dtype=torch.float32) + t.to(torch.float32)
     # Not torch.tensor(x): under aot_eager and inductor its value is specialised back to a
     # constant, a recompile per value; a sum with x stays symbolic after the second value.
+    if isinstance(x, int) and abs(x) >= 2**1024:  # float(x) would raise OverflowError, traced an internal error
+        raise ValueError("k_scale/v_scale: a number past the float range received; a global scale must be a "
+                         "finite float32 > 0")
     return torch.zeros((), dtype=torch.float32) + float(x)
 
 

@@ -541,6 +541,30 @@ def test_decode_workspace_allocates():
     assert torch.equal(bits(out), bits(nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03)))
 
 
+def test_decode_workspace_says_where_a_bad_size_came_from():
+    """decode_workspace_bytes' errors name its own parameters (num_qo_heads, head_size_v), which a
+    caller of decode_workspace did not pass: the message says which shapes gave them (review)."""
+    cache, q, bt, sl = setup(N=60, seed=1)
+    with pytest.raises(ValueError, match=r"query of shape \(3, 7, 128\).*num_qo_heads: 7 received with 2 KV heads"):
+        nvfp4kv.decode_workspace(cache.kv_cache, q[:, :7], bt)
+    odd = torch.zeros(4, 2, 16, 2, 70, dtype=torch.uint8)  # F 70: head size 124
+    with pytest.raises(ValueError, match=r"cache of 2 KV heads of head size 124.*head_size_v: head size 124"):
+        nvfp4kv.decode_workspace(odd, q, bt)
+
+
+def test_query_without_a_dtype_needs_out():
+    """A query the binding reads but that has no dtype (a memoryview) cannot shape an output
+    allocated here: a TypeError naming the query, not an AttributeError (review)."""
+    cache, q, bt, sl = setup(N=60, seed=1)
+    qv = memoryview(q.to(torch.float16).numpy())
+    with pytest.raises(TypeError, match="query: a memoryview received, which has no dtype"):
+        nvfp4kv.decode_attention(qv, cache.kv_cache, bt, sl, 0.02, 0.03)
+    out = np.zeros(q.shape, np.float16)
+    nvfp4kv.decode_attention(qv, cache.kv_cache, bt, sl, 0.02, 0.03, out=out)
+    want = nvfp4kv.decode_attention(q.to(torch.float16), cache.kv_cache, bt, sl, 0.02, 0.03)
+    assert np.array_equal(out.view(np.int16), want.numpy().view(np.int16))
+
+
 @pytest.mark.parametrize("args,arg", [((-1, 1, 8, 2, 128, 3), "num_seqs"), ((1, 0, 8, 2, 128, 3), "q_len"),
                                       ((1, 9, 8, 2, 128, 3), "q_len"), ((1, 1, 7, 2, 128, 3), "num_qo_heads"),
                                       ((1, 1, 64, 2, 128, 3), "num_qo_heads"), ((1, 1, 8, 0, 128, 3), "num_kv_heads"),

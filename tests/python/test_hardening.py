@@ -654,6 +654,25 @@ def test_flush_denormal_mode_keeps_a_subnormal_sm_scale():
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
+@pytest.mark.parametrize("arg", ["sm_scale", "logits_soft_cap"])
+def test_flush_denormal_mode_keeps_a_subnormal_numpy_float32(arg):
+    """Found by review: decode's float arguments went through float(), which converts a numpy
+    float32 in the caller's mode: under denormals-are-zero a subnormal sm_scale was refused as 0,
+    a subnormal soft cap meant none, and a negative one passed as -0. They are read from their
+    bits now, as the global scales are."""
+    cache = filled_cache()
+    args = (torch.randn(2, 2 * H, D, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16),
+            cache.kv_cache, torch.tensor([[0], [1]]), torch.tensor([3, 4]), 1.0, 1.0)
+    tiny = np.float32(1e-40)  # made before the mode is set, which would flush it
+    want = nv.decode_attention(*args, **{arg: float(tiny)}, **LINEAR)
+    with flush_denormal():
+        got = nv.decode_attention(*args, **{arg: tiny}, **LINEAR)
+        if arg == "logits_soft_cap":
+            with pytest.raises(ValueError, match="logits_soft_cap: -9.99"):
+                nv.decode_attention(*args, logits_soft_cap=-tiny, **LINEAR)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
 @pytest.mark.parametrize("g", [1.0, 1e-38], ids=["g=1", "g=1e-38 (subnormal)"])
 def test_flush_denormal_mode_changes_no_byte(g):
     rng = np.random.default_rng(11)

@@ -143,6 +143,32 @@ def test_compiled_bad_input_raises_the_ops_own_errors(backend):
         torch.compile(deq, fullgraph=True, backend=backend)(torch.zeros(2, 2, 16, 2, 36, dtype=torch.bfloat16))
 
 
+def test_compiled_refusals_carry_the_librarys_message():
+    """Found by review: an unsupported torch dtype, or a string numpy cannot read, reached numpy
+    while tracing, whose refusal became Dynamo's internal error without the library's message; a
+    numpy scalar q_len (traced as an array) was called an 'ndarray'; an int scale past the double
+    range raised OverflowError inside Dynamo. Each now arrives as Unsupported with the library's
+    message (integration guide §5)."""
+    c = case(seed=6)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="k_scale/v_scale: a number past the float range"):
+        torch.compile(lambda kv: nvfp4kv.store(c["key"], c["key"], kv, c["slots"], 10**400, 1.0),
+                      fullgraph=True, backend="eager")(c["kv"].clone())
+
+    def deq(kv, dtype):
+        return nvfp4kv.dequantize(kv, scale_layout="linear", dtype=dtype)
+
+    for dtype in (torch.float64, "bogus"):
+        torch._dynamo.reset()
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="dtype: .* is not supported"):
+            torch.compile(lambda kv: deq(kv, dtype), fullgraph=True, backend="eager")(c["kv"])
+    q = torch.randn(6, 4, D).to(torch.bfloat16)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="q_len: a 0-d numpy array .*pass a Python number"):
+        torch.compile(lambda q, n: nvfp4kv.decode_attention(q, c["kv"], c["bt"], c["seq_lens"], q_len=n),
+                      fullgraph=True, backend="eager")(q, np.int64(2))
+
+
 def run_whole(kv, key, value, slots, bt, seq_lens, cu, ks, vs):
     """store_and_read and a decode, on whole tensors only (no views at symbolic offsets,
     docs/integration.md §5)."""
