@@ -443,6 +443,37 @@ def test_kv_layout_under_torch_compile(backend, dynamic):
     assert torch.equal(got_o.view(torch.int16), want_o.view(torch.int16))
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_kv_layout_tells_graph_inputs_apart_under_torch_compile(backend):
+    """Halves passed into a compiled function, and NHD sides with H and T exchanged, have the same
+    shapes and strides, so one graph serves both unless kv_layout tells them apart (the guards do
+    not look at _base: integration guide §1). Named, each is stored as eagerly, in either order."""
+    N, H, T = 2, 4, 8  # halves (N, 4, 8, F) and NHD sides of T 4, H 8: the same shapes and strides
+    n = 5
+    slots = torch.tensor([3, 12, 0, 9, 7])
+
+    def f(k, v, key, value, layout):
+        nv.store(key, value, k, slots, 0.04, 0.06, value_cache=v, scale_layout="linear", kv_layout=layout)
+
+    def cases():
+        halves = packed(N, H, T, seed=5)
+        sides = packed(N, H, T, seed=5).view(N, 2, H, T, F).clone()  # NHD, T' = H tokens, H' = T heads
+        return [(halves, tuple(halves.split(H, dim=1)), inputs(n, H, seed=1), "HND"),
+                (sides, tuple(sides.unbind(1)), inputs(n, T, seed=2), "NHD")]
+
+    for order in (0, 1), (1, 0):
+        torch._dynamo.reset()
+        compiled = torch.compile(f, fullgraph=True, backend=backend)
+        got, want = cases(), cases()
+        assert got[0][1][0].shape == got[1][1][0].shape and got[0][1][0].stride() == got[1][1][0].stride()
+        for i in order:
+            root, (k, v), (key, value), layout = got[i]
+            compiled(k, v, key, value, layout)
+            root_w, (k_w, v_w), _, _ = want[i]
+            f(k_w, v_w, key, value, layout)
+            assert torch.equal(root, root_w), (order, layout)
+
+
 def test_workspaces_follow_kv_layout():
     """The workspaces are sized by the geometry that kv_layout gives the halves of a packed view
     (T 16 and H 4, not T 4 and H 16 as without it)."""
