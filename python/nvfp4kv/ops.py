@@ -81,11 +81,11 @@ def scale_tensor(x) -> torch.Tensor:
         if t.dim() != 0 or t.is_complex():
             raise _not_a_scale(f"a {type(x).__name__} of dtype {t.dtype} and {t.dim()} dimensions")
         return torch.zeros((), dtype=torch.float32) + t.to(torch.float32)
-    # Not torch.tensor(x): under aot_eager and inductor its value is specialised back to a
-    # constant, a recompile per value; a sum with x stays symbolic after the second value.
     if isinstance(x, int) and abs(x) >= 2**1024:  # float(x) would raise OverflowError, traced an internal error
         raise ValueError("k_scale/v_scale: a number past the float range received; a global scale must be a "
                          "finite float32 > 0")
+    # Not torch.tensor(x): under aot_eager and inductor its value is specialised back to a
+    # constant, a recompile per value; a sum with x stays symbolic after the second value.
     return torch.zeros((), dtype=torch.float32) + float(x)
 
 
