@@ -232,8 +232,9 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_gather_dequant(const DLTensor* kv_cache,
  * seq_lens:     [B] int32 or int64: tokens of each sequence, the query rows' tokens included.
  * q_len:        query rows per sequence, 1..8 (causal among them: row i sees positions <= p).
  * sm_scale:     softmax scale (usually 1/sqrt(D)), finite and > 0. The logits are fp32: a scale
- *               that takes |q . k| * k_scale * sm_scale past 3.4e38 makes the row NaN (a soft
- *               cap keeps it finite).
+ *               that takes q . k * k_scale * sm_scale past +3.4e38 makes the row NaN, and a
+ *               logit past -3.4e38 weighs 0 (a row whose logits all are gets out 0, lse -inf);
+ *               a soft cap keeps them finite.
  * logits_soft_cap: finite, >= 0; > 0: logits become cap * tanh(logit / cap); 0: none.
  * window_left:  -1: no window; >= 0: row at position p sees positions [p - window_left, p].
  * out:          [B * q_len, Hq, Dv], the query's dtype, last stride 1, on the cache's device.
