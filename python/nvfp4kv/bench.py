@@ -68,7 +68,14 @@ def check_json_path(path: str, *, new: bool) -> str:
         raise ValueError(f"{path!r} exists; choose a new path (nothing is overwritten)")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
-        raise ValueError(f"{path!r}: directory {parent!r} does not exist")
+        why = "is not a directory" if os.path.exists(parent) else "does not exist"
+        raise ValueError(f"{path!r}: directory {parent!r} {why}")
+    try:  # the probe below has a short name of its own: a name too long for the file system fails here
+        name_max = os.pathconf(parent, "PC_NAME_MAX")
+    except (AttributeError, ValueError, OSError):
+        name_max = None
+    if name_max and len(os.fsencode(os.path.basename(path))) > name_max:
+        raise ValueError(f"{path!r}: the file name is longer than {parent!r} allows ({name_max} bytes)")
     try:
         fd, probe = tempfile.mkstemp(prefix=".nvfp4kv-", suffix=".probe", dir=parent)
     except OSError as e:

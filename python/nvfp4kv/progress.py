@@ -17,18 +17,21 @@ class Progress:
     def __call__(self, message: str):
         if not self.enabled:
             return
-        if self.tty:
-            sys.stderr.write("\r\033[K" + self.prefix + message)
-        else:
-            sys.stderr.write(self.prefix + message + "\n")
-        sys.stderr.flush()
+        self._write("\r\033[K" + self.prefix + message if self.tty else self.prefix + message + "\n")
 
     def done(self, message: str = ""):
         """Clears the status line; ``message``, if given, stays as a line of its own."""
-        if self.tty:
-            sys.stderr.write("\r\033[K")
-        if not self.enabled:
-            return
-        if message:
-            sys.stderr.write(self.prefix + message + "\n")
-        sys.stderr.flush()
+        if self.tty and self.enabled:
+            self._write("\r\033[K")
+        if self.enabled and message:
+            self._write(self.prefix + message + "\n")
+
+    def _write(self, text: str) -> None:
+        # Progress is for whoever reads stderr: where nobody does any more (its pipe's reader
+        # gone), the work goes on without it instead of failing (review: a demo piped as
+        # `2>&1 >out | head -1` stopped at its first line and exited 0 with out empty).
+        try:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            self.enabled = False

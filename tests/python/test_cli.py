@@ -362,6 +362,66 @@ def test_closed_stdout_and_stderr_in_subprocess():
     assert p.returncode == 0 and "demo: llama-3.1-8b geometry" in p.stdout
 
 
+def test_stderr_closed_or_unread_keeps_the_exit_statuses():
+    """Found by review: with stderr closed a bad argument exited 1 (writing its line to None
+    raised), and with stderr's reader gone the first progress line raised BrokenPipeError, which
+    was taken for stdout's: the demo stopped there and exited 0 with nothing on stdout."""
+    cmd = [sys.executable, "-m", "nvfp4kv"]
+    p = subprocess.run(cmd + ["plan", "--weights", "100GiB"], stdout=subprocess.PIPE, check=False, text=True,
+                       timeout=120, preexec_fn=lambda: os.close(2))
+    assert p.returncode == 2 and p.stdout == ""
+    read, write = os.pipe()
+    os.close(read)  # nobody reads stderr: a write to it raises BrokenPipeError (Python ignores SIGPIPE)
+    try:
+        p = subprocess.run(cmd + ["demo", "--tokens", "64", "--device", "cpu"], stdout=subprocess.PIPE,
+                           stderr=write, check=False, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert p.returncode == 0 and "demo: llama-3.1-8b geometry" in p.stdout
+
+
+def test_debug_shows_the_traceback_and_keeps_the_status(monkeypatch):
+    """NVFP4KV_DEBUG=1 re-raised, so a bad argument found after parsing exited 1 (review); now the
+    traceback comes before the usual line and the status stays 2."""
+    monkeypatch.setenv("NVFP4KV_DEBUG", "1")
+    rc, out, err = run("plan", "--weights", "100GiB")
+    assert rc == 2 and out == ""
+    assert err.startswith("Traceback") and err.splitlines()[-1].startswith("nvfp4kv plan: error: ")
+
+
+def test_an_unexpected_exception_is_one_line(monkeypatch):
+    """Found by review: main caught a list of exception types, so another one (a torch whose
+    import raised AttributeError) reached the user as a traceback."""
+    def broken():
+        raise AttributeError("module 'torch' has no attribute 'cuda'")
+
+    monkeypatch.setattr(cli.info, "collect_info", broken)
+    rc, out, err = run("info")
+    assert rc == 1 and out == ""
+    assert err == "nvfp4kv info: error: AttributeError: module 'torch' has no attribute 'cuda'\n"
+
+
+def test_an_exponent_in_other_digits_is_refused_at_once():
+    """Found by review: the exponent check read ASCII digits only, and Fraction reads any script's,
+    so `1e-` followed by 10^8 in Arabic-Indic digits computed for minutes."""
+    start = time.monotonic()
+    for text in ("1e-\u0661" + "\u0660" * 8, "1e1" + "\u0660" * 8):
+        rc, out, err = run("plan", "--utilization", text)
+        assert rc == 2 and "exponent out of range" in err, err
+    assert time.monotonic() - start < 5
+
+
+def test_bench_output_name_too_long_is_refused_before_the_run(tmp_path):
+    """Found by review: the probe file's own short name passed, so a name too long for the file
+    system failed only when the results were written, after the benchmark."""
+    rc, out, err = run("bench", "--output", str(tmp_path / ("y" * 300 + ".json")))
+    assert rc == 2 and "file name is longer" in err, err
+    file = tmp_path / "f"
+    file.write_text("")
+    rc, out, err = run("bench", "--output", str(file / "x.json"))
+    assert rc == 2 and "is not a directory" in err, err
+
+
 def test_bad_argument_in_subprocess_has_no_traceback():
     p = python_m("plan", "--memory", "80G")
     assert p.returncode == 2

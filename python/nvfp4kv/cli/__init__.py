@@ -14,7 +14,9 @@ arguments include values that only show as bad after parsing (weights larger tha
 geometry KVCacheSpec rejects, a demo larger than the machine's memory: :class:`UsageError`), and
 no argument makes the command compute for long before it is rejected.
 Progress goes to stderr, so stdout stays clean for tables and JSON. Set ``NVFP4KV_DEBUG=1``
-(anything but empty or 0) to get the Python traceback of a runtime error.
+(anything but empty or 0) to get the Python traceback of an error found after parsing, before its
+line (the exit status stays). With stderr closed, or its reader gone, the error lines vanish and
+the exit statuses stay.
 
 Layout: this module has the parser and :func:`main`; each subcommand is a module (``demo``,
 ``plan``, ``bench``, ``info``) with its ``add_parser(sub, common)`` and its command function;
@@ -118,7 +120,7 @@ _COMMON = tuple(flag for flags, _ in _COMMON_OPTIONS for flag in flags)
 
 
 def _debug() -> bool:
-    """NVFP4KV_DEBUG set to anything but "" or "0": errors raise with their traceback."""
+    """NVFP4KV_DEBUG set to anything but "" or "0": errors print their traceback too."""
     return os.environ.get("NVFP4KV_DEBUG", "") not in ("", "0")
 
 
@@ -137,9 +139,10 @@ def _parses(argv: list[str]) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nvfp4kv`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if sys.stderr is None:  # started with stderr closed: its lines vanish, the exit statuses stay
+        sys.stderr = open(os.devnull, "w")
     if sys.stdout is None:  # started with stdout closed: every print would vanish, exit 0 after all
-        if sys.stderr is not None:
-            sys.stderr.write(f"{PROG}: error: stdout is closed; nowhere to print the results\n")
+        _say(f"{PROG}: error: stdout is closed; nowhere to print the results\n")
         return 1
     # No subcommand: demo, with the options given (`nvfp4kv --json` is `nvfp4kv demo --json`).
     if not argv or (argv[0].startswith("-") and
@@ -156,28 +159,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         # suggested `plan --seed 5`, which plan refuses).
         given, command = " ".join(argv[:first]), argv[first]
         if _parses(argv[first:first + 1] + argv[:first]):
-            sys.stderr.write(_usage_line(PROG, f"{given}: a subcommand's options go after it "
-                                               f"({PROG} {command} {given})"))
+            _say(_usage_line(PROG, f"{given}: a subcommand's options go after it ({PROG} {command} {given})"))
         else:
-            sys.stderr.write(_usage_line(f"{PROG} {command}", f"{given}: {command} does not take these options"))
+            _say(_usage_line(f"{PROG} {command}", f"{given}: {command} does not take these options"))
         return 2
     try:
         args, extra = build_parser().parse_known_args(argv)
     except SystemExit as e:  # --help, --version (0) and usage errors (2)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     if extra:  # reported by the subcommand they were given to (argparse names the top level)
-        sys.stderr.write(_usage_line(f"{PROG} {args.command}" if args.command else PROG,
-                                     f"unrecognized arguments: {' '.join(extra)}"))
+        _say(_usage_line(f"{PROG} {args.command}" if args.command else PROG,
+                         f"unrecognized arguments: {' '.join(extra)}"))
         return 2
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        _say(f"{PROG} {args.command}: interrupted\n")
         return 130
     except UsageError as e:  # a bad argument found after parsing: as argparse reports one
-        if _debug():
-            raise
-        sys.stderr.write(_usage_line(f"{PROG} {args.command}", e))
+        _say_traceback()
+        _say(_usage_line(f"{PROG} {args.command}", e))
         return 2
     except BrokenPipeError:  # e.g. `nvfp4kv plan | head -1`: stop quietly
         # Python flushes stdout at exit, which would raise again; point fd 1 at /dev/null.
@@ -185,22 +186,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 0
-    except (
-        CLIError,
-        ValueError,
-        TypeError,
-        RuntimeError,
-        OSError,
-        ImportError,
-        KeyError,
-        MemoryError,
-        ArithmeticError,
-    ) as e:
-        if _debug():
-            raise
+    except Exception as e:  # any other: one line (review: a torch whose import raised AttributeError
+        _say_traceback()    # printed a traceback)
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         if isinstance(e, MemoryError):
             msg = f"out of memory ({msg})" if msg else "out of memory"
+        elif not isinstance(e, (CLIError, ValueError, TypeError, RuntimeError, OSError, ImportError, KeyError,
+                                ArithmeticError)):  # not an error the commands expect: say its kind
+            msg = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
         msg = " ".join(str(msg).split())  # one line
-        print(f"{PROG} {args.command}: error: {msg}", file=sys.stderr)
+        _say(f"{PROG} {args.command}: error: {msg}\n")
         return 1
+
+
+def _say(text: str) -> None:
+    """An error line on stderr, or nothing where nobody reads it any more (its pipe's reader gone):
+    the exit status says the rest."""
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _say_traceback() -> None:
+    """With NVFP4KV_DEBUG set, the traceback of the exception being handled, before its line: the
+    exit status stays the one the line's kind has (2 for a bad argument, 1 otherwise)."""
+    if _debug():
+        import traceback
+
+        _say(traceback.format_exc())

@@ -59,7 +59,7 @@ def _check_text(text: str, what: str) -> None:
     """Reject a number that is too long, or whose exponent is absurd, before it is computed."""
     if len(text) > _TEXT_MAX:
         raise ValueError(f"{text[:20]!r}... is too long for {what} ({len(text)} characters)")
-    m = re.search(r"[eE]([+-]?[0-9_]+)", text)
+    m = re.search(r"[eE]([+-]?[\d_]+)", text)  # \d: int() and Fraction read any script's digits
     if m:
         try:
             exponent = int(m.group(1).replace("_", ""))
