@@ -362,6 +362,15 @@ def test_closed_stdout_and_stderr_in_subprocess():
     assert p.returncode == 0 and "demo: llama-3.1-8b geometry" in p.stdout
 
 
+def test_help_after_demo_options_is_demos():
+    """`nvfp4kv --tokens 16` is the demo, so `nvfp4kv --tokens 16 --help` shows the demo's help
+    (review: argparse called 16 an invalid subcommand); --help alone stays the command's."""
+    rc, out, err = run("--tokens", "16", "--help")
+    assert rc == 0 and out.startswith("usage: nvfp4kv demo"), err
+    rc, out, err = run("--json", "--help")
+    assert rc == 0 and out.startswith("usage: nvfp4kv [-h]"), err
+
+
 def test_stderr_closed_or_unread_keeps_the_exit_statuses():
     """Found by review: with stderr closed a bad argument exited 1 (writing its line to None
     raised), and with stderr's reader gone the first progress line raised BrokenPipeError, which
