@@ -26,6 +26,7 @@ does. A global scale passed to :func:`nvfp4kv.store` must be finite and > 0.
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
@@ -116,9 +117,11 @@ def _in_dtype_of(margin: Any, amax: Any) -> Any:
     if fw == "torch":
         import torch
 
+        if not dtype.is_floating_point:  # an integer amax: the product takes the default float (review:
+            dtype = None                 # a margin of 1.5 cast to int64 read as 1)
         return margin.to(dtype) if isinstance(margin, torch.Tensor) else torch.as_tensor(
             margin, dtype=dtype, device=amax.device)
-    if dtype is not None and _framework(margin) == fw:
+    if dtype is not None and getattr(dtype, "kind", "") == "f" and _framework(margin) == fw:
         return margin.astype(dtype)
     return margin
 
@@ -298,12 +301,24 @@ class ScaleTracker:
         """Per-layer V decode scales ``amax * margin / 448``; see :meth:`k_scales`."""
         return decode_scale(self.v_amax(), margin)
 
+    def _writing(self) -> Any:
+        """The context of a write into the storage by a torch op: inference mode where the storage
+        was made in it (the first update of an engine's forward pass), since torch refuses such an
+        in-place update outside the mode, and only after it has written (review: reset() zeroed
+        and raised; load_state_dict loaded K, raised, and left V)."""
+        if _framework(self._amax) == "torch" and self._amax.is_inference():
+            import torch
+
+            return torch.inference_mode()
+        return contextlib.nullcontext()
+
     def reset(self) -> None:
         """Zero every amax in place (the addresses stay: a captured graph keeps working)."""
         if self._amax is None:
             return
         if _framework(self._amax) == "torch":
-            self._amax.zero_()
+            with self._writing():
+                self._amax.zero_()
         else:
             self._amax[...] = 0
 
@@ -365,8 +380,9 @@ class ScaleTracker:
             self._allocate(k)
         a = self._amax
         if _framework(a) == "torch":
-            a[:, 0].copy_(k)
-            a[:, 1].copy_(v)
+            with self._writing():
+                a[:, 0].copy_(k)
+                a[:, 1].copy_(v)
         else:
             a[:, 0] = k
             a[:, 1] = v

@@ -297,6 +297,32 @@ def test_tracker_load_state_dict_of_narrow_or_grad_arrays():
         assert tr.k_amax().tolist() == [5.0]
 
 
+def test_tracker_made_in_inference_mode_resets_and_loads_outside_it():
+    """Found by review: storage allocated by a first update under torch.inference_mode() (an
+    engine's forward pass) is an inference tensor; outside the mode reset() zeroed it and then
+    raised, and load_state_dict loaded K, raised, and left V as it was."""
+    torch = pytest.importorskip("torch")
+    tr = nvfp4kv.ScaleTracker(2)
+    with torch.inference_mode():
+        tr.update(0, torch.tensor([3.0]), torch.tensor([4.0]))
+    tr.load_state_dict({"layers": 2, "k_amax": torch.tensor([1.0, 2.0]), "v_amax": torch.tensor([7.0, 8.0])})
+    assert tr.k_amax().tolist() == [1.0, 2.0] and tr.v_amax().tolist() == [7.0, 8.0]
+    tr.reset()
+    assert not tr.k_amax().any() and not tr.v_amax().any()
+    tr.update(1, torch.tensor([-5.0]))
+    assert tr.k_amax().tolist() == [0.0, 5.0]
+
+
+def test_decode_scale_of_an_integer_amax_keeps_an_array_margin():
+    """Found by review: an array margin was cast to an integer amax's dtype (1.5 -> 1); the docs
+    give an integer amax its framework's default float."""
+    assert nvfp4kv.decode_scale(np.array([448], np.int32), np.array(1.5)).tolist() == [1.5]
+    torch = pytest.importorskip("torch")
+    got = nvfp4kv.decode_scale(torch.tensor([448]), torch.tensor(1.5))
+    assert got.dtype == torch.get_default_dtype() and got.tolist() == [1.5]
+    assert nvfp4kv.decode_scale(torch.tensor([448.0]), torch.tensor(1.5, dtype=torch.float64)).dtype == torch.float32
+
+
 @needs_torch
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_store_with_tracker_scales_round_trips(dtype):
