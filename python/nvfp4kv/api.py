@@ -283,7 +283,7 @@ def reshape_and_cache_flash(
     of written out of bounds. See :func:`store` for shapes, dtypes, ``kv_layout`` and
     ``workspace``.
     """
-    _check_kv_cache_dtype(kv_cache_dtype)
+    _check_flash_args(kv_cache_dtype, value_cache)
     orient = _orientation(key_cache, value_cache, kv_layout)
     # Straight to the binding, as store() does (one Python call less per layer and step).
     try:
@@ -298,12 +298,20 @@ def reshape_and_cache_flash(
                                     ops.scale_tensor(k_scale), ops.scale_tensor(v_scale), scale_layout, workspace)
 
 
-def _check_kv_cache_dtype(kv_cache_dtype: Any) -> None:
+def _check_flash_args(kv_cache_dtype: Any, value_cache: Any) -> None:
+    """reshape_and_cache_flash's own checks: its kv_cache_dtype, and two sides, as vLLM's op takes
+    (review: with value_cache None, an NHD side of T = 2H tokens passed for a packed cache, and
+    both K and V were written into it)."""
+    if not isinstance(kv_cache_dtype, str):
+        raise TypeError(f"kv_cache_dtype: a {type(kv_cache_dtype).__name__} received; expected a str ('nvfp4')")
     if kv_cache_dtype not in _RECIPES:
         raise ValueError(
             f"kv_cache_dtype: {kv_cache_dtype!r} is not supported by nvfp4kv; expected one of "
             f"{', '.join(map(repr, _RECIPES))} (use vLLM's own op for other cache dtypes)"
         )
+    if value_cache is None:
+        raise TypeError("value_cache: None received; reshape_and_cache_flash takes the cache's two sides, as "
+                        "vLLM's op does (a packed or 5-D cache goes to store())")
 
 
 def _shape(x: Any, arg: str) -> Tuple[int, ...]:
@@ -437,6 +445,12 @@ def _cache_geometry(kv_cache: Any, value_cache: Any, orient: int = -1) -> Tuple[
         h, fv = h2 // 2, f
     else:
         raise ValueError(f"kv_cache: rank {len(shape)} (shape {shape}); expected a 5-D, packed 4-D or two-sided cache")
+    for arg, last in (("kv_cache", f), ("value_cache" if value_cache is not None else "kv_cache", fv)):
+        # F = 9 D / 16 with D a multiple of 16, refused here before outputs are allocated from it
+        # (review: an fp8 cache's outputs, gigabytes, were allocated before the ABI refused it).
+        if last % 9:
+            raise ValueError(f"{arg}: last dimension {last} received; expected F = D/2 + D/16 = 9*D/16 for a "
+                             "head size D that is a multiple of 16")
     return n, t, h, f * 16 // 9, fv * 16 // 9
 
 

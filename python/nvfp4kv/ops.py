@@ -97,9 +97,9 @@ def _store_impl(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cach
 
 def _reshape_and_cache_flash_impl(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
                                   v_scale, scale_layout="vllm", workspace=None):
-    from .api import _check_kv_cache_dtype
+    from .api import _check_flash_args
 
-    _check_kv_cache_dtype(kv_cache_dtype)
+    _check_flash_args(kv_cache_dtype, value_cache)
     _C.store(key, value, key_cache, slot_mapping, k_scale, v_scale, value_cache, kv_cache_dtype, scale_layout, None,
              workspace)
 

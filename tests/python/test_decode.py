@@ -547,9 +547,11 @@ def test_decode_workspace_says_where_a_bad_size_came_from():
     cache, q, bt, sl = setup(N=60, seed=1)
     with pytest.raises(ValueError, match=r"query of shape \(3, 7, 128\).*num_qo_heads: 7 received with 2 KV heads"):
         nvfp4kv.decode_workspace(cache.kv_cache, q[:, :7], bt)
-    odd = torch.zeros(4, 2, 16, 2, 70, dtype=torch.uint8)  # F 70: head size 124
-    with pytest.raises(ValueError, match=r"cache of 2 KV heads of head size 124.*head_size_v: head size 124"):
+    odd = torch.zeros(4, 2, 16, 2, 54, dtype=torch.uint8)  # F 54: head size 96, which decode does not take
+    with pytest.raises(ValueError, match=r"cache of 2 KV heads of head size 96.*head_size_v: head size 96"):
         nvfp4kv.decode_workspace(odd, q, bt)
+    with pytest.raises(ValueError, match=r"^kv_cache: last dimension 70 received"):  # no head size at all
+        nvfp4kv.decode_workspace(torch.zeros(4, 2, 16, 2, 70, dtype=torch.uint8), q, bt)
 
 
 def test_query_without_a_dtype_needs_out():

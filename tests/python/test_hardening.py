@@ -754,3 +754,36 @@ def test_spec_accepts_the_largest_head_size_and_other_dtypes_any_size():
     key, value, _, _ = make_kv(mixed_tokens(rng, 2, 1, 512), mixed_tokens(rng, 2, 1, 512), "bfloat16", "torch")
     nv.store(key, value, kv, torch.tensor([0, 3]))
     assert nv.KVCacheSpec(16, 8, 1024, cache_dtype="bfloat16").head_size == 1024  # not nvfp4: no limit
+
+
+def test_reshape_and_cache_flash_needs_two_sides_and_a_str_dtype():
+    """Found by review: value_cache=None was taken, and an NHD side of T = 2H tokens (T 16, H 8)
+    then passed for a packed cache, into which K and V were both written; a list for
+    kv_cache_dtype raised "unhashable type". Both are refused, naming the argument, before
+    anything is written."""
+    kv = nv.allocate_kv_cache(nv.KVCacheSpec(16, 8, 128), 4, layout="NHD")
+    before = kv.clone()
+    k_side, v_side = kv.unbind(1)
+    key = torch.randn(3, 8, 128)
+    with pytest.raises(TypeError, match="^value_cache: None received"):
+        nv.reshape_and_cache_flash(key, key, k_side, None, torch.arange(3), "nvfp4", 0.01, 0.01,
+                                   scale_layout="linear")
+    with pytest.raises(TypeError, match="^kv_cache_dtype: a list received"):
+        nv.reshape_and_cache_flash(key, key, k_side, v_side, torch.arange(3), ["nvfp4"], 0.01, 0.01,
+                                   scale_layout="linear")
+    with pytest.raises(TypeError, match="value_cache: None received"):  # the torch op, as compiled code calls it
+        torch.ops.nvfp4kv.reshape_and_cache_flash(key, key, k_side, None, torch.arange(3), "nvfp4",
+                                                  torch.tensor(0.01), torch.tensor(0.01), "linear")
+    assert torch.equal(kv, before)
+
+
+def test_a_cache_of_no_head_size_is_refused_before_outputs_are_allocated():
+    """Found by review: dequantize allocated its outputs from an fp8 cache's last dimension (128:
+    no NVFP4 head size) before the C ABI refused the cache: 5 GiB and 15 s for 20,000 pages. The
+    Python layer now refuses it first (its message has no ABI function's prefix)."""
+    fp8 = torch.zeros(200, 2, 16, 8, 128, dtype=torch.uint8)  # an fp8 cache's bytes
+    for call in (lambda: nv.dequantize(fp8, pages=torch.tensor([0]), scale_layout="linear"),
+                 lambda: nv.gather_dequant(fp8, torch.zeros(1, 1, dtype=torch.int32), torch.tensor([3]),
+                                           scale_layout="linear")):
+        with pytest.raises(ValueError, match="^kv_cache: last dimension 128 received"):
+            call()
