@@ -39,7 +39,10 @@ __all__ = ["E2M1_MAX", "E4M3_MAX", "amax", "decode_scale", "x6_from_decode", "de
 
 E2M1_MAX = 6.0    # the largest E2M1 (FP4) magnitude
 E4M3_MAX = 448.0  # the largest E4M3 (scale byte) magnitude
-_FLOAT32_MAX = 3.4028234663852886e38
+# The least double that float32 rounds to inf: FLT_MAX (2^128 - 2^104) plus half its ulp (a tie
+# rounds to even, away from FLT_MAX's odd mantissa). Below it a double rounds to at most FLT_MAX
+# (review: "3.4028235e38", FLT_MAX as printed, was refused).
+_FLOAT32_TO_INF = 2.0**128 - 2.0**103
 
 
 # ---- amax ---------------------------------------------------------------------------------------
@@ -210,8 +213,11 @@ class ScaleTracker:
                                           "update allocates on its input's framework") from None
             try:
                 like = torch.empty(0, device=torch.device(device))
-            except (RuntimeError, AssertionError) as e:  # unknown device, or CUDA not built or present
-                raise ValueError(f"ScaleTracker: device {device!r}: {e}") from None
+            except (RuntimeError, AssertionError, TypeError) as e:  # unknown, no CUDA, not a device
+                raise ValueError(f"ScaleTracker: device {device!r}: {' '.join(str(e).split())}") from None
+            if like.device.type == "meta":  # no memory: every update would be refused (review)
+                raise ValueError(f"ScaleTracker: device {device!r}: a meta tensor holds no amax; give the "
+                                 "device the K/V tensors are on")
             self._allocate(like)
 
     def _allocate(self, like: Any) -> None:
@@ -366,7 +372,7 @@ class ScaleTracker:
             # float64: would become inf. Narrower floats cannot hold such a value, and NumPy would
             # cast the bound to float16 for the comparison (an overflow warning; found by review).
             wide = getattr(dtype, "itemsize", 8) > 4
-            if wide and bool(((x > _FLOAT32_MAX) & (x != float("inf"))).any()):
+            if wide and bool(((x >= _FLOAT32_TO_INF) & (x != float("inf"))).any()):
                 raise ValueError(f"state_dict: {name} has a finite amax past the float32 range; the tracker "
                                  "keeps float32")
         # Both converted (float32, the storage's framework and device) before either is copied, so a

@@ -313,6 +313,21 @@ def test_tracker_made_in_inference_mode_resets_and_loads_outside_it():
     assert tr.k_amax().tolist() == [0.0, 5.0]
 
 
+def test_tracker_refuses_a_meta_or_non_device_and_loads_flt_max_as_printed():
+    """Found by review: device="meta" was taken (every update then refused), device=1.5 gave
+    torch's TypeError naming no argument, and a float64 state of 3.4028235e38 (FLT_MAX as
+    printed, which float32 rounds to FLT_MAX) was refused as past the float32 range."""
+    pytest.importorskip("torch")
+    for device in ("meta", 1.5):
+        with pytest.raises(ValueError, match=f"^ScaleTracker: device {device!r}: "):
+            nvfp4kv.ScaleTracker(2, device=device)
+    tr = nvfp4kv.ScaleTracker(2)
+    tr.load_state_dict({"layers": 2, "k_amax": np.array([3.4028235e38, 1.0]), "v_amax": np.ones(2)})
+    assert tr.k_amax()[0] == np.finfo(np.float32).max
+    with pytest.raises(ValueError, match="past the float32 range"):  # the least double that rounds to inf
+        tr.load_state_dict({"layers": 2, "k_amax": np.array([2.0**128 - 2.0**103, 1.0]), "v_amax": np.ones(2)})
+
+
 def test_decode_scale_of_an_integer_amax_keeps_an_array_margin():
     """Found by review: an array margin was cast to an integer amax's dtype (1.5 -> 1); the docs
     give an integer amax its framework's default float."""
