@@ -420,6 +420,16 @@ def test_an_exponent_in_other_digits_is_refused_at_once():
     assert time.monotonic() - start < 5
 
 
+@pytest.mark.parametrize("argv", [["plan", "--layers", "1_0"], ["plan", "--layers", "\uff13\uff12"],
+                                  ["plan", "--utilization", "\uff10.\uff19"], ["plan", "--utilization", "0.9_0"],
+                                  ["demo", "--seed", "\u0661"]])
+def test_counts_and_fractions_are_written_as_sizes_are(argv):
+    """Found by review: counts and fractions took other scripts' digits and underscores (int() and
+    Fraction() read them), where sizes refuse them: one rule now, ASCII digits only."""
+    rc, out, err = run(*argv)
+    assert rc == 2 and out == "" and ("is not an integer" in err or "is not a number" in err), err
+
+
 def test_bench_output_name_too_long_is_refused_before_the_run(tmp_path):
     """Found by review: the probe file's own short name passed, so a name too long for the file
     system failed only when the results were written, after the benchmark."""

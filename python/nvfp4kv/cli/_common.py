@@ -112,13 +112,22 @@ def _size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _plain(text: str) -> str:
+    """text, if written as sizes are (ASCII digits, no underscores), else a ValueError: int() and
+    Fraction() also read other scripts' digits and Python's 1_000, which sizes refuse (review: one
+    command took --layers 1_0 and refused --memory 1_000)."""
+    if not text.isascii() or "_" in text:
+        raise ValueError(text)
+    return text
+
+
 def _fraction_arg(text: str) -> Fraction:
     try:
         _check_text(text, "a number")
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     try:
-        value = Fraction(text)
+        value = Fraction(_plain(text))
     except (ValueError, ZeroDivisionError):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not 0 < value <= 1:
@@ -130,7 +139,7 @@ def _int_arg(text: str, minimum: int, maximum: int = _INT_MAX) -> int:
     if len(text) > _TEXT_MAX:
         raise argparse.ArgumentTypeError(f"{text[:20]!r}... is too long ({len(text)} characters)")
     try:
-        value = int(text, 10)
+        value = int(_plain(text), 10)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < minimum:
