@@ -855,8 +855,12 @@ def _decode_out(query: Any, kv_cache: Any, value_cache: Any, out: Any, block_tab
 def _real(x: Any, arg: str) -> float:
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"{arg}: {_received(x)} received; expected a float")
-    if getattr(getattr(x, "dtype", None), "name", "") == "float32":
-        return _float32_value(x)  # float() would read a subnormal as 0 under denormals-are-zero
+    np = sys.modules.get("numpy")
+    # float() would read a numpy float32 subnormal as 0 under denormals-are-zero. An isinstance,
+    # not an attribute lookup, which Dynamo refuses on the symbolic float a second value becomes
+    # (review: a compiled call's second sm_scale raised Unsupported).
+    if np is not None and isinstance(x, np.float32):
+        return _float32_value(x)
     try:
         return float(x)  # the binding checks the float32 range
     except OverflowError:  # an int (or Fraction) past the double range

@@ -143,6 +143,24 @@ def test_compiled_bad_input_raises_the_ops_own_errors(backend):
         torch.compile(deq, fullgraph=True, backend=backend)(torch.zeros(2, 2, 16, 2, 36, dtype=torch.bfloat16))
 
 
+@pytest.mark.parametrize("arg,values", [("sm_scale", [0.1, 0.2, 0.3]), ("logits_soft_cap", [5.0, 10.0, 20.0]),
+                                        ("window_left", [3, 5, 7])])
+def test_compiled_decode_takes_new_values_of_its_numbers(arg, values):
+    """Each new value of a number argument compiles again (integration guide §5), with eager's
+    bits. Found by review: a float's second value reaches the Python layer as a symbolic float,
+    and an attribute lookup on it (a numpy float32 test) made Dynamo raise Unsupported."""
+    c = case(seed=8)
+    q = torch.randn(B, 4, D).to(torch.bfloat16)
+
+    def f(q, value):
+        return nvfp4kv.decode_attention(q, c["kv"], c["bt"], c["seq_lens"], c["ks"], c["vs"], **{arg: value})
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    for value in values:
+        assert torch.equal(compiled(q, value).view(torch.int16), f(q, value).view(torch.int16)), value
+
+
 def test_compiled_refusals_carry_the_librarys_message():
     """Found by review: an unsupported torch dtype, or a string numpy cannot read, reached numpy
     while tracing, whose refusal became Dynamo's internal error without the library's message; a
