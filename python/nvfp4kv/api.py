@@ -818,13 +818,12 @@ def decode_workspace(kv_cache: Any, query: Any, block_table: Any, q_len: int = 1
         raise ValueError(f"query: shape {qshape} received; expected (num_seqs * q_len, num_qo_heads, head_size)")
     if len(bshape) != 2:
         raise ValueError(f"block_table: shape {bshape} received; expected (num_seqs, max_blocks_per_seq)")
+    (rows,) = _int64s(q_len=q_len)  # the one number given here: its errors name it
     try:
-        nbytes = decode_workspace_bytes(bshape[0], q_len, qshape[1], h, dv, bshape[1])
+        nbytes = _C.decode_workspace_bytes(int(bshape[0]), rows, int(qshape[1]), h, dv, int(bshape[1]))
     except ValueError as e:
-        if not str(e).startswith("nvfp4kv_decode_workspace_size"):  # one naming an argument given here
-            raise
-        # The C ABI names decode_workspace_bytes' parameters (num_qo_heads, head_size_v): say where
-        # they came from.
+        # The C ABI names decode_workspace_bytes' parameters (num_qo_heads, head_size_v), which
+        # come from the shapes here: say which.
         raise ValueError(f"query of shape {tuple(qshape)}, block_table of shape {tuple(bshape)}, q_len {q_len} and "
                          f"a cache of {h} KV heads of head size {dv}: {e}") from None
     return _zeros(kv_cache, nbytes, "uint8")
