@@ -63,11 +63,13 @@ def test_help(sub):
         assert "--json" in out
 
 
-def test_version():
+@pytest.mark.parametrize("argv", [["--version"], ["--tokens", "16", "--version"], ["--json", "--version"],
+                                  ["--version", "--tokens", "16"]])
+def test_version(argv):
     import nvfp4kv
 
-    rc, out, _ = run("--version")
-    assert rc == 0
+    rc, out, err = run(*argv)
+    assert (rc, err) == (0, "")
     assert out.strip() == f"nvfp4kv {nvfp4kv.__version__}"
 
 

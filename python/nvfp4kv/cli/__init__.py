@@ -144,13 +144,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sys.stdout is None:  # started with stdout closed: every print would vanish, exit 0 after all
         _say(f"{PROG}: error: stdout is closed; nowhere to print the results\n")
         return 1
+    # --version before any subcommand answers alone, whatever else comes with it (`nvfp4kv --tokens
+    # 16 --version`: argparse called 16 an invalid subcommand).
+    if "--version" in argv[:next((i for i, a in enumerate(argv) if a in _COMMANDS), len(argv))]:
+        argv = ["--version"]
     # No subcommand: demo, with the options given (`nvfp4kv --json` is `nvfp4kv demo --json`), and
     # its help where a demo option comes with --help (`nvfp4kv --tokens 16 --help`; review: argparse
     # called 16 an invalid subcommand). --help alone, or with the common options, is the command's.
     helps = ("-h", "--help", "--version")
     if not argv or (argv[0].startswith("-") and not any(a in _COMMANDS for a in argv) and (
-            not any(a in helps for a in argv)
-            or ("--version" not in argv and any(a.startswith("-") and a not in helps + _COMMON for a in argv)))):
+            not any(a in helps for a in argv) or any(a.startswith("-") and a not in helps + _COMMON for a in argv))):
         argv = ["demo"] + argv
     argv = _attach_negative_values(argv)
     # The options every subcommand has, given before it (`nvfp4kv --json plan`): after it.
