@@ -81,6 +81,13 @@ def test_dequantize_and_gather_same_bytes_on_threads(nv, view):
     seq_lens = torch.tensor([600, 0, 17, 640, 300, 500], dtype=torch.int32)
     # Sequences 3 and 4 write over parts of 0 and 3: the later sequence wins, on any thread count.
     cu = torch.tensor([0, 600, 600, 617, 400, 1257, 1757], dtype=torch.int32)
+    # What the reference writes, rows applied in sequence order (test_gather.py's model).
+    from test_gather import expected_buffer, reference_rows
+
+    rows = reference_rows(cache, cache.snapshot(), 0.3, 0.7, "vllm", table.numpy(), seq_lens.numpy(), cu.numpy(), 1757)
+    want = [expected_buffer(torch.full((1757, H, D), 7.0, dtype=torch.bfloat16), rows, i, "bfloat16", 1757, H, D, False)
+            for i in range(2)]
+    assert not any(nan.any() for _, nan in want)
     got = []
     for threads in (1, 2, 3, 8):
         nv.set_cpu_threads(threads)
@@ -89,6 +96,8 @@ def test_dequantize_and_gather_same_bytes_on_threads(nv, view):
         nv.gather_dequant(block_table=table, seq_lens=seq_lens, cu_seqlens=cu, k_scale=0.3, v_scale=0.7,
                           key_out=outs[0], value_out=outs[1], **cache.kwargs())
         got.append([t.contiguous().view(torch.uint8).numpy().reshape(t.shape[0], -1).copy() for t in (*deq, *outs)])
+    for i in range(2):  # the gather's outputs
+        assert np.array_equal(got[0][2 + i], want[i][0].view(np.uint8).reshape(1757, -1))
     for other in got[1:]:
         for a, b in zip(got[0], other):
             assert_bytes_equal(b, a)

@@ -83,8 +83,8 @@ def test_dequantize_and_gather_through_every_view(N, H, T, name):
     bt = torch.arange(N, dtype=torch.int32).flip(0).reshape(1, N)
     want_gk, want_gv, _ = nv.gather_dequant(kv, bt, torch.tensor([N * T - 1]), 0.04, 0.06, scale_layout="linear")
     k, v = nv.dequantize(kv_cache, 0.04, 0.06, value_cache=value_cache, scale_layout="linear")
-    assert np.array_equal(k.numpy(), want_k.numpy(), equal_nan=True)
-    assert np.array_equal(v.numpy(), want_v.numpy(), equal_nan=True)
+    assert torch.equal(k.view(torch.int32), want_k.view(torch.int32))  # bits: -0 and NaN payloads too
+    assert torch.equal(v.view(torch.int32), want_v.view(torch.int32))
     gk, gv, _ = nv.gather_dequant(kv_cache, bt, torch.tensor([N * T - 1]), 0.04, 0.06, value_cache=value_cache,
                                   scale_layout="linear")
     assert torch.equal(gk.view(torch.int16), want_gk.view(torch.int16))
@@ -281,8 +281,8 @@ def test_kv_layout_hnd_reads_every_view_by_its_strides(N, H, T, scale_layout, na
     assert torch.equal(got, want)
     want_k, want_v = nv.dequantize(want, 0.04, 0.06, scale_layout=scale_layout)
     k, v = nv.dequantize(kv_cache, 0.04, 0.06, **kw)
-    assert np.array_equal(k.numpy(), want_k.numpy(), equal_nan=True)
-    assert np.array_equal(v.numpy(), want_v.numpy(), equal_nan=True)
+    assert torch.equal(k.view(torch.int32), want_k.view(torch.int32))  # bits: -0 and NaN payloads too
+    assert torch.equal(v.view(torch.int32), want_v.view(torch.int32))
     bt, sl = torch.arange(N, dtype=torch.int32).flip(0).reshape(1, N), torch.tensor([N * T - 1])
     want_g = nv.gather_dequant(want, bt, sl, 0.04, 0.06, scale_layout=scale_layout)
     got_g = nv.gather_dequant(kv_cache, bt, sl, 0.04, 0.06, **kw)

@@ -1357,11 +1357,10 @@ def test_gather_empty_cu_seqlens_without_outputs():
     raises IndexError (api.py, `int(cu_seqlens[-1])`) instead of a ValueError naming
     cu_seqlens. Fixed: a ValueError naming cu_seqlens."""
     cache = np.zeros((1, 2, 4, 1, 9), np.uint8)
-    try:
+    with pytest.raises(ValueError) as e:
         nvfp4kv.gather_dequant(cache, np.zeros((0, 0), np.int32), np.zeros(0, np.int32),
                                cu_seqlens=np.zeros(0, np.int32), scale_layout="linear")
-    except ValueError as e:
-        assert named_argument(str(e)) == "cu_seqlens", e
+    assert named_argument(str(e.value)) == "cu_seqlens", e.value
 
 
 @pytest.mark.parametrize("backend", ("numpy", "torch"))
