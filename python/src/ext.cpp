@@ -221,12 +221,18 @@ bool import_torch_exchange(Arg& a, nb::handle obj, const TorchInfo* info, const 
 // Which torch fast paths may run: 2 both, 1 the attribute path only, 0 none (DLPack for every
 // tensor). Only the tests change it (_C._set_torch_paths), to cover each path with any torch.
 int g_torch_paths = 2;
+// Tensors each path imported (indexed as g_torch_paths; the GIL is held): what the tests read
+// (_C._torch_path_counts) to know that the path they selected is the one that ran.
+uint64_t g_torch_path_counts[3] = {0, 0, 0};
 
 bool import_torch(Arg& a, nb::handle obj, const char* name) {
   if (g_torch_paths == 0) return false;
   const TorchInfo* info = torch_info();
   if (!info || reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())) != info->tensor_type) return false;
-  if (g_torch_paths == 2 && info->exchange && import_torch_exchange(a, obj, info, name)) return true;
+  if (g_torch_paths == 2 && info->exchange && import_torch_exchange(a, obj, info, name)) {
+    ++g_torch_path_counts[2];
+    return true;
+  }
   nb::object dtype = get(obj, info->dtype);
   int which = -1;
   for (int i = 0; i < 6; ++i)
@@ -268,6 +274,7 @@ bool import_torch(Arg& a, nb::handle obj, const char* name) {
   a.t.byte_offset = 0;
   a.keep_alive = nb::borrow(obj);
   a.present = true;
+  ++g_torch_path_counts[1];
   return true;
 }
 
@@ -278,8 +285,9 @@ void import_array(Arg& a, nb::handle obj, const char* name, bool writable) {
   if (import_torch(a, obj, name)) return;
   const TorchInfo* info = torch_info();  // a torch subclass, the fast paths are off, or a
                                          // tensor they do not take (sparse, meta, ...)
+  int is_tensor = 0;
   if (info) {
-    const int is_tensor = PyObject_IsInstance(obj.ptr(), info->tensor_type);
+    is_tensor = PyObject_IsInstance(obj.ptr(), info->tensor_type);
     if (is_tensor < 0) throw nb::python_error();
     if (is_tensor) {
       // A tensor without memory (meta, or a FakeTensor under FakeTensorMode / torch.compile):
@@ -323,6 +331,7 @@ void import_array(Arg& a, nb::handle obj, const char* name, bool writable) {
                           "numpy, cupy, ...), got " + python_type_name(obj) + why)
                              .c_str());
   }
+  if (is_tensor) ++g_torch_path_counts[0];
   const size_t nd = a.array.ndim();
   if (nd > 8) throw nb::value_error((std::string(name) + ": rank above 8").c_str());
   const int64_t item = (int64_t{a.array.dtype().bits} * a.array.dtype().lanes + 7) / 8;  // bytes
@@ -792,5 +801,8 @@ NB_MODULE(_C, m) {
         return prev;
       }
     throw nb::value_error("expected 'exchange', 'attributes' or 'dlpack'");
+  });
+  m.def("_torch_path_counts", [] {  // tests only: torch tensors imported by each path so far
+    return nb::make_tuple(g_torch_path_counts[2], g_torch_path_counts[1], g_torch_path_counts[0]);
   });
 }

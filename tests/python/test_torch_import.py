@@ -29,6 +29,20 @@ def test_exchange_table_is_found_where_torch_has_one(nv):
     assert nv._C._torch_exchange_found() == has, f"torch {torch.__version__}"
 
 
+def test_each_setting_runs_its_own_path(nv, path):
+    # The tests below run under each setting: here, that the setting is the path that imports the
+    # tensors (_C._torch_path_counts: exchange, attributes, dlpack).
+    has = nv._C._torch_exchange_found()
+    ran = {"exchange": "exchange" if has else "attributes", "attributes": "attributes", "dlpack": "dlpack"}[path]
+    key = torch.randn(3, 2, 64, dtype=torch.bfloat16)
+    kv = torch.zeros(2, 2, 16, 2, 36, dtype=torch.uint8)
+    before = nv._C._torch_path_counts()
+    nv.store(key, key, kv, torch.arange(3), 1.0, 1.0, scale_layout="linear")
+    delta = dict(zip(PATHS, (a - b for a, b in zip(nv._C._torch_path_counts(), before))))
+    assert delta[ran] >= 4 and all(n == 0 for p, n in delta.items() if p != ran), delta  # key, value, cache, slots
+    assert kv.any()
+
+
 def test_failing_isinstance_keeps_its_exception(nv, path):
     # An object whose __class__ raises: the binding must pass that exception on, not bury it under
     # "expected an array".
