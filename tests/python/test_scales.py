@@ -342,18 +342,24 @@ def test_decode_scale_of_an_integer_amax_keeps_an_array_margin():
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_store_with_tracker_scales_round_trips(dtype):
     """Calibrate on batches, store the last one with the tracker's scales: dequantized values are
-    within NVFP4's error (a group's scale is within 1/8 of its amax/6, codes within half a step)."""
+    within NVFP4's error (a group's scale is within 1/8 of its amax/6, codes within half a step of
+    at most 2: 0.1875 of the group's amax)."""
     tdtype = getattr(torch, dtype)
     N, T, H, D, n = 4, 16, 2, 64, 24
     tr = nvfp4kv.ScaleTracker(1)
     g = torch.Generator().manual_seed(5)
+    amax = [0.0, 0.0]
     for _ in range(3):
         k = (torch.randn(n, H, D, generator=g) * 4).to(tdtype)
         v = (torch.randn(n, H, D, generator=g) * 0.5).to(tdtype)
         tr.update(0, k, v)
+        amax = [max(a, float(x.float().abs().max())) for a, x in zip(amax, (k, v))]
     spec = nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D)
     cache = nvfp4kv.allocate_kv_cache(spec, N).zero_()
     ks, vs = tr.k_scales()[0:1], tr.v_scales()[0:1]
+    # The scales are what they must be (the round trip below hardly depends on them: the group
+    # scales absorb a global scale that is off by a power of ten).
+    assert [ks.item(), vs.item()] == pytest.approx([a / 448 for a in amax], rel=1e-6)
     nvfp4kv.store(k, v, cache, torch.arange(n), ks, vs)
     ko, vo = nvfp4kv.dequantize(cache, k_scale=ks, v_scale=vs, dtype="float32")
     for x, out in ((k, ko), (v, vo)):
@@ -361,7 +367,7 @@ def test_store_with_tracker_scales_round_trips(dtype):
         xf = x.float()
         group_amax = xf.reshape(n, H, D // 16, 16).abs().amax(-1, keepdim=True)
         err = (got - xf).reshape(n, H, D // 16, 16).abs()
-        assert (err <= group_amax * 0.25 + 1e-6).all(), float((err / group_amax).max())
+        assert (err <= group_amax * 0.19 + 1e-6).all(), float((err / group_amax).max())
 
 
 # ---- GPU ---------------------------------------------------------------------------------------------
