@@ -424,19 +424,20 @@ def format_table(result: Dict) -> str:
         f"ceilings: copy {c['copy_GBps']:.0f} GB/s (read+write); empty kernel "
         f"{c['empty_launch_us']:.2f} us back to back, {c['empty_graph_node_us']:.2f} us per graph node",
         "us: back-to-back calls from Python; xlaunch: us / an empty kernel's launch timed alternately "
-        "with it; gpu us: the same calls queued with the host ahead (device time); %sized: a copy of "
+        "with it (launch us); gpu us: the same calls queued with the host ahead (device time); %sized: a copy of "
         "the case's bytes (same device timing) over gpu us; api: ws with a store workspace, prep through "
         "prepare_store",
         "",
         f"{'tokens':>7} {'H':>3} {'D':>4} {'dtype':>9} {'layout':>6} {'recipe':>13} {'api':>4} {'us':>8} "
-        f"{'%copy':>6} {'xlaunch':>7} {'gpu us':>8} {'GB/s':>6} {'%copy':>6} {'%sized':>6} {'graph us':>8}",
+        f"{'%copy':>6} {'xlaunch':>7} {'launch us':>9} {'gpu us':>8} {'GB/s':>6} {'%copy':>6} {'%sized':>6} "
+        f"{'graph us':>8}",
     ]
     for r in result["store"]:
         g = f"{r['graph_us']:.2f}" if "graph_us" in r else ""
         lines.append(
             f"{r['tokens']:>7} {r['H']:>3} {r['D']:>4} {r['dtype']:>9} {r['layout']:>6} "
             f"{r['recipe']:>13} {_api(r):>4} {r['us']:>8.2f} {100 * r['frac_copy']:>5.1f}% {r['x_launch']:>7.2f} "
-            f"{r['gpu_us']:>8.2f} {r['GBps_gpu']:>6.0f} {100 * r['frac_copy_gpu']:>5.1f}% "
+            f"{r['launch_us']:>9.2f} {r['gpu_us']:>8.2f} {r['GBps_gpu']:>6.0f} {100 * r['frac_copy_gpu']:>5.1f}% "
             f"{_pct(r, 'frac_size_copy'):>6} {g:>8}"
         )
     if result.get("gather"):

@@ -65,7 +65,7 @@ def test_queued_gives_up_when_the_host_never_gets_ahead():
 
 
 def test_table_shows_both_times():
-    row = dict(tokens=1, H=8, D=128, dtype="bfloat16", layout="HND", recipe="nvfp4", us=5.0,
+    row = dict(tokens=1, H=8, D=128, dtype="bfloat16", layout="HND", recipe="nvfp4", us=5.0, launch_us=4.0,
                gpu_us=2.5, GBps=1.0, GBps_gpu=2.0, frac_copy=0.25, frac_copy_gpu=0.5, x_launch=1.25,
                graph_us=1.75, frac_size_copy=0.8)
     grow = dict(tokens=4096, seqs=8, H=8, D=128, us=9.0, gpu_us=6.0, GBps_gpu=3500.0,
@@ -74,7 +74,7 @@ def test_table_shows_both_times():
                                "ceilings": {"copy_GBps": 4000.0, "empty_launch_us": 4.0,
                                             "empty_graph_node_us": 0.5}})
     store_line = next(line for line in text.splitlines() if line.lstrip().startswith("1 "))
-    assert store_line.split()[6:] == ["5.00", "25.0%", "1.25", "2.50", "2", "50.0%", "80.0%", "1.75"]
+    assert store_line.split()[6:] == ["5.00", "25.0%", "1.25", "4.00", "2.50", "2", "50.0%", "80.0%", "1.75"]
     gather_line = text.splitlines()[-1].split()
     assert gather_line[4:] == ["9.00", "50.0%", "6.00", "3500", "75.0%", "90.0%"]
 
