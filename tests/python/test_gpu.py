@@ -388,6 +388,23 @@ def test_store_order_default_takes_page_order_only_for_large_batches():
         assert touched == expect_sorted, (n, touched)
 
 
+def test_sorted_order_is_forced_at_the_tests_sizes():
+    """The tests named *sorted* run with page order forced (the _store_order fixture): at
+    SORTED_MIN tokens, below the automatic threshold, the claim entries show that it ran (review:
+    nothing checked that the switch took)."""
+    T, H, D = 16, 1, 32
+    N = -(-SORTED_MIN // T)
+    kv = nvfp4kv.allocate_kv_cache(nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D), N, device="cuda")
+    ws = nvfp4kv.store_workspace(kv)
+    ws.fill_(0xFF)
+    ws[:8] = 0
+    key = torch.randn(SORTED_MIN, H, D, device="cuda", dtype=torch.bfloat16)
+    nvfp4kv.store(key, key, kv, torch.randperm(N * T, device="cuda")[:SORTED_MIN], 0.1, 0.1, workspace=ws,
+                  scale_layout="linear")
+    torch.cuda.synchronize()
+    assert not torch.all(ws[16:].view(torch.int32)[:N] == -1)
+
+
 def test_sorted_store_bad_workspace_rejected_and_cache_untouched():
     N, T, H, D = 600, 16, 1, 64
     n = SORTED_MIN
