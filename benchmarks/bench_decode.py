@@ -11,11 +11,16 @@ bandwidth; "a copy of them" is a device copy moving that many bytes (half read, 
 written), timed the same way, with our time as a % of it: the copy ceiling at the case's own size, its ramp-up and tail
 included (nvfp4kv.bench.copy_gpu_us); "× SDPA" is SDPA's time over ours.
 
+Each case rotates input sets (its own pages and block table for ours, its own K/V for SDPA, and
+buffer pairs for the sized copy) over at least 3 times the GPU's L2, so that no call finds the
+bytes an earlier one left in L2: an engine's call per layer reads pages that every other layer's
+traffic went through L2 since (input_sets). Unused columns of a wide table share one set's pages.
+
 Two tables (issue #23, point 4):
 - main cases: Hq 32, Hkv 8, D 128, T 16, bf16, q_len 1, HND at each B×L of CASES; the small ones
   also inside a CUDA graph (µs per call, ours and SDPA's);
 - variants (VARIANTS): one thing changed from 16×4096 each (q_len, GQA group, head size, fp16,
-  NHD, block sizes 8 and 1), 1×1024 timed inside a CUDA graph, a window of 4096 tokens at
+  NHD, block sizes 8, 12 and 1), 1×1024 timed inside a CUDA graph, a window of 4096 tokens at
   16×32768 (its bytes and SDPA's K/V: the window's), 1×1024 (graph) and 16×4096 in a block
   table 131072 tokens wide (an engine's table of its longest context), and in that table 16
   lengths from 256 to 7936 (a served batch: its mean and bytes those of 16×4096; SDPA's K/V are
@@ -37,7 +42,8 @@ import sys
 
 CASES = ["16x4096", "64x4096", "16x32768", "64x16384", "128x2048", "1x131072", "4x32768", "1x1024"]
 GRAPH_MAX_TOKENS = 4096  # main cases of at most B*L tokens are also timed inside a CUDA graph
-GRAPH_CALLS = 20  # captures per graph
+GRAPH_CALLS = 100  # captures per graph, as nvfp4kv.bench.GRAPH_NODES (20 timed part of the submission)
+ROTATE_L2 = 3  # input sets cover at least this many times the L2 (input_sets)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,19 +131,31 @@ def nvfp4_bytes(s):
     return sum(attended(s, n) for n in lengths(s)) * s.H * 2 * (s.D // 2 + s.D // 16)
 
 
+def input_sets(nbytes, l2_bytes, cap=GRAPH_CALLS):
+    """Input sets a case of `nbytes` per call rotates through: enough to cover ROTATE_L2 times the
+    L2, at most `cap` (a graph's captures, each of which takes the next set)."""
+    return max(1, min(cap, -(-ROTATE_L2 * l2_bytes // max(1, nbytes))))
+
+
 def make_case(s, seed=0):
     """Builds the tensors of one spec and returns the calls to time: "ours" (decode_attention),
     "sdpa" (the baseline, "sdpa_mask" saying which mask it applies) and "sdpa_nomask" (the same
-    SDPA without a mask), with "out" (ours) and "sdpa_bytes" (the K/V bytes SDPA reads)."""
+    SDPA without a mask), with "out" (ours), "sdpa_bytes" (the K/V bytes SDPA reads per call) and
+    "sets" (how many input sets ours rotates through, "tables" their block tables; SDPA's
+    "sdpa_sets"). Each call takes the
+    next set; the first calls of both are made here, so that no timing sample holds a first call."""
     import torch
     import torch.nn.functional as F
     import nvfp4kv
 
     dtype = getattr(torch, s.dtype)
     g = torch.Generator(device="cuda").manual_seed(seed)
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     longest = max(lengths(s))
     blocks = (max(longest, s.width) + s.T - 1) // s.T
-    N = s.B * blocks
+    used = (longest + s.T - 1) // s.T  # the columns a call can read; the rest of a wide table is never read
+    sets = input_sets(nvfp4_bytes(s), l2)
+    N = s.B * blocks + (sets - 1) * s.B * used  # set 0's pages, and each further set's used columns
     Fd = nvfp4kv.nvfp4_kv_cache_full_dim(s.D)
     raw = torch.empty(N, 2, s.H * s.T * Fd, dtype=torch.uint8, device="cuda").random_(0, 256, generator=g)
     # A page side is [codes of every row | scale bytes of every row] in both layouts; random
@@ -147,17 +165,27 @@ def make_case(s, seed=0):
         kv = raw.view(N, 2, s.H, s.T, Fd).permute(0, 1, 3, 2, 4)  # (N, 2, T, H, F) over [N][2][H][T][F]
     else:
         kv = raw.view(N, 2, s.T, s.H, Fd)  # NHD: the buffer's own order
-    bt = torch.randperm(N, device="cuda", generator=g).reshape(s.B, blocks).to(torch.int32)
+    perm = torch.randperm(N, device="cuda", generator=g).to(torch.int32)
+    bt0 = perm[: s.B * blocks].reshape(s.B, blocks)
+    bts = [bt0]
+    for i in range(1, sets):  # the used columns on pages of their own, the rest as in set 0
+        bt = bt0.clone()
+        start = s.B * blocks + (i - 1) * s.B * used
+        bt[:, :used] = perm[start: start + s.B * used].reshape(s.B, used)
+        bts.append(bt)
     if s.cut:  # a view: the rows keep the whole table's stride
-        bt = bt[:, : (longest + s.T - 1) // s.T]
+        bts = [bt[:, :used] for bt in bts]
     seq_lens = torch.tensor(lengths(s), dtype=torch.int32, device="cuda")
     q = torch.randn(s.B * s.q_len, s.Hq, s.D, device="cuda", dtype=dtype, generator=g)
     out = torch.empty_like(q)
     ks = torch.tensor([0.02], device="cuda")
     vs = torch.tensor([0.03], device="cuda")
-    ws = nvfp4kv.decode_workspace(kv, q, bt, q_len=s.q_len)
+    ws = nvfp4kv.decode_workspace(kv, q, bts[0], q_len=s.q_len)
+    turn = {"ours": 0, "sdpa": 0}
 
     def ours():
+        bt = bts[turn["ours"] % sets]
+        turn["ours"] += 1
         nvfp4kv.decode_attention(q, kv, bt, seq_lens, ks, vs, out=out, workspace=ws, q_len=s.q_len,
                                  scale_layout=s.scale_layout, window_left=s.window)
 
@@ -166,12 +194,19 @@ def make_case(s, seed=0):
     # queries of a sequence on its own axis.
     if s.window >= 0 and s.q_len > 1:
         raise ValueError("the SDPA baseline of a window is for q_len 1")
-    k = torch.randn(s.B, s.H, attended(s), s.D, device="cuda", dtype=dtype, generator=g)
-    v = torch.randn_like(k)
+    sdpa_bytes = 2 * s.B * s.H * attended(s) * s.D * q.element_size()
+    sdpa_sets = input_sets(sdpa_bytes, l2)
+    kvs = [(torch.randn(s.B, s.H, attended(s), s.D, device="cuda", dtype=dtype, generator=g),
+            torch.randn(s.B, s.H, attended(s), s.D, device="cuda", dtype=dtype, generator=g)) for _ in range(sdpa_sets)]
     qs = q.view(s.B, s.q_len, s.Hq, s.D).transpose(1, 2)
 
+    def sdpa_kv():
+        k, v = kvs[turn["sdpa"] % sdpa_sets]
+        turn["sdpa"] += 1
+        return k, v
+
     def sdpa_nomask():
-        F.scaled_dot_product_attention(qs, k, v, enable_gqa=True)
+        F.scaled_dot_product_attention(qs, *sdpa_kv(), enable_gqa=True)
 
     sdpa, mask = sdpa_nomask, "none (q_len 1)"
     if s.q_len > 1:
@@ -183,15 +218,18 @@ def make_case(s, seed=0):
             bias = causal_lower_right(s.q_len, s.L)
 
             def sdpa_causal():
-                F.scaled_dot_product_attention(qs, k, v, attn_mask=bias, enable_gqa=True)
+                F.scaled_dot_product_attention(qs, *sdpa_kv(), attn_mask=bias, enable_gqa=True)
 
             sdpa_causal()
             torch.cuda.synchronize()
             sdpa, mask = sdpa_causal, "causal lower-right"
         except Exception as e:  # a torch without it (for GQA): the unmasked call, said so on the row
             mask = f"none (causal lower-right failed: {type(e).__name__}: {e})"
-    return dict(ours=ours, out=out, sdpa=sdpa, sdpa_nomask=sdpa_nomask, sdpa_mask=mask,
-                sdpa_bytes=2 * k.numel() * k.element_size())
+    ours()
+    sdpa_nomask()
+    torch.cuda.synchronize()
+    return dict(ours=ours, out=out, sdpa=sdpa, sdpa_nomask=sdpa_nomask, sdpa_mask=mask, sdpa_bytes=sdpa_bytes,
+                sets=sets, sdpa_sets=sdpa_sets, tables=bts)
 
 
 def measure(s, ceil, label, quick=False, graph_columns=False):
@@ -205,7 +243,7 @@ def measure(s, ceil, label, quick=False, graph_columns=False):
     reps = 5 if quick else 15
     nbytes = nvfp4_bytes(s)
     row = dict(dataclasses.asdict(s), label=label, scale_layout=s.scale_layout, bytes=nbytes, sdpa_mask=c["sdpa_mask"],
-               timing="graph" if s.graph else "queued")
+               timing="graph" if s.graph else "queued", sets=c["sets"], sdpa_sets=c["sdpa_sets"])
     if s.graph:
         row["gpu_us"] = bench._graph_per_call(torch, c["ours"], GRAPH_CALLS, reps)
         row["sdpa_us"] = bench._graph_per_call(torch, c["sdpa"], GRAPH_CALLS, reps)
@@ -215,7 +253,7 @@ def measure(s, ceil, label, quick=False, graph_columns=False):
         row["sdpa_us"] = bench._queued_per_call(torch, c["sdpa"], sdpa_calls, reps)
         if c["sdpa"] is not c["sdpa_nomask"]:
             row["sdpa_nomask_us"] = bench._queued_per_call(torch, c["sdpa_nomask"], sdpa_calls, reps)
-        row["sized_copy_us"] = bench.copy_gpu_us(torch, nbytes, quick=quick)
+        row["sized_copy_us"] = bench.copy_gpu_us(torch, nbytes, sets=c["sets"], quick=quick)
         row["frac_sized_copy"] = row["sized_copy_us"] / row["gpu_us"]
         if graph_columns:
             row["graph_us"] = bench._graph_per_call(torch, c["ours"], GRAPH_CALLS, reps)

@@ -94,6 +94,17 @@ def test_rows_format(bd):
     assert "graph 4.00 us (SDPA 6.00)" in bd.format_row(main)
 
 
+def test_input_sets_cover_three_l2s(bd):
+    l2 = 50 << 20  # the H100's and H200's
+    for s in (bd.Spec(), bd.Spec(L=2048), bd.Spec(D=64)):  # 75.5 MB a call, 37.7, 37.7
+        n, sets = bd.nvfp4_bytes(s), bd.input_sets(bd.nvfp4_bytes(s), l2)
+        assert (sets - 1) * n < 3 * l2 <= sets * n
+    assert bd.input_sets(bd.nvfp4_bytes(bd.Spec()), l2) == 3
+    assert bd.input_sets(1 << 20, l2) == bd.GRAPH_CALLS  # 150 would be more sets than a graph's captures
+    assert bd.input_sets(1 << 30, l2) == 1
+    assert bd.input_sets(0, l2) == bd.GRAPH_CALLS
+
+
 def test_make_case_on_gpu(bd):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
@@ -108,6 +119,14 @@ def test_make_case_on_gpu(bd):
         assert c["out"].shape == (s.B * s.q_len, s.Hq, s.D) and bool(c["out"].isfinite().all())
         assert c["sdpa_mask"] == "causal lower-right" if s.q_len > 1 else c["sdpa_mask"].startswith("none")
         assert c["sdpa_bytes"] == 2 * s.B * s.H * s.L * s.D * 2
+        # Each set reads pages of its own in the columns a call reads; a wide table's other
+        # columns are set 0's.
+        used = (s.L + s.T - 1) // s.T
+        tables = [t.cpu() for t in c["tables"]]
+        assert len(tables) == c["sets"] > 1
+        read = torch.cat([t[:, :used].reshape(-1) for t in tables])
+        assert read.unique().numel() == read.numel()
+        assert all(torch.equal(t[:, used:], tables[0][:, used:]) for t in tables)
 
 
 def test_no_gpu_says_so(bd, capsys):
