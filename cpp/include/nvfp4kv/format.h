@@ -5,8 +5,10 @@
 //
 // Floating-point rules (FORMAT.md §2): IEEE fp32, round-to-nearest-even, no FMA contraction, no
 // fast-math. Products and sums that could be contracted go through mul_rn/add_rn, which on the
-// device are the never-contracted __fmul_rn/__fadd_rn; host code is compiled with
-// -ffp-contract=off as a second line of defence.
+// device are the never-contracted __fmul_rn/__fadd_rn. On the host the library is compiled with
+// -ffp-contract=off; code that includes this header may not be (GCC fuses wherever FMA
+// instructions are enabled), so there the results pass through an empty asm that the compiler
+// cannot fuse across (opaque_rn; tests/cpp/test_format_contract.cpp).
 #pragma once
 
 #if !defined(__cplusplus)
@@ -72,11 +74,27 @@ NVFP4KV_HD float bits_float(uint32_t u) {
 #endif
 }
 
+// x as computed, opaque to the optimizer outside the library's own build (NVFP4KV_FAST_PRIMITIVES,
+// compiled with -ffp-contract=off, where it would only cost vectorization): a product or sum
+// behind it cannot become part of an FMA.
+NVFP4KV_HD float opaque_rn(float x) {
+#if !defined(__CUDA_ARCH__) && !defined(NVFP4KV_FAST_PRIMITIVES) && defined(__GNUC__)
+#if defined(__x86_64__) || (defined(__i386__) && defined(__SSE__))
+  __asm__("" : "+x"(x));
+#elif defined(__aarch64__)
+  __asm__("" : "+w"(x));
+#else
+  __asm__("" : "+g"(x));
+#endif
+#endif
+  return x;
+}
+
 NVFP4KV_HD float mul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);
 #else
-  return a * b;
+  return opaque_rn(a * b);
 #endif
 }
 
@@ -84,7 +102,7 @@ NVFP4KV_HD float add_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fadd_rn(a, b);
 #else
-  return a + b;
+  return opaque_rn(a + b);
 #endif
 }
 
@@ -92,7 +110,7 @@ NVFP4KV_HD float sub_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fsub_rn(a, b);
 #else
-  return a - b;
+  return opaque_rn(a - b);
 #endif
 }
 
