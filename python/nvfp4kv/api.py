@@ -15,6 +15,7 @@ from typing import Any, List, Optional, Tuple
 
 from . import _C
 from .spec import KV_CACHE_LAYOUTS  # within a page side, heads outer (HND) or tokens outer (NHD)
+from .views import imported_torch
 
 _RECIPES = {name: i for i, name in enumerate(_C.RECIPES)}
 _SCALE_LAYOUTS = {name: i for i, name in enumerate(_C.SCALE_LAYOUTS)}
@@ -192,7 +193,7 @@ def _without_data(*args: Any) -> bool:
     FakeTensorMode): such calls go to the torch custom ops, whose fake implementations need no
     data. A call mixing them with real tensors keeps the extension's error. Asked only after the
     extension refused a call, so it costs nothing on the eager path."""
-    torch = sys.modules.get("torch")
+    torch = imported_torch()
     if torch is None:
         return False
     given = [a for a in args if a is not None]
@@ -333,7 +334,7 @@ def _split_halves(kv_cache: Any, value_cache: Any) -> Optional[Tuple[Any, Any]]:
     (orient_sides in ext.cpp, the same test)."""
     if value_cache is None:
         return None
-    torch = sys.modules.get("torch")
+    torch = imported_torch()
     if torch is None:
         return None
     for x in (kv_cache, value_cache):
@@ -348,7 +349,7 @@ def _split_halves(kv_cache: Any, value_cache: Any) -> Optional[Tuple[Any, Any]]:
 
 def _dims(x: Any, arg: str) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
     """x's shape and strides in elements (torch, numpy, cupy and arrays like them)."""
-    torch = sys.modules.get("torch")
+    torch = imported_torch()
     if torch is not None and isinstance(x, torch.Tensor):
         return x.shape, x.stride()  # no per-dimension conversion: this runs per call
     shape, strides, itemsize = _shape(x, arg), getattr(x, "strides", None), getattr(x, "itemsize", None)
@@ -477,7 +478,7 @@ def _empty(like: Any, shape: Tuple[int, ...], dtype: Any) -> Any:
 def _dtype_name(dtype: Any) -> str:
     name = dtype if isinstance(dtype, str) else str(dtype).replace("torch.", "")
     name = {"float": "float32", "half": "float16"}.get(name, name)
-    torch = sys.modules.get("torch")
+    torch = imported_torch()
     # numpy names the rest (np.float16, "f2"), but not a torch dtype, and under torch.compile not a
     # string: traced, its refusal of either is an internal error in place of the message below.
     if name not in _FLOAT_DTYPES and not (torch is not None and (

@@ -26,9 +26,18 @@ _CACHE_SCALE_LAYOUTS = ("vllm", "linear")
 _SIDE_SCALE_LAYOUTS = ("linear", "interleaved")
 
 
-def _torch_module_of(x: Any):
-    # Only look at torch if the caller has imported it: otherwise x cannot be a tensor.
+def imported_torch() -> Any:
+    """torch where the caller has imported it (otherwise nothing given can be a tensor), else None.
+    While another thread runs ``import torch``, sys.modules holds the partly loaded module: that
+    counts as not imported (review: ``torch.Tensor`` missing there failed calls on numpy arrays)."""
     torch = sys.modules.get("torch")
+    if torch is None or getattr(getattr(torch, "__spec__", None), "_initializing", False):
+        return None
+    return torch
+
+
+def _torch_module_of(x: Any):
+    torch = imported_torch()
     if torch is not None and isinstance(x, torch.Tensor):
         return torch
     return None

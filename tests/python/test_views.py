@@ -569,3 +569,25 @@ def test_empty_sides_are_named_as_such(cut):
     with pytest.raises(ValueError, match="must be positive"):
         V.nvfp4_kv_cache_split_views(empty, "linear")
 
+
+
+def test_numpy_calls_while_another_thread_imports_torch(monkeypatch):
+    """While one thread runs `import torch`, sys.modules holds the partly loaded module, without
+    `Tensor`: calls on numpy arrays in other threads must not touch it (review: they raised
+    AttributeError instead of succeeding, or in place of the library's ValueError)."""
+    import importlib.machinery
+    import sys
+    import types
+
+    import nvfp4kv
+
+    partial = types.ModuleType("torch")
+    partial.__spec__ = importlib.machinery.ModuleSpec("torch", None)
+    partial.__spec__._initializing = True  # what the import system sets until the module is loaded
+    monkeypatch.setitem(sys.modules, "torch", partial)
+    kv = np.zeros((8, 2, 16, 2, 36), np.uint8)  # a 5-D NHD cache
+    k = np.zeros((128, 2, 64), np.float32)
+    nvfp4kv.store(k, k, kv, np.arange(128), 0.01, 0.01, scale_layout="linear", kv_layout="NHD")
+    nvfp4kv.nvfp4_split_data_scale(kv[:, 0])
+    with pytest.raises(ValueError, match="k_scale"):
+        nvfp4kv.store(k, k, kv, np.arange(128), -1.0, 0.01, scale_layout="linear")
