@@ -14,7 +14,9 @@ included (nvfp4kv.bench.copy_gpu_us); "× SDPA" is SDPA's time over ours.
 Each case rotates input sets (its own pages and block table for ours, its own K/V for SDPA, and
 buffer pairs for the sized copy) over at least 3 times the GPU's L2, so that no call finds the
 bytes an earlier one left in L2: an engine's call per layer reads pages that every other layer's
-traffic went through L2 since (input_sets). Unused columns of a wide table share one set's pages.
+traffic went through L2 since (input_sets). At most GRAPH_CALLS sets, one per capture of a graph:
+1x1024's 100 sets of 1.2 MB cover 2.25 times a 50 MiB L2. Unused columns of a wide table share
+one set's pages.
 
 Two tables (issue #23, point 4):
 - main cases: Hq 32, Hkv 8, D 128, T 16, bf16, q_len 1, HND at each B×L of CASES; the small ones
