@@ -488,8 +488,9 @@ int64_t decode_workspace_bytes(int64_t B, int64_t q_len, int64_t Hq, int64_t H, 
 
 // The decode workspace, checked: float32 or uint8, contiguous, on the cache's device; where the
 // call uses it (`need` > 0), also 16-byte aligned and at least `need` bytes. A workspace given to
-// a call that needs none is checked all the same but for its size, so that an engine's CPU runs
-// refuse what its GPU runs would.
+// a call that needs none (every CPU call) is still checked for dtype, contiguity and device, so
+// that an engine's CPU runs refuse some of what its GPU runs would; not for its size, alignment
+// or overlap (c-api.md).
 float* decode_workspace(const Tensor& w, const Tensor& cache_ref, int64_t need) {
   expect_same_device(w, cache_ref);
   const bool f32 = is_dtype(w.t->dtype, kDLFloat, 32);

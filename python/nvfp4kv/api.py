@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import math
 import numbers
-import sys
 from typing import Any, List, Optional, Tuple
 
 from . import _C
 from .spec import KV_CACHE_LAYOUTS  # within a page side, heads outer (HND) or tokens outer (NHD)
-from .views import imported_torch
+from .views import imported
 
 _RECIPES = {name: i for i, name in enumerate(_C.RECIPES)}
 _SCALE_LAYOUTS = {name: i for i, name in enumerate(_C.SCALE_LAYOUTS)}
@@ -193,7 +192,7 @@ def _without_data(*args: Any) -> bool:
     FakeTensorMode): such calls go to the torch custom ops, whose fake implementations need no
     data. A call mixing them with real tensors keeps the extension's error. Asked only after the
     extension refused a call, so it costs nothing on the eager path."""
-    torch = imported_torch()
+    torch = imported("torch")
     if torch is None:
         return False
     given = [a for a in args if a is not None]
@@ -334,7 +333,7 @@ def _split_halves(kv_cache: Any, value_cache: Any) -> Optional[Tuple[Any, Any]]:
     (orient_sides in ext.cpp, the same test)."""
     if value_cache is None:
         return None
-    torch = imported_torch()
+    torch = imported("torch")
     if torch is None:
         return None
     for x in (kv_cache, value_cache):
@@ -349,7 +348,7 @@ def _split_halves(kv_cache: Any, value_cache: Any) -> Optional[Tuple[Any, Any]]:
 
 def _dims(x: Any, arg: str) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
     """x's shape and strides in elements (torch, numpy, cupy and arrays like them)."""
-    torch = imported_torch()
+    torch = imported("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         return x.shape, x.stride()  # no per-dimension conversion: this runs per call
     shape, strides, itemsize = _shape(x, arg), getattr(x, "strides", None), getattr(x, "itemsize", None)
@@ -478,7 +477,7 @@ def _empty(like: Any, shape: Tuple[int, ...], dtype: Any) -> Any:
 def _dtype_name(dtype: Any) -> str:
     name = dtype if isinstance(dtype, str) else str(dtype).replace("torch.", "")
     name = {"float": "float32", "half": "float16"}.get(name, name)
-    torch = imported_torch()
+    torch = imported("torch")
     # numpy names the rest (np.float16, "f2"), but not a torch dtype, and under torch.compile not a
     # string: traced, its refusal of either is an internal error in place of the message below.
     if name not in _FLOAT_DTYPES and not (torch is not None and (
@@ -855,7 +854,7 @@ def _decode_out(query: Any, kv_cache: Any, value_cache: Any, out: Any, block_tab
 def _real(x: Any, arg: str) -> float:
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"{arg}: {_received(x)} received; expected a float")
-    np = sys.modules.get("numpy")
+    np = imported("numpy")
     # float() would read a numpy float32 subnormal as 0 under denormals-are-zero. An isinstance,
     # not an attribute lookup, which Dynamo refuses on the symbolic float a second value becomes
     # (review: a compiled call's second sm_scale raised Unsupported).

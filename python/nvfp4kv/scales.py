@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import _C
 from .api import _framework, _without_data, _zeros
-from .views import imported_torch
+from .views import imported
 
 __all__ = ["E2M1_MAX", "E4M3_MAX", "amax", "decode_scale", "x6_from_decode", "decode_from_x6", "encode_from_decode",
            "decode_from_encode", "ScaleTracker"]
@@ -154,7 +154,7 @@ def decode_from_encode(e: Any) -> Any:
 # ---- the tracker ----------------------------------------------------------------------------------
 
 def _capturing(like: Any) -> bool:
-    torch = imported_torch()
+    torch = imported("torch")
     if torch is None or _framework(like) != "torch" or not like.is_cuda:
         return False
     return bool(torch.cuda.is_current_stream_capturing())

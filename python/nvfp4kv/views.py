@@ -26,25 +26,26 @@ _CACHE_SCALE_LAYOUTS = ("vllm", "linear")
 _SIDE_SCALE_LAYOUTS = ("linear", "interleaved")
 
 
-def imported_torch() -> Any:
-    """torch where the caller has imported it (otherwise nothing given can be a tensor), else None.
-    While another thread runs ``import torch``, sys.modules holds the partly loaded module: that
-    counts as not imported (review: ``torch.Tensor`` missing there failed calls on numpy arrays)."""
-    torch = sys.modules.get("torch")
-    if torch is None or getattr(getattr(torch, "__spec__", None), "_initializing", False):
+def imported(name: str) -> Any:
+    """The module `name` (torch, numpy) where the caller has imported it (otherwise nothing given
+    can be its array), else None. While another thread runs its import, sys.modules holds the
+    partly loaded module: that counts as not imported (review: ``torch.Tensor`` missing there
+    failed calls on numpy arrays)."""
+    module = sys.modules.get(name)
+    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
         return None
-    return torch
+    return module
 
 
 def _torch_module_of(x: Any):
-    torch = imported_torch()
+    torch = imported("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         return torch
     return None
 
 
 def _numpy_module_of(x: Any):
-    np = sys.modules.get("numpy")
+    np = imported("numpy")
     if np is not None and isinstance(x, np.ndarray):
         return np
     return None
