@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "nvfp4kv/nvfp4kv.h"
+#include "host_view.h"
 
 extern void* __libc_malloc(size_t);
 static long g_left = -1;  /* > 0: mallocs that still succeed before one fails */
@@ -30,19 +31,6 @@ void* malloc(size_t n) {
   if (g_left == 0 && g_fail_rest) return NULL;
   if (g_left > 0 && __atomic_sub_fetch(&g_left, 1, __ATOMIC_RELAXED) == 0) return NULL;
   return __libc_malloc(n);
-}
-
-static DLTensor view(void* data, uint8_t code, uint8_t bits, int ndim, int64_t* shape) {
-  DLTensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.device.device_type = kDLCPU;
-  t.ndim = ndim;
-  t.shape = shape;
-  t.dtype.code = code;
-  t.dtype.bits = bits;
-  t.dtype.lanes = 1;
-  return t;
 }
 
 enum { B = 2, L = 256, H = 2, D = 128, T = 16, F = D / 2 + D / 16, N = B * L / T };

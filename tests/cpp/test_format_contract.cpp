@@ -10,6 +10,7 @@
 
 #include "nvfp4kv/format.h"
 #include "nvfp4kv/nvfp4kv.h"
+#include "host_view.h"
 
 using namespace nvfp4kv;
 
@@ -41,19 +42,6 @@ NVFP4KV_TEST_FMA int count_differences(const std::vector<float>& x, const std::v
     }
   }
   return differ;
-}
-
-DLTensor view(void* data, uint8_t code, uint8_t bits, int ndim, int64_t* shape) {
-  DLTensor t;
-  std::memset(&t, 0, sizeof t);
-  t.data = data;
-  t.device.device_type = kDLCPU;
-  t.ndim = ndim;
-  t.shape = shape;
-  t.dtype.code = code;
-  t.dtype.bits = bits;
-  t.dtype.lanes = 1;
-  return t;
 }
 
 }  // namespace
