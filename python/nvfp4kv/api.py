@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Tuple
 
 from . import _C
 from .spec import KV_CACHE_LAYOUTS  # within a page side, heads outer (HND) or tokens outer (NHD)
-from .views import imported
+from .views import _torch_module_of, imported
 
 _RECIPES = {name: i for i, name in enumerate(_C.RECIPES)}
 _SCALE_LAYOUTS = {name: i for i, name in enumerate(_C.SCALE_LAYOUTS)}
@@ -348,8 +348,7 @@ def _split_halves(kv_cache: Any, value_cache: Any) -> Optional[Tuple[Any, Any]]:
 
 def _dims(x: Any, arg: str) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
     """x's shape and strides in elements (torch, numpy, cupy and arrays like them)."""
-    torch = imported("torch")
-    if torch is not None and isinstance(x, torch.Tensor):
+    if _torch_module_of(x) is not None:
         return x.shape, x.stride()  # no per-dimension conversion: this runs per call
     shape, strides, itemsize = _shape(x, arg), getattr(x, "strides", None), getattr(x, "itemsize", None)
     if not isinstance(strides, tuple) or not itemsize:
