@@ -3,11 +3,25 @@
 
 namespace nvfp4kv {
 
+constexpr int64_t kMaxSideBytes = (int64_t{1} << 31) - 1;
+
 void check_head_size(int64_t D, const char* name) {
   if (D <= 0 || D % kGroupSize != 0 || D > kMaxHeadSize)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
          "%s: head size %lld received; expected a multiple of 16 between 16 and %d", name,
          static_cast<long long>(D), kMaxHeadSize);
+}
+
+// The bytes of one side of one page (H * T * F), checked: the kernels address a page side with
+// 32-bit offsets and divide positions by T in 32 bits, so a side must stay below 2 GiB.
+int64_t side_bytes(int64_t T, int64_t H, int64_t F, const char* name) {
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(H, T, &bytes) || __builtin_mul_overflow(bytes, F, &bytes) || bytes > kMaxSideBytes)
+    fail(NVFP4KV_ERROR_INVALID_VALUE,
+         "%s: block size %lld with %lld KV heads of F=%lld bytes: one side of a page would hold "
+         "more than 2 GiB - 1 bytes, the most the kernels address",
+         name, static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(F));
+  return bytes;
 }
 
 namespace {
@@ -36,11 +50,8 @@ void check_page_stride(const Tensor& c, int64_t N, int64_t page_stride, int64_t 
 }
 
 
-// Block size and head count, and the bytes of one side of one page (H * T * F, the largest F of
-// the two sides): the kernels address a page side with 32-bit offsets and divide positions by T
-// in 32 bits, so a side must stay below 2 GiB.
-constexpr int64_t kMaxSideBytes = (int64_t{1} << 31) - 1;
-
+// Block size and head count, and the bytes of one side of one page (side_bytes, with the
+// largest F of the two sides).
 void check_geometry(const Tensor& c, int64_t T, int64_t H) {
   if (T <= 0) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: block size T=%lld; must be positive", c.name,
                    static_cast<long long>(T));
@@ -48,14 +59,7 @@ void check_geometry(const Tensor& c, int64_t T, int64_t H) {
                    c.name, static_cast<long long>(H));
 }
 
-void check_side_bytes(const Tensor& c, int64_t T, int64_t H, int64_t F) {
-  int64_t bytes = 0;
-  if (__builtin_mul_overflow(H, T, &bytes) || __builtin_mul_overflow(bytes, F, &bytes) || bytes > kMaxSideBytes)
-    fail(NVFP4KV_ERROR_INVALID_VALUE,
-         "%s: block size %lld with %lld KV heads of F=%lld bytes: one side of a page would hold "
-         "more than 2 GiB - 1 bytes, the most the kernels address",
-         c.name, static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(F));
-}
+void check_side_bytes(const Tensor& c, int64_t T, int64_t H, int64_t F) { side_bytes(T, H, F, c.name); }
 
 // One side tensor (N, T, H, F): layout read from its strides (HND when H or T is 1: the same
 // bytes either way).

@@ -29,5 +29,7 @@ void apply_profile(Cache& c, nvfp4kv_scale_profile profile);
 // A global scale: a host float (checked now) or a device pointer on the cache's device.
 ScaleArg resolve_scale(const DLTensor* scale, const char* name, DLDevice data_device);
 void check_head_size(int64_t D, const char* name);
+// H * T * F, the bytes of one side of one page; fails (naming `name`) unless below 2 GiB.
+int64_t side_bytes(int64_t T, int64_t H, int64_t F, const char* name);
 
 }  // namespace nvfp4kv

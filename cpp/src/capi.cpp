@@ -824,6 +824,28 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_store_workspace_size(int64_t num_blocks, int6
   });
 }
 
+NVFP4KV_API nvfp4kv_status nvfp4kv_page_bytes(int64_t block_size, int64_t num_kv_heads,
+                                              int64_t head_size, int64_t head_size_v,
+                                              size_t* page_bytes, size_t* row_bytes) {
+  return guarded("nvfp4kv_page_bytes", [&] {
+    using nvfp4kv::fail;
+    if (!page_bytes) fail(NVFP4KV_ERROR_INVALID_VALUE, "page_bytes: NULL pointer");
+    if (block_size < 1) fail(NVFP4KV_ERROR_INVALID_VALUE, "block_size %lld received; must be positive",
+                             static_cast<long long>(block_size));
+    if (num_kv_heads < 1) fail(NVFP4KV_ERROR_INVALID_VALUE, "num_kv_heads %lld received; must be positive",
+                               static_cast<long long>(num_kv_heads));
+    nvfp4kv::check_head_size(head_size, "head_size");
+    nvfp4kv::check_head_size(head_size_v, "head_size_v");
+    const int64_t fk = nvfp4kv::full_dim(static_cast<int>(head_size));
+    const int64_t fv = nvfp4kv::full_dim(static_cast<int>(head_size_v));
+    // Each side below 2 GiB, so the sum of the two fits a size_t and an int64_t.
+    const int64_t k = nvfp4kv::side_bytes(block_size, num_kv_heads, fk, "head_size");
+    const int64_t v = nvfp4kv::side_bytes(block_size, num_kv_heads, fv, "head_size_v");
+    *page_bytes = static_cast<size_t>(k + v);
+    if (row_bytes) *row_bytes = static_cast<size_t>(fk);
+  });
+}
+
 NVFP4KV_API nvfp4kv_status nvfp4kv_dequantize(const DLTensor* kv_cache,
                                               const DLTensor* value_cache,
                                               const DLTensor* k_scale, const DLTensor* v_scale,

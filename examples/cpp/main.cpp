@@ -65,7 +65,13 @@ int main() {
         key[(t * H + h) * D + i] = g * k_mult[t][h];
         value[(t * H + h) * D + i] = g * v_mult[t][h];
       }
-  std::vector<uint8_t> cache(N * 2 * kSide, 0xA5);  // poison: bytes not written stay 0xA5
+  // The library sizes the pages (an engine allocating its own cache asks the same way).
+  size_t page_bytes = 0;
+  if (nvfp4kv_page_bytes(T, H, D, D, &page_bytes, nullptr) != NVFP4KV_SUCCESS || page_bytes != 2 * kSide) {
+    std::fprintf(stderr, "nvfp4kv_page_bytes: %zu bytes (%s)\n", page_bytes, nvfp4kv_last_error());
+    return 1;
+  }
+  std::vector<uint8_t> cache(N * page_bytes, 0xA5);  // poison: bytes not written stay 0xA5
   float k_scale = 1.0f, v_scale = 1.0f;
 
   int64_t kv_shape[3] = {n, H, D}, cache_shape[5] = {N, 2, T, H, F}, slot_shape[1] = {n},

@@ -23,6 +23,11 @@ int main(void) {
   c = k; c.data = cache; c.ndim = 5; c.shape = cshape; c.dtype.code = kDLUInt; c.dtype.bits = 8;
   s = k; s.data = &slot; s.ndim = 1; s.shape = sshape; s.dtype.code = kDLInt; s.dtype.bits = 64;
   g = k; g.data = &scale; g.ndim = 1; g.shape = one;
+  size_t page = 0;
+  if (nvfp4kv_page_bytes(1, 1, 16, 16, &page, NULL) != NVFP4KV_SUCCESS || page != sizeof cache) {
+    fprintf(stderr, "page bytes %u: %s\n", (unsigned)page, nvfp4kv_last_error());
+    return 1;
+  }
   key[3] = 6.0f;
   st = nvfp4kv_store(&k, &v, &c, NULL, &s, &g, &g, NVFP4KV_RECIPE_NVFP4, NVFP4KV_SCALES_LINEAR, NULL);
   if (st != NVFP4KV_SUCCESS) {

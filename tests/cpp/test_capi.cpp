@@ -154,6 +154,33 @@ int main() {
   CHECK(nvfp4kv_store_workspace_size(N, T, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
             strstr(nvfp4kv_last_error(), "bytes"), "%s", nvfp4kv_last_error());
   CHECK(nvfp4kv_store_workspace_size(-1, T, &ws_bytes) == NVFP4KV_ERROR_INVALID_VALUE, "negative num_blocks");
+  // Page bytes: this test's cache is N of them; vLLM's D 128, H 8, T 16 page is 18432 bytes.
+  {
+    size_t page = 0, row = 0;
+    CHECK(nvfp4kv_page_bytes(T, H, D, D, &page, &row) == NVFP4KV_SUCCESS && page * N == cache.size() &&
+              row == static_cast<size_t>(F), "page %zu row %zu: %s", page, row, nvfp4kv_last_error());
+    CHECK(nvfp4kv_page_bytes(16, 8, 128, 128, &page, nullptr) == NVFP4KV_SUCCESS && page == 18432, "page %zu", page);
+    CHECK(nvfp4kv_page_bytes(16, 8, 128, 64, &page, &row) == NVFP4KV_SUCCESS && page == 16 * 8 * (72 + 36) &&
+              row == 72, "page %zu row %zu", page, row);
+    page = 7;
+    CHECK(nvfp4kv_page_bytes(16, 8, 120, 128, &page, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
+              strstr(nvfp4kv_last_error(), "head_size: head size 120") && page == 7, "%s", nvfp4kv_last_error());
+    CHECK(nvfp4kv_page_bytes(16, 8, 128, 528, &page, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
+              strstr(nvfp4kv_last_error(), "head_size_v"), "%s", nvfp4kv_last_error());
+    CHECK(nvfp4kv_page_bytes(0, 8, 128, 128, &page, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
+              strstr(nvfp4kv_last_error(), "block_size 0"), "%s", nvfp4kv_last_error());
+    CHECK(nvfp4kv_page_bytes(16, -1, 128, 128, &page, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
+              strstr(nvfp4kv_last_error(), "num_kv_heads -1"), "%s", nvfp4kv_last_error());
+    CHECK(nvfp4kv_page_bytes(16, 8, 128, 128, nullptr, &row) == NVFP4KV_ERROR_INVALID_VALUE, "NULL page_bytes");
+    // One side of 2^31 - 1 bytes is the most: T 2^31 - 1, H 1, F 1 is not a head size, so take F 9
+    // (D 16) and T H = floor((2^31 - 1) / 9) = 238609294 = 2 * 119304647; one token more fails.
+    CHECK(nvfp4kv_page_bytes(119304647, 2, 16, 16, &page, nullptr) == NVFP4KV_SUCCESS &&
+              page == static_cast<size_t>(2) * 238609294 * 9, "page %zu: %s", page, nvfp4kv_last_error());
+    CHECK(nvfp4kv_page_bytes(119304648, 2, 16, 16, &page, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
+              strstr(nvfp4kv_last_error(), "2 GiB"), "%s", nvfp4kv_last_error());
+    CHECK(nvfp4kv_page_bytes(INT64_MAX, INT64_MAX, 16, 16, &page, nullptr) == NVFP4KV_ERROR_INVALID_VALUE,
+          "overflow");
+  }
   // Malformed DLTensors from a C caller: rejected with the argument named, the cache untouched.
   {
     before = cache;

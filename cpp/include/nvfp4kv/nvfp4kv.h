@@ -164,6 +164,18 @@ NVFP4KV_API int nvfp4kv_cpu_threads(void);
 NVFP4KV_API nvfp4kv_status nvfp4kv_store_workspace_size(int64_t num_blocks, int64_t block_size,
                                                         size_t* bytes);
 
+/* Bytes of one page (block) of a cache, for engines that allocate it themselves: block_size
+ * tokens of num_kv_heads heads, K of head size head_size and V of head_size_v, each row F(D) =
+ * D/2 + D/16 bytes (9D/16: 72 for D = 128), so block_size * num_kv_heads * (F(D) + F(Dv)).
+ * A combined cache (N, 2, T, H, F) or packed (N, 2H, T, F) needs D == Dv and takes N such pages;
+ * two sides take N * block_size * num_kv_heads * F(D) bytes for K and * F(Dv) for V.
+ * INVALID_VALUE, as the store would give, for a head size that is not a multiple of 16 from 16
+ * to 512, block_size or num_kv_heads below 1, or one side of a page (block_size * num_kv_heads *
+ * F) of 2 GiB or more. row_bytes, if not NULL, receives F(head_size). */
+NVFP4KV_API nvfp4kv_status nvfp4kv_page_bytes(int64_t block_size, int64_t num_kv_heads,
+                                              int64_t head_size, int64_t head_size_v,
+                                              size_t* page_bytes, size_t* row_bytes);
+
 /* Dequantize every page of a cache (FORMAT.md §6).
  *
  * kv_cache, value_cache, k_scale, v_scale, profile: as for nvfp4kv_store.
