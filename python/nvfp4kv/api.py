@@ -453,6 +453,22 @@ def _cache_geometry(kv_cache: Any, value_cache: Any, orient: int = -1) -> Tuple[
     return n, t, h, f * 16 // 9, fv * 16 // 9
 
 
+def _pages_apart(kv_cache: Any, value_cache: Any, t: int, h: int, d: int, dv: int) -> None:
+    """Pages at least one page apart, as the ABI requires, refused here before outputs are
+    allocated from N (review: one page expand()ed to 10^7 pages asked the allocator for 655 GB).
+    A cache without byte strides is left to the ABI."""
+    k_side, v_side = t * h * (9 * d // 16), t * h * (9 * dv // 16)
+    if value_cache is None:  # a 5-D or packed cache: K and V sides in each page
+        pages = ((kv_cache, "kv_cache", k_side + v_side),)
+    else:
+        pages = ((kv_cache, "kv_cache", k_side), (value_cache, "value_cache", v_side))
+    for cache, arg, side in pages:
+        strides = cache.stride() if _torch_module_of(cache) is not None else getattr(cache, "strides", None)
+        if isinstance(strides, tuple) and strides and strides[0] < side:  # uint8: elements are bytes
+            raise ValueError(f"{arg}: page stride {strides[0]} bytes received; it must be at least one page "
+                             f"({side} bytes): pages may not overlap or run backwards")
+
+
 def _empty(like: Any, shape: Tuple[int, ...], dtype: Any) -> Any:
     fw = _framework(like)
     if fw == "torch":
@@ -541,6 +557,8 @@ def _dequantize_outputs(kv_cache: Any, value_cache: Any, dtype: Any, key_out: An
         if checked:
             _uint8_cache(kv_cache, value_cache)  # a bf16 cache's shape is no NVFP4 geometry to allocate
         n, t, h, d, dv = _cache_geometry(kv_cache, value_cache, orient)
+        if checked and n > 1:
+            _pages_apart(kv_cache, value_cache, t, h, d, dv)
         name = _out_dtype(dtype, key_out, value_out, "float32")
         zero = pages is not None
         key_out = _new(kv_cache, (n, t, h, d), name, zero) if key_out is None else key_out
