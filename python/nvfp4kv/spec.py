@@ -664,8 +664,9 @@ def allocate_kv_cache(
     ------
     ValueError
         For ``head_size_v != head_size``, a bad ``num_blocks``, layout, backend or device, a
-        torch backend without torch, bfloat16/"auto" with numpy, or ``packed=True`` with
-        layout "NHD".
+        torch backend without torch, bfloat16/"auto" with numpy, ``packed=True`` with
+        layout "NHD", or an NVFP4 page side (``block_size * num_kv_heads * F``) of 2 GiB or more,
+        which no operation takes.
     """
     if not isinstance(spec, KVCacheSpec):
         raise TypeError(f"spec must be a KVCacheSpec, got {type(spec).__name__}")
@@ -673,6 +674,11 @@ def allocate_kv_cache(
         raise ValueError(f"backend: unknown value {backend!r}; expected one of {_BACKENDS}")
     if not isinstance(packed, bool):
         raise ValueError(f"packed must be True or False, got {packed!r}")
+    if spec.is_nvfp4:
+        side = spec.block_size * spec.num_kv_heads * nvfp4_kv_cache_full_dim(max(spec.head_size, spec.head_size_v))
+        if side >= 2**31:  # the C ABI's limit (docs/c-api.md), refused before gigabytes are allocated
+            raise ValueError(f"block size {spec.block_size} with {spec.num_kv_heads} KV heads: one side of a page "
+                             f"would hold {side} bytes; the kernels address at most 2 GiB - 1")
     shape = spec.kv_cache_shape(num_blocks, layout, packed=packed)
     order = get_kv_cache_stride_order(layout, spec.cache_dtype, packed=packed)
     physical = tuple(shape[i] for i in order)

@@ -431,6 +431,13 @@ def test_allocate_rejects():
         S.allocate_kv_cache(spec, -1, backend="numpy")
     with pytest.raises(TypeError, match="spec"):
         S.allocate_kv_cache((16, 2, 128), 1, backend="numpy")
+    # A page side (T * H * F) of 2 GiB or more, which no operation takes: refused before a page is
+    # allocated. One token fewer is the largest side (29826161 * 72 = 2^31 - 56); zero pages of it
+    # allocate nothing. fp8 has no such limit.
+    with pytest.raises(ValueError, match="2147483664 bytes; the kernels address at most 2 GiB - 1"):
+        S.allocate_kv_cache(S.KVCacheSpec(29826162, 1, 128), 1, backend="numpy")
+    assert S.allocate_kv_cache(S.KVCacheSpec(29826161, 1, 128), 0, backend="numpy").shape == (0, 2, 29826161, 1, 72)
+    assert S.allocate_kv_cache(S.KVCacheSpec(29826162, 1, 128, cache_dtype="fp8"), 0, backend="numpy").size == 0
 
 
 def test_allocate_on_a_device_torch_cannot_use_is_a_value_error():
