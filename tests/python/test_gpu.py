@@ -367,42 +367,35 @@ def test_sorted_store_reuses_one_workspace():
                  workspace=ws)
 
 
+def _took_page_order(n, T=16, H=1, D=32):
+    """Stores n tokens with a workspace whose claim entries are all -1: whether the call wrote one
+    (page order ran; token order leaves them)."""
+    N = -(-n // T)
+    kv = nvfp4kv.allocate_kv_cache(nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D), N, device="cuda")
+    ws = nvfp4kv.store_workspace(kv)
+    ws.fill_(0xFF)
+    ws[:8] = 0
+    key = torch.randn(n, H, D, device="cuda", dtype=torch.bfloat16)
+    nvfp4kv.store(key, key, kv, torch.randperm(N * T, device="cuda")[:n], 0.1, 0.1, workspace=ws,
+                  scale_layout="linear")
+    torch.cuda.synchronize()
+    return not torch.all(ws[16:].view(torch.int32)[:N] == -1)
+
+
 def test_store_order_default_takes_page_order_only_for_large_batches():
     """Auto: the same bytes either way; page order (visible as the workspace's page count being
     reset, a claim entry written) only where the rows add up to 3 times the L2."""
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    T, H, D = 16, 1, 32
-    row = 2 * H * full_dim(D)  # 36 bytes of rows per token
+    row = 2 * 1 * full_dim(32)  # 36 bytes of rows per token (_took_page_order's H 1, D 32)
     for n, expect_sorted in ((SORTED_MIN, False), (-(-3 * l2 // row) + 16, True)):
-        N = -(-n // T)
-        kv = nvfp4kv.allocate_kv_cache(nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D), N,
-                                       device="cuda")
-        ws = nvfp4kv.store_workspace(kv)
-        ws.fill_(0xFF)
-        ws[:8] = 0
-        key = torch.randn(n, H, D, device="cuda", dtype=torch.bfloat16)
-        nvfp4kv.store(key, key, kv, torch.randperm(N * T, device="cuda")[:n], 0.1, 0.1, workspace=ws,
-                      scale_layout="linear")
-        torch.cuda.synchronize()
-        touched = not torch.all(ws[16:].view(torch.int32)[:N] == -1)  # the claim entries
-        assert touched == expect_sorted, (n, touched)
+        assert _took_page_order(n) == expect_sorted, n
 
 
 def test_sorted_order_is_forced_at_the_tests_sizes():
     """The tests named *sorted* run with page order forced (the _store_order fixture): at
     SORTED_MIN tokens, below the automatic threshold, the claim entries show that it ran (review:
     nothing checked that the switch took)."""
-    T, H, D = 16, 1, 32
-    N = -(-SORTED_MIN // T)
-    kv = nvfp4kv.allocate_kv_cache(nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D), N, device="cuda")
-    ws = nvfp4kv.store_workspace(kv)
-    ws.fill_(0xFF)
-    ws[:8] = 0
-    key = torch.randn(SORTED_MIN, H, D, device="cuda", dtype=torch.bfloat16)
-    nvfp4kv.store(key, key, kv, torch.randperm(N * T, device="cuda")[:SORTED_MIN], 0.1, 0.1, workspace=ws,
-                  scale_layout="linear")
-    torch.cuda.synchronize()
-    assert not torch.all(ws[16:].view(torch.int32)[:N] == -1)
+    assert _took_page_order(SORTED_MIN)
 
 
 def test_sorted_store_bad_workspace_rejected_and_cache_untouched():
