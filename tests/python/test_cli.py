@@ -364,6 +364,30 @@ def test_closed_stdout_and_stderr_in_subprocess():
     assert p.returncode == 0 and "demo: llama-3.1-8b geometry" in p.stdout
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_help_and_version_that_cannot_be_written_are_errors():
+    """Found by review: `nvfp4kv --help > /dev/full` exited 0 and said nothing (the text waited in
+    stdout's buffer past main's return); now 1 with its line, as a subcommand's output. A reader
+    gone (`--help | head -1`) is still no error."""
+    cmd = [sys.executable, "-m", "nvfp4kv"]
+    for args, buffered in ((["--help"], True), (["--help"], False), (["--version"], True), (["plan", "--help"], False)):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        if not buffered:  # the write itself fails, not the flush
+            env["PYTHONUNBUFFERED"] = "1"
+        with open("/dev/full", "w") as full:
+            p = subprocess.run(cmd + args, stdout=full, stderr=subprocess.PIPE, check=False, text=True, timeout=120,
+                               env=env)
+        assert p.returncode == 1 and p.stderr.count("\n") == 1, (args, buffered, p.returncode, p.stderr)
+        assert p.stderr.startswith("nvfp4kv: error: [Errno 28]"), (args, p.stderr)
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        p = subprocess.run(cmd + ["--help"], stdout=write, stderr=subprocess.PIPE, check=False, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert p.returncode == 0 and p.stderr == ""
+
+
 def test_help_after_demo_options_is_demos():
     """`nvfp4kv --tokens 16` is the demo, so `nvfp4kv --tokens 16 --help` shows the demo's help
     (review: argparse called 16 an invalid subcommand); --help alone stays the command's."""

@@ -63,6 +63,15 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, _usage_line(self.prog, message))
 
+    def _print_message(self, message, file=None):
+        """argparse's, except that help or version text that stdout cannot take raises (argparse
+        drops the error, so `--help > /dev/full` exited 0: review); main reports it. A line for
+        stderr is still dropped where stderr cannot take it: the exit status says the rest."""
+        if file is sys.stdout and message:
+            file.write(message)
+        else:
+            super()._print_message(message, file)
+
 
 def _usage_line(prog: str, message: str) -> str:
     """``<prog>: error: <message> (see '<prog> --help')``, on one line whatever the message."""
@@ -173,7 +182,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args, extra = build_parser().parse_known_args(argv)
     except SystemExit as e:  # --help, --version (0) and usage errors (2)
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+        return _flushed(e.code if isinstance(e.code, int) else (0 if e.code is None else 2))
+    except OSError as e:  # their text not written: a reader gone is no error, a full disk is
+        return _flushed(0, e)
     if extra:  # reported by the subcommand they were given to (argparse names the top level)
         _say(_usage_line(f"{PROG} {args.command}" if args.command else PROG,
                          f"unrecognized arguments: {' '.join(extra)}"))
@@ -188,10 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(_usage_line(f"{PROG} {args.command}", e))
         return 2
     except BrokenPipeError:  # e.g. `nvfp4kv plan | head -1`: stop quietly
-        # Python flushes stdout at exit, which would raise again; point fd 1 at /dev/null.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        _quiet_stdout()
         return 0
     except Exception as e:  # any other: one line (review: a torch whose import raised AttributeError
         _say_traceback()    # printed a traceback)
@@ -204,6 +212,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = " ".join(str(msg).split())  # one line
         _say(f"{PROG} {args.command}: error: {msg}\n")
         return 1
+
+
+def _quiet_stdout() -> None:
+    """After stdout failed (its reader gone, a full disk): Python flushes stdout at exit, which
+    would raise again, so fd 1 points at /dev/null."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _flushed(code: int, error: OSError | None = None) -> int:
+    """`code`, once the help or version text is out of stdout's buffer (or `error`, raised writing
+    it): text that cannot be written (`--help > /dev/full`) exits 1 with its line, as a
+    subcommand's output does (review: it exited 0 and said nothing); a reader gone (`--help |
+    head -1`) is no error."""
+    try:
+        if error is not None:
+            raise error
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+    except OSError as e:
+        _say(f"{PROG}: error: {e}\n")
+        _quiet_stdout()  # the text left in the buffer would fail again at exit (status 120)
+        return 1
+    return code
 
 
 def _say(text: str) -> None:
