@@ -456,14 +456,25 @@ def _cache_geometry(kv_cache: Any, value_cache: Any, orient: int = -1) -> Tuple[
 def _pages_apart(kv_cache: Any, value_cache: Any, t: int, h: int, d: int, dv: int) -> None:
     """Pages at least one page apart, as the ABI requires, refused here before outputs are
     allocated from N (review: one page expand()ed to 10^7 pages asked the allocator for 655 GB).
-    A cache without byte strides is left to the ABI."""
+    Only shapes the ABI takes are checked here (its shape errors say more); a cache without
+    byte strides (a sparse torch tensor, say) is left to the ABI too."""
     k_side, v_side = t * h * (9 * d // 16), t * h * (9 * dv // 16)
+    shape = _shape(kv_cache, "kv_cache")
+    if 0 in shape:  # nothing to allocate; an empty array's strides may be anything
+        return
     if value_cache is None:  # a 5-D or packed cache: K and V sides in each page
+        if len(shape) == 5 and shape[1] != 2 or len(shape) == 4 and shape[1] % 2:
+            return
         pages = ((kv_cache, "kv_cache", k_side + v_side),)
     else:
-        pages = ((kv_cache, "kv_cache", k_side), (value_cache, "value_cache", v_side))
+        if len(shape) != 4 or tuple(_shape(value_cache, "value_cache")[:3]) != tuple(shape[:3]):
+            return
+        pages = ((kv_cache, "key_cache", k_side), (value_cache, "value_cache", v_side))  # the ABI's names
     for cache, arg, side in pages:
-        strides = cache.stride() if _torch_module_of(cache) is not None else getattr(cache, "strides", None)
+        torch = _torch_module_of(cache)
+        if torch is not None and cache.layout != torch.strided:
+            return
+        strides = cache.stride() if torch is not None else getattr(cache, "strides", None)
         if isinstance(strides, tuple) and strides and strides[0] < side:  # uint8: elements are bytes
             raise ValueError(f"{arg}: page stride {strides[0]} bytes received; it must be at least one page "
                              f"({side} bytes): pages may not overlap or run backwards")

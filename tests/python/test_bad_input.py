@@ -438,8 +438,8 @@ def test_bad_arguments_are_named_before_outputs_are_allocated():
 
 def test_overlapping_pages_named_before_outputs_are_allocated():
     """Review: one page expand()ed (or broadcast) to 10^7 pages went to the allocator for 655 GB of
-    outputs before the C ABI refused its overlapping pages; now refused first, in the ABI's words,
-    for each cache form. A cache whose pages are one page apart still reads."""
+    outputs before the C ABI refused its overlapping pages; now refused first, in the ABI's words
+    (without its "nvfp4kv_dequantize_pages: "), for each cache form. A cache whose pages are one page apart still reads."""
     torch = pytest.importorskip("torch")
     import nvfp4kv
 
@@ -447,12 +447,20 @@ def test_overlapping_pages_named_before_outputs_are_allocated():
     cases = [(one.expand(10**7, 2, 16, 8, 72), None, "^kv_cache: page stride 0 bytes .* one page \\(18432 bytes\\)"),
              (one.view(1, 16, 16, 72).expand(10**7, 16, 16, 72), None, "^kv_cache: page stride 0 bytes"),
              (one[:, 0].expand(10**7, 16, 8, 72), one[:, 1].expand(10**7, 16, 8, 72),
-              "^kv_cache: page stride 0 bytes .* \\(9216 bytes\\)"),
+              "^key_cache: page stride 0 bytes .* \\(9216 bytes\\)"),
              (one[:, 0].expand(3, 16, 8, 72).contiguous(), one[:, 1].expand(3, 16, 8, 72),
               "^value_cache: page stride 0 bytes"),
              (np.broadcast_to(one.numpy(), (10**7, 2, 16, 8, 72)), None, "^kv_cache: page stride 0 bytes")]
     for kv, vc, needle in cases:
         with pytest.raises(ValueError, match=needle):
+            nvfp4kv.dequantize(kv, 1.0, 1.0, value_cache=vc, scale_layout="linear")
+    # Shapes the ABI refuses keep its messages (review: they were called page-stride errors).
+    side = torch.zeros(3, 16, 8, 72, dtype=torch.uint8)
+    for kv, vc, exc, needle in [(torch.zeros(3, 1, 16, 8, 72, dtype=torch.uint8), None, ValueError, "expected \\(num_blocks, 2"),
+                                (np.zeros((3, 0, 16, 8, 72), np.uint8), None, ValueError, "expected \\(num_blocks, 2"),
+                                (side, torch.zeros(3, 16, 4, 72, dtype=torch.uint8), ValueError, "does not match"),
+                                (torch.zeros(3, 2, 16, 8, 72, dtype=torch.uint8).to_sparse(), None, TypeError, "layout")]:
+        with pytest.raises(exc, match=needle):
             nvfp4kv.dequantize(kv, 1.0, 1.0, value_cache=vc, scale_layout="linear")
     k, v = nvfp4kv.dequantize(one.expand(3, 2, 16, 8, 72).contiguous(), 1.0, 1.0, scale_layout="linear")
     assert tuple(k.shape) == (3, 16, 8, 128) and not k.any()

@@ -171,7 +171,8 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_store_workspace_size(int64_t num_blocks, int6
  * two sides take N * block_size * num_kv_heads * F(D) bytes for K and * F(Dv) for V.
  * INVALID_VALUE, as the store would give, for a head size that is not a multiple of 16 from 16
  * to 512, block_size or num_kv_heads below 1, or one side of a page (block_size * num_kv_heads *
- * F) of 2 GiB or more. row_bytes, if not NULL, receives F(head_size). */
+ * F) of 2 GiB or more, or a NULL page_bytes; nothing is written then. row_bytes, if not NULL,
+ * receives F(head_size). */
 NVFP4KV_API nvfp4kv_status nvfp4kv_page_bytes(int64_t block_size, int64_t num_kv_heads,
                                               int64_t head_size, int64_t head_size_v,
                                               size_t* page_bytes, size_t* row_bytes);
