@@ -9,7 +9,8 @@
  * (kDLCPU, or pinned: kDLCUDAHost) run the CPU path, tensors on a CUDA device the CUDA kernels
  * on the stream given as `void*` (a cudaStream_t; NULL is the legacy default stream). CUDA calls
  * never synchronize and never allocate. The byte format is FORMAT.md's (the project's
- * docs/FORMAT.md).
+ * docs/FORMAT.md); the reference of this ABI is docs/c-api.md. cmake --install puts both beside
+ * the license (share/doc/nvfp4kv).
  */
 #ifndef NVFP4KV_NVFP4KV_H_
 #define NVFP4KV_NVFP4KV_H_
