@@ -50,16 +50,14 @@ void check_page_stride(const Tensor& c, int64_t N, int64_t page_stride, int64_t 
 }
 
 
-// Block size and head count, and the bytes of one side of one page (side_bytes, with the
-// largest F of the two sides).
+// Block size and head count (the callers then bound a page side's bytes with side_bytes, at the
+// larger F of the two sides).
 void check_geometry(const Tensor& c, int64_t T, int64_t H) {
   if (T <= 0) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: block size T=%lld; must be positive", c.name,
                    static_cast<long long>(T));
   if (H <= 0) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: number of KV heads H=%lld; must be positive",
                    c.name, static_cast<long long>(H));
 }
-
-void check_side_bytes(const Tensor& c, int64_t T, int64_t H, int64_t F) { side_bytes(T, H, F, c.name); }
 
 // One side tensor (N, T, H, F): layout read from its strides (HND when H or T is 1: the same
 // bytes either way).
@@ -128,7 +126,7 @@ Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache, int64
     const int64_t Fk = kc.size(3), Fv = vc.size(3);
     r.k.D = static_cast<int32_t>(head_size_from_full_dim(kc, Fk));
     r.v.D = static_cast<int32_t>(head_size_from_full_dim(vc, Fv));
-    check_side_bytes(kc, r.T, r.H, Fk > Fv ? Fk : Fv);
+    side_bytes(r.T, r.H, Fk > Fv ? Fk : Fv, kc.name);
     const Layout lk = side_layout(kc, r.T, r.H, Fk), lv = side_layout(vc, r.T, r.H, Fv);
     r.layout_unseen = kc.stand_in_strides() || vc.stand_in_strides();
     if (lk != lv && !r.layout_unseen)
@@ -167,7 +165,7 @@ Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache, int64
     check_geometry(c, r.T, r.H);
     const int64_t F = c.size(4);
     r.k.D = r.v.D = static_cast<int32_t>(head_size_from_full_dim(c, F));
-    check_side_bytes(c, r.T, r.H, F);
+    side_bytes(r.T, r.H, F, c.name);
     const int64_t side = r.H * r.T * F;
     const bool tail_ok = c.stride(4) == 1 && c.stride(1) == side;
     const bool hnd = tail_ok && stride_ok(r.T, c.stride(2), F) && stride_ok(r.H, c.stride(3), r.T * F);
@@ -198,7 +196,7 @@ Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache, int64
     check_geometry(c, r.T, r.H);
     const int64_t F = c.size(3);
     r.k.D = r.v.D = static_cast<int32_t>(head_size_from_full_dim(c, F));
-    check_side_bytes(c, r.T, r.H, F);
+    side_bytes(r.T, r.H, F, c.name);
     const int64_t side = r.H * r.T * F;
     if (c.stride(3) != 1 || !stride_ok(r.T, c.stride(2), F) || c.stride(1) != r.T * F)
       fail(NVFP4KV_ERROR_INVALID_VALUE,

@@ -118,7 +118,7 @@ bool decode_step() {
     std::vector<double> w(L);
     double wmax = -1e300, wsum = 0.0;
     for (int64_t t = 0; t < L; ++t) {
-      const float* kr = kd.data() + ((table[t / Td] * Td + t % Td) * Hd + h) * Dd;
+      const float* kr = kd.data() + (slots[t] * Hd + h) * Dd;  // (page, position) flattened = slot
       double dot = 0.0;
       for (int64_t e = 0; e < Dd; ++e) dot += from_bf16(query[hq * Dd + e]) * static_cast<double>(kr[e]);
       w[t] = dot * sm_scale;
@@ -127,7 +127,7 @@ bool decode_step() {
     for (int64_t t = 0; t < L; ++t) wsum += (w[t] = std::exp(w[t] - wmax));
     for (int64_t e = 0; e < Dd; ++e) {
       double ref = 0.0;
-      for (int64_t t = 0; t < L; ++t) ref += w[t] / wsum * vd[((table[t / Td] * Td + t % Td) * Hd + h) * Dd + e];
+      for (int64_t t = 0; t < L; ++t) ref += w[t] / wsum * vd[(slots[t] * Hd + h) * Dd + e];
       const double d = from_bf16(out[hq * Dd + e]) - ref;
       err += d * d;
       norm += ref * ref;

@@ -182,9 +182,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args, extra = build_parser().parse_known_args(argv)
     except SystemExit as e:  # --help, --version (0) and usage errors (2)
-        return _flushed(e.code if isinstance(e.code, int) else (0 if e.code is None else 2))
-    except OSError as e:  # their text not written: a reader gone is no error, a full disk is
-        return _flushed(0, e)
+        try:
+            sys.stdout.flush()  # the help or version text, whose write may fail only here
+        except OSError as err:
+            return _stdout_failed(err)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except OSError as e:  # the help or version text not written (_Parser._print_message)
+        return _stdout_failed(e)
     if extra:  # reported by the subcommand they were given to (argparse names the top level)
         _say(_usage_line(f"{PROG} {args.command}" if args.command else PROG,
                          f"unrecognized arguments: {' '.join(extra)}"))
@@ -222,22 +226,15 @@ def _quiet_stdout() -> None:
     os.close(devnull)
 
 
-def _flushed(code: int, error: OSError | None = None) -> int:
-    """`code`, once the help or version text is out of stdout's buffer (or `error`, raised writing
-    it): text that cannot be written (`--help > /dev/full`) exits 1 with its line, as a
-    subcommand's output does (review: it exited 0 and said nothing); a reader gone (`--help |
-    head -1`) is no error."""
-    try:
-        if error is not None:
-            raise error
-        sys.stdout.flush()
-    except BrokenPipeError:
-        _quiet_stdout()
-    except OSError as e:
-        _say(f"{PROG}: error: {e}\n")
-        _quiet_stdout()  # the text left in the buffer would fail again at exit (status 120)
-        return 1
-    return code
+def _stdout_failed(error: OSError) -> int:
+    """The exit status where the help or version text could not be written: a reader gone
+    (`--help | head -1`) is no error (0); anything else (`--help > /dev/full`) exits 1 with its
+    line, as a subcommand's output does (review: it exited 0 and said nothing)."""
+    _quiet_stdout()  # text left in the buffer would fail again at exit (status 120)
+    if isinstance(error, BrokenPipeError):
+        return 0
+    _say(f"{PROG}: error: {error}\n")
+    return 1
 
 
 def _say(text: str) -> None:
