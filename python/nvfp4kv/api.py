@@ -171,9 +171,9 @@ def store(
     try:
         _C.store(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cache, recipe, scale_layout, stream,
                  workspace, orient)
-    except ValueError:
+    except ValueError as e:
         if not _without_data(key, value, kv_cache, value_cache, slot_mapping, workspace):
-            raise
+            raise _refused(e, kv_cache, value_cache, orient) from None
         ops = _ops()
         kv_cache, value_cache = ops._sides(kv_cache, value_cache, kv_layout)  # the ops take no orientation
         ops.store(key, value, kv_cache, slot_mapping, ops.scale_tensor(k_scale), ops.scale_tensor(v_scale),
@@ -198,6 +198,21 @@ def _without_data(*args: Any) -> bool:
     given = [a for a in args if a is not None]
     return bool(given) and all(isinstance(a, torch.Tensor) and (a.is_meta or hasattr(a, "fake_mode"))
                                for a in given)
+
+
+def _refused(error: ValueError, kv_cache: Any, value_cache: Any, orient: int) -> ValueError:
+    """The extension's refusal of a call, with a hint where the caller may have meant the cache
+    otherwise: two 4-D sides read by the library's own rule (no kv_layout, not recognised as
+    halves by their origin), which the message names. (N, H, T, F) halves of a packed cache
+    made as a view of another buffer read as (N, T, H, F) sides, and the ABI's refusal then
+    speaks of heads or of an NHD side (review, 2026-12-06). Asked only after a refusal."""
+    msg = str(error)
+    if (orient != -1 or value_cache is None or ("key_cache" not in msg and "value_cache" not in msg)
+            or len(getattr(kv_cache, "shape", ())) != 4 or len(getattr(value_cache, "shape", ())) != 4
+            or _split_halves(kv_cache, value_cache) is not None):
+        return error
+    return ValueError(f"{msg} (two 4-D sides without kv_layout are read as (N, T, H, F); for (N, H, T, F) "
+                      "halves of a packed (N, 2H, T, F) cache pass kv_layout='HND': integration.md section 1)")
 
 
 def prepare_store(
@@ -289,9 +304,9 @@ def reshape_and_cache_flash(
     try:
         _C.store(key, value, key_cache, slot_mapping, k_scale, v_scale, value_cache, kv_cache_dtype,
                  scale_layout, stream, workspace, orient)
-    except ValueError:
+    except ValueError as e:
         if not _without_data(key, value, key_cache, value_cache, slot_mapping, workspace):
-            raise
+            raise _refused(e, key_cache, value_cache, orient) from None
         ops = _ops()
         key_cache, value_cache = ops._sides(key_cache, value_cache, kv_layout)
         ops.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
@@ -647,9 +662,9 @@ def dequantize(
     try:
         _C.dequantize(kv_cache, value_cache, pages, k_scale, v_scale, scale_layout, key_out, value_out, stream,
                       orient)
-    except ValueError:
+    except ValueError as e:
         if not _without_data(kv_cache, value_cache, pages, key_out, value_out):
-            raise
+            raise _refused(e, kv_cache, value_cache, orient) from None
         ops = _ops()
         kv_cache, value_cache = ops._sides(kv_cache, value_cache, kv_layout)
         ops.dequantize(kv_cache, ops.scale_tensor(k_scale), ops.scale_tensor(v_scale), key_out, value_out,
@@ -810,9 +825,9 @@ def gather_dequant(
     try:
         _C.gather_dequant(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, k_scale, v_scale,
                           scale_layout, key_out, value_out, stream, orient)
-    except ValueError:
+    except ValueError as e:
         if not _without_data(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, key_out, value_out):
-            raise
+            raise _refused(e, kv_cache, value_cache, orient) from None
         ops = _ops()
         kv_cache, value_cache = ops._sides(kv_cache, value_cache, kv_layout)
         ops.gather_dequant(kv_cache, block_table, seq_lens, cu_seqlens, ops.scale_tensor(k_scale),
@@ -1006,9 +1021,9 @@ def decode_attention(
     try:
         _C.decode_attention(query, kv_cache, value_cache, block_table, seq_lens, k_scale, v_scale, scale_layout,
                             rows, sm, cap, window, out, lse, workspace, stream, orient)
-    except ValueError:
+    except ValueError as e:
         if not _without_data(query, kv_cache, value_cache, block_table, seq_lens, out, lse, workspace):
-            raise
+            raise _refused(e, kv_cache, value_cache, orient) from None
         ops = _ops()
         kv_cache, value_cache = ops._sides(kv_cache, value_cache, kv_layout)
         ops.decode_attention(query, kv_cache, block_table, seq_lens, ops.scale_tensor(k_scale),

@@ -13,6 +13,8 @@ from the cache's shape and decode_attention read them transposed (docs/integrati
 With kv_layout (the memory order) the strides decide, whatever the origin: the last tests.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -239,10 +241,32 @@ def test_halves_of_a_packed_view_are_not_recognised_and_vllm_scales_refuse_them(
         lambda: nv.dequantize(k, 0.04, 0.06, value_cache=v),
         lambda: nv.decode_attention(q, k, torch.tensor([[0, 1]]), torch.tensor([20]), 0.04, 0.06, value_cache=v),
     ]
+    hint = r"kv_layout='HND'"
     for call in calls:
-        with pytest.raises(ValueError, match=r"NHD|split\(H, dim=1\)"):  # the store's heads check comes first
+        with pytest.raises(ValueError, match=r"NHD|split\(H, dim=1\)") as e:  # the store's heads check comes first
             call()
+        assert re.search(hint, str(e.value))  # the refusal says how to name such halves
+    # Without the V scales' profile to refuse them, decode reads them as (N, T, H, F) sides of T
+    # heads, which the query's heads do not divide: the refusal names kv_layout too.
+    q6 = torch.randn(1, 6, D).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"query heads.*" + hint):
+        nv.decode_attention(q6, k, torch.tensor([[0, 1]]), torch.tensor([20]), 0.04, 0.06, value_cache=v,
+                            scale_layout="linear")
+    with pytest.raises(ValueError, match=r"NHD.*" + hint):
+        nv.gather_dequant(k, torch.tensor([[0, 1]]), torch.tensor([20]), 0.04, 0.06, value_cache=v)
+    with pytest.raises(ValueError, match=r"transpose\(1, 2\)"):  # the C ABI's own advice, at the call
+        nv.prepare_store(k, 0.04, 0.06, value_cache=v)(key, value, torch.arange(5))
     assert not raw.any()
+    # Named, they work; refusals that are not about the sides' reading carry no hint.
+    nv.store(key, value, k, torch.arange(5), 0.04, 0.06, value_cache=v, kv_layout="HND")
+    assert raw.any()
+    with pytest.raises(ValueError) as e:
+        nv.decode_attention(q, k, torch.tensor([[0, 1]]), torch.tensor([20]), -1.0, 0.06, value_cache=v,
+                            kv_layout="HND")
+    assert "kv_layout" not in str(e.value)
+    with pytest.raises(ValueError) as e:
+        nv.decode_attention(q, kv, torch.tensor([[0, 1]]), torch.tensor([20]), 0.04, 0.06, q_len=9)
+    assert "kv_layout" not in str(e.value)
 
 
 # ---- kv_layout: the caller names the memory order ----------------------------------------------
