@@ -744,6 +744,17 @@ def test_pages_running_backwards_are_refused():
                                  np.ones(1, np.int32), scale_layout="linear")
 
 
+def test_lse_into_a_transposed_buffer():
+    """lse takes any strides: a [Hq, rows] buffer (vLLM's merge_attn_states layout) receives it
+    through its transpose, the same bits as a contiguous lse (integration guide §2, Outputs)."""
+    cache, q, bt, sl = setup(B=3, q_len=2, seed=12)
+    want_lse = torch.empty(6, 8)
+    want = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03, q_len=2, lse=want_lse)
+    buf = torch.full((8, 6), float("nan"))
+    got = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03, q_len=2, lse=buf.T)
+    assert torch.equal(bits(got), bits(want)) and torch.equal(bits(buf.T), bits(want_lse))
+
+
 def test_vllm_profile_needs_hnd():
     cache, q, bt, sl = setup(layout="NHD", scale_layout="linear", seed=6)
     with pytest.raises(ValueError, match="scale_layout"):

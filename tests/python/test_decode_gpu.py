@@ -310,6 +310,20 @@ def test_cuda_decode_on_the_second_gpu_with_the_first_current():
     assert torch.allclose(lse.cpu(), want_lse, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("L", [40, 20000])  # one split (the reader writes lse), many (the merge does)
+def test_cuda_lse_into_a_transposed_buffer(L):
+    """lse takes any strides on the GPU too: a [Hq, rows] buffer's transpose receives the bits a
+    contiguous lse does."""
+    kv, bt, sl, q = (x.cuda() for x in make(2, L, 2, 4, 128, 16, q_len=2))
+    ws = nv.decode_workspace(kv, q, bt, q_len=2)
+    want_lse = torch.empty(q.shape[:2], device="cuda")
+    want = nv.decode_attention(q, kv, bt, sl, 0.03, 0.05, q_len=2, lse=want_lse, workspace=ws)
+    buf = torch.full(q.shape[:2][::-1], float("nan"), device="cuda")
+    got = nv.decode_attention(q, kv, bt, sl, 0.03, 0.05, q_len=2, lse=buf.T, workspace=ws)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(buf.T.view(torch.int32), want_lse.view(torch.int32))
+
+
 def test_cuda_split_kv_is_deterministic_and_needs_its_workspace():
     kv, bt, sl, q = make(1, 20000, 2, 4, 128, 16, seed=5)
     a, la = run(kv, bt, sl, q, "cuda")
