@@ -62,13 +62,23 @@ def _stream_handle(stream: Any, like: Any) -> int:
             return cupy.cuda.get_current_stream().ptr
         return 0
     if isinstance(stream, int):
-        return stream
+        return stream  # the binding refuses a bool and a handle outside [0, 2**64)
+    handle, where = None, None
     if hasattr(stream, "__cuda_stream__"):
-        return int(stream.__cuda_stream__()[1])
-    for attr in ("cuda_stream", "ptr"):
-        if hasattr(stream, attr):
-            return int(getattr(stream, attr))
-    raise TypeError(f"stream: {type(stream).__name__} is not a CUDA stream (int, torch/cupy stream)")
+        where = ".__cuda_stream__()"
+        pair = stream.__cuda_stream__()  # the protocol's (version, handle)
+        handle = pair[1] if isinstance(pair, tuple) and len(pair) == 2 else pair
+    else:
+        for attr in ("cuda_stream", "ptr"):
+            if hasattr(stream, attr):
+                where, handle = f".{attr}", getattr(stream, attr)
+                break
+    if where is None:
+        raise TypeError(f"stream: {type(stream).__name__} is not a CUDA stream (int, torch/cupy stream)")
+    if isinstance(handle, bool) or not isinstance(handle, numbers.Integral):
+        shape = " in a (version, handle) pair" if where.startswith(".__") else ""
+        raise TypeError(f"stream: {type(stream).__name__}{where} gave {handle!r}; expected an int handle{shape}")
+    return int(handle)
 
 
 def _float32_value(x: Any) -> float:
@@ -100,12 +110,21 @@ def _scale(x: Any, arg: str = "k_scale") -> Any:
     if scalar:
         if getattr(getattr(x, "dtype", None), "name", "") == "float32":
             return _float32_value(x)
-        try:
-            return float(x)  # the binding checks the float32 range (import_scale)
-        except OverflowError:
-            raise ValueError(f"{arg}: a number past the float range received; a global scale must be a "
-                             "finite float32 > 0") from None
+        return _float(x, arg, "a global scale must be a finite float32 > 0")  # the binding checks the range
     return x
+
+
+def _float(x: Any, arg: str, expected: str) -> float:
+    """float(x) for a real number outside numpy's float32 (whose bits _float32_value reads), with a
+    ValueError naming `arg` where no double holds it: past the double range, or a nonzero number
+    below it (a numpy longdouble 1e-4000 would read as 0, and its error would say 0: review)."""
+    try:
+        v = float(x)
+    except OverflowError:  # an int or Fraction past the double range
+        raise ValueError(f"{arg}: a number past the float range received; {expected}") from None
+    if v == 0 and x != 0:
+        raise ValueError(f"{arg}: {x!r} received, nonzero but below the float range; {expected}")
+    return v
 
 
 def store(
@@ -253,6 +272,7 @@ def store_workspace(kv_cache: Any, value_cache: Any = None, *, kv_layout: Option
     two sides pass both (one 4-D side alone reads as a packed cache), and ``kv_layout`` as to
     :func:`store`.
     """
+    _uint8_cache(kv_cache, value_cache)  # as the store would refuse it (review)
     n, t = _cache_geometry(kv_cache, value_cache, _orientation(kv_cache, value_cache, kv_layout))[:2]
     nbytes = store_workspace_bytes(n, t)
     return _zeros(kv_cache, nbytes, "uint8")
@@ -855,6 +875,7 @@ def decode_workspace(kv_cache: Any, query: Any, block_table: Any, q_len: int = 1
     """A zeroed uint8 :func:`decode_attention` workspace on the cache's device, sized for this
     call's geometry (an empty array when it needs none). Same framework as the cache;
     ``kv_layout`` as to :func:`store`."""
+    _uint8_cache(kv_cache, value_cache)  # as decode_attention would refuse it (review)
     _, _, h, _, dv = _cache_geometry(kv_cache, value_cache, _orientation(kv_cache, value_cache, kv_layout))
     qshape, bshape = _shape(query, "query"), _shape(block_table, "block_table")
     if len(qshape) != 3:
@@ -903,10 +924,7 @@ def _real(x: Any, arg: str) -> float:
     # (review: a compiled call's second sm_scale raised Unsupported).
     if np is not None and isinstance(x, np.float32):
         return _float32_value(x)
-    try:
-        return float(x)  # the binding checks the float32 range
-    except OverflowError:  # an int (or Fraction) past the double range
-        raise ValueError(f"{arg}: a number past the float range received; expected a finite float32") from None
+    return _float(x, arg, "expected a finite float32")  # the binding checks the float32 range
 
 
 def _received(x: Any) -> str:

@@ -617,6 +617,16 @@ class KVCacheSpec:
 _BACKENDS = ("auto", "torch", "numpy")
 
 
+def check_page_side(spec: KVCacheSpec) -> None:
+    """Refuses an NVFP4 geometry whose page side (``block_size * num_kv_heads * F``) is 2 GiB or
+    more, which no operation takes (the C ABI's limit: docs/c-api.md); other dtypes pass."""
+    if spec.is_nvfp4:
+        side = spec.block_size * spec.num_kv_heads * nvfp4_kv_cache_full_dim(max(spec.head_size, spec.head_size_v))
+        if side >= 2**31:
+            raise ValueError(f"block size {spec.block_size} with {spec.num_kv_heads} KV heads: one side of a page "
+                             f"would hold {side} bytes; the kernels address at most 2 GiB - 1")
+
+
 def allocate_kv_cache(
     spec: KVCacheSpec,
     num_blocks: int,
@@ -674,12 +684,11 @@ def allocate_kv_cache(
         raise ValueError(f"backend: unknown value {backend!r}; expected one of {_BACKENDS}")
     if not isinstance(packed, bool):
         raise ValueError(f"packed must be True or False, got {packed!r}")
-    if spec.is_nvfp4:
-        side = spec.block_size * spec.num_kv_heads * nvfp4_kv_cache_full_dim(max(spec.head_size, spec.head_size_v))
-        if side >= 2**31:  # the C ABI's limit (docs/c-api.md), refused before gigabytes are allocated
-            raise ValueError(f"block size {spec.block_size} with {spec.num_kv_heads} KV heads: one side of a page "
-                             f"would hold {side} bytes; the kernels address at most 2 GiB - 1")
+    check_page_side(spec)  # before gigabytes are allocated
     shape = spec.kv_cache_shape(num_blocks, layout, packed=packed)
+    if shape[0] * spec.page_size_bytes >= 2**63:
+        raise ValueError(f"num_blocks: {num_blocks} pages of {spec.page_size_bytes} bytes received; more bytes "
+                         "than a tensor can address")
     order = get_kv_cache_stride_order(layout, spec.cache_dtype, packed=packed)
     physical = tuple(shape[i] for i in order)
 
@@ -700,7 +709,7 @@ def allocate_kv_cache(
         dtype = STR_DTYPE_TO_TORCH_DTYPE[key]
         try:  # an unknown device, or CUDA not built or present: probed with an empty tensor
             torch.empty(0, dtype=dtype, device=device)
-        except (RuntimeError, AssertionError) as e:
+        except (RuntimeError, AssertionError, TypeError) as e:  # TypeError: no device at all (object())
             raise ValueError(f"device: {device!r}: {e}") from None
         # Out of memory stays torch's error (torch.OutOfMemoryError on a GPU), which an engine
         # sizing its cache catches.

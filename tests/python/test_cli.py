@@ -587,6 +587,18 @@ def test_plan_boundaries_from_mutation_testing():
     assert cli._common._human_bytes(2**30) == "1.00 GiB" and cli._common._human_bytes(2**30 - 1) == "1024.00 MiB"
 
 
+def test_plan_refuses_an_nvfp4_page_side_no_operation_takes():
+    """Found by review: plan printed page counts for NVFP4 pages whose side (T * H * F) is 2 GiB
+    or more, which allocate_kv_cache and every operation refuse. The largest side passes."""
+    rc, _out, err = run("plan", "--kv-heads", "4194304", "--block-size", "64", "--head-size", "128", "--layers", "1")
+    assert rc == 2 and "2 GiB" in err and err.count("\n") == 1, err
+    rc, _out, err = run("plan", "--block-size", str(2**63 - 1))
+    assert rc == 2 and "2 GiB" in err, err
+    rc, _out, err = run("plan", "--kv-heads", "1", "--block-size", "29826161", "--head-size", "128", "--layers", "1",
+                        "--json")
+    assert rc == 0, err
+
+
 def test_plan_qwen_7b_decimal_units_hand_computed():
     r = run_json(
         "plan",

@@ -466,6 +466,45 @@ def test_stream_handle_out_of_range_is_a_value_error(stream):
     assert np.array_equal(cache.snapshot(), before)
 
 
+class _Proto:
+    def __init__(self, value):
+        self.value = value
+
+    def __cuda_stream__(self):
+        return self.value
+
+
+class _Attr:
+    def __init__(self, name, value):
+        setattr(self, name, value)
+
+
+@pytest.mark.parametrize("stream", [_Proto(None), _Proto((0,)), _Attr("cuda_stream", "abc"), _Attr("ptr", 1.5)],
+                         ids=["protocol None", "protocol (0,)", "cuda_stream str", "ptr float"])
+def test_stream_object_without_an_int_handle_is_a_type_error(stream):
+    """Found by review: such objects raised TypeError/IndexError/ValueError from inside the
+    conversion, naming nothing, and a float handle was truncated."""
+    cache, call = small_store()
+    before = cache.snapshot()
+    with pytest.raises(TypeError, match=r"stream: "):
+        call(stream=stream)
+    assert np.array_equal(cache.snapshot(), before)
+
+
+@pytest.mark.parametrize("arg", ["k_scale", "sm_scale"])
+def test_a_longdouble_below_the_double_range_is_named_as_given(arg):
+    """Found by review: np.longdouble('1e-4000') read as 0 on its way to the binding, whose error
+    then said 0 received."""
+    tiny = np.longdouble("1e-4000")
+    if tiny == 0:
+        pytest.skip("this platform's long double is a double")
+    cache = make_cache(2, 16, 2, 128, backend="numpy", seed=0)
+    q, bt, sl = np.zeros((1, 2, 128), np.float16), np.zeros((1, 1), np.int32), np.ones(1, np.int32)
+    kw = {"k_scale": tiny} if arg == "k_scale" else {"sm_scale": tiny}
+    with pytest.raises(ValueError, match=rf"{arg}: np.longdouble\('1e-4000'\) received, nonzero"):
+        nv.decode_attention(q, cache.kv_cache, bt, sl, **kw, **LINEAR)
+
+
 @pytest.mark.parametrize("cache_arg", [None, [[1, 2]], "kv"], ids=["None", "list", "str"])
 def test_cache_that_is_no_array_is_a_type_error(cache_arg):
     with pytest.raises(TypeError, match=r"kv_cache: .*got (NoneType|list|str)"):
@@ -485,6 +524,20 @@ def test_value_cache_that_is_no_array_is_a_type_error():
         nv.dequantize(cache.kv_cache, value_cache=[[0]], **LINEAR)
     with pytest.raises(TypeError, match=r"value_cache: .*got list"):
         nv.store_workspace(cache.kv_cache, [[0]])
+
+
+def test_workspace_helpers_refuse_what_their_operations_refuse():
+    """Found by review: store_workspace and decode_workspace sized a workspace for a bf16 "cache",
+    which the store and decode refuse. (A uint8 array of a shape they refuse still gets one: its
+    shape errors are the C ABI's, at the operation.)"""
+    q, bt = torch.zeros(1, 4, 128, dtype=torch.bfloat16), torch.zeros(1, 4, dtype=torch.int32)
+    for dtype in (torch.bfloat16, torch.int64):
+        bad = torch.zeros(4, 2, 16, 2, 72, dtype=dtype)
+        with pytest.raises(TypeError, match=r"kv_cache: dtype .* expected uint8"):
+            nv.store_workspace(bad)
+        with pytest.raises(TypeError, match=r"kv_cache: dtype .* expected uint8"):
+            nv.decode_workspace(bad, q, bt)
+    assert nv.store_workspace(torch.zeros(4, 2, 16, 2, 72, dtype=torch.uint8)).numel() == nv.store_workspace_bytes(4, 16)
 
 
 def test_seq_lens_that_is_no_array_is_a_type_error():

@@ -438,6 +438,10 @@ def test_allocate_rejects():
         S.allocate_kv_cache(S.KVCacheSpec(29826162, 1, 128), 1, backend="numpy")
     assert S.allocate_kv_cache(S.KVCacheSpec(29826161, 1, 128), 0, backend="numpy").shape == (0, 2, 29826161, 1, 72)
     assert S.allocate_kv_cache(S.KVCacheSpec(29826162, 1, 128, cache_dtype="fp8"), 0, backend="numpy").size == 0
+    # More bytes than a tensor addresses: the named error, not the framework's overflow (review).
+    for backend in ("numpy", "torch"):
+        with pytest.raises(ValueError, match="num_blocks: 4611686018427387904 pages"):
+            S.allocate_kv_cache(spec, 2**62, backend=backend)
 
 
 def test_allocate_on_a_device_torch_cannot_use_is_a_value_error():
@@ -448,6 +452,13 @@ def test_allocate_on_a_device_torch_cannot_use_is_a_value_error():
         pytest.skip("needs a torch that cannot use CUDA")
     with pytest.raises(ValueError, match="device: 'cuda'"):
         S.allocate_kv_cache(S.KVCacheSpec(16, 2, 128), 1, device="cuda")
+
+
+def test_allocate_on_something_that_is_no_device_is_a_value_error():
+    """Found by review: torch's TypeError for an object that is no device came through raw."""
+    pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="device: <object"):
+        S.allocate_kv_cache(S.KVCacheSpec(16, 2, 128), 1, device=object())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -264,8 +264,9 @@ def _geometry_json(geo: ModelGeometry) -> dict[str, Any]:
 def _format_sizes(
     geo: ModelGeometry, block_size: int, formats=_SIZE_FORMATS
 ) -> list[dict[str, Any]]:
-    """Page sizes of each format for the whole model, from KVCacheSpec (the library's logic)."""
-    from ..spec import KVCacheSpec
+    """Page sizes of each format for the whole model, from KVCacheSpec (the library's logic); a
+    ValueError for an NVFP4 page side no operation takes (check_page_side)."""
+    from ..spec import KVCacheSpec, check_page_side
 
     rows = []
     for name, dtype in formats:
@@ -275,6 +276,7 @@ def _format_sizes(
             head_size=geo.head_size,
             cache_dtype=dtype,
         )
+        check_page_side(spec)
         rows.append(
             {
                 "name": name,
