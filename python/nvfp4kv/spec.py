@@ -617,7 +617,7 @@ class KVCacheSpec:
 _BACKENDS = ("auto", "torch", "numpy")
 
 
-def check_page_side(spec: KVCacheSpec) -> None:
+def _check_page_side(spec: KVCacheSpec) -> None:
     """Refuses an NVFP4 geometry whose page side (``block_size * num_kv_heads * F``) is 2 GiB or
     more, which no operation takes (the C ABI's limit: docs/c-api.md); other dtypes pass."""
     if spec.is_nvfp4:
@@ -684,7 +684,7 @@ def allocate_kv_cache(
         raise ValueError(f"backend: unknown value {backend!r}; expected one of {_BACKENDS}")
     if not isinstance(packed, bool):
         raise ValueError(f"packed must be True or False, got {packed!r}")
-    check_page_side(spec)  # before gigabytes are allocated
+    _check_page_side(spec)  # before gigabytes are allocated
     shape = spec.kv_cache_shape(num_blocks, layout, packed=packed)
     if shape[0] * spec.page_size_bytes >= 2**63:
         raise ValueError(f"num_blocks: {num_blocks} pages of {spec.page_size_bytes} bytes received; more bytes "

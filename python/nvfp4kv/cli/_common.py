@@ -265,8 +265,8 @@ def _format_sizes(
     geo: ModelGeometry, block_size: int, formats=_SIZE_FORMATS
 ) -> list[dict[str, Any]]:
     """Page sizes of each format for the whole model, from KVCacheSpec (the library's logic); a
-    ValueError for an NVFP4 page side no operation takes (check_page_side)."""
-    from ..spec import KVCacheSpec, check_page_side
+    ValueError for an NVFP4 page side no operation takes (_check_page_side)."""
+    from ..spec import KVCacheSpec, _check_page_side
 
     rows = []
     for name, dtype in formats:
@@ -276,7 +276,7 @@ def _format_sizes(
             head_size=geo.head_size,
             cache_dtype=dtype,
         )
-        check_page_side(spec)
+        _check_page_side(spec)
         rows.append(
             {
                 "name": name,
