@@ -103,7 +103,8 @@ def decode_scale(amax: Any, margin: float = 1.0) -> Any:
     ``k_scale`` / ``v_scale`` of vLLM and ModelOpt checkpoints).
 
     ``margin`` matters little: margin 1 already keeps values up to ``6 * 448 * scale`` (6 times the
-    calibrated amax), a margin from 1/6 to 1 clips nothing, and a power of two reads back the same
+    calibrated amax), a margin from 1/6 to 1 clips nothing of the calibration data (1/6 leaves no
+    headroom for served data beyond it), and a power of two reads back the same
     values as 1 unless a group's scale leaves E4M3's normal range (docs/scales.md). Give a float32 amax: the
     result has amax's dtype, and the store takes float32 scales.
     """
