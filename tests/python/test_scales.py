@@ -336,6 +336,12 @@ def test_decode_scale_of_an_integer_amax_keeps_an_array_margin():
     got = nvfp4kv.decode_scale(torch.tensor([448]), torch.tensor(1.5))
     assert got.dtype == torch.get_default_dtype() and got.tolist() == [1.5]
     assert nvfp4kv.decode_scale(torch.tensor([448.0]), torch.tensor(1.5, dtype=torch.float64)).dtype == torch.float32
+    # A numpy amax with a torch margin: named (review: numpy's bare TypeError for the product);
+    # the other way round the margin is converted, and a 0-d numpy margin with a float amax works.
+    with pytest.raises(TypeError, match="margin: a torch array with a numpy amax"):
+        nvfp4kv.decode_scale(np.array([448.0], np.float32), torch.tensor(1.5))
+    assert nvfp4kv.decode_scale(torch.tensor([448.0]), np.array(1.5)).tolist() == [1.5]
+    assert float(nvfp4kv.decode_scale(448.0, np.array(1.5))) == 1.5
 
 
 @needs_torch
