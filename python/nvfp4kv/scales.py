@@ -125,8 +125,9 @@ def _in_dtype_of(margin: Any, amax: Any) -> Any:
             dtype = None                 # a margin of 1.5 cast to int64 read as 1)
         return margin.to(dtype) if isinstance(margin, torch.Tensor) else torch.as_tensor(
             margin, dtype=dtype, device=amax.device)
-    if "other" not in (fw, _framework(margin)) and _framework(margin) != fw:  # numpy * torch: a bare TypeError (review)
-        raise TypeError(f"margin: a {_framework(margin)} array with a {fw} amax; give a float, or both in one framework")
+    mfw = _framework(margin)
+    if "other" not in (fw, mfw) and mfw != fw:  # numpy * torch: a bare TypeError (review)
+        raise TypeError(f"margin: a {mfw} array with a {fw} amax; give a float, or both in one framework")
     if dtype is not None and getattr(dtype, "kind", "") == "f":
         return margin.astype(dtype)
     return margin

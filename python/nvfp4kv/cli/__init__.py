@@ -11,8 +11,9 @@ Subcommands:
 Every subcommand has ``--help`` and ``--json`` (machine-readable output on stdout). Bad
 arguments exit with status 2, runtime errors with status 1, each with one line on stderr. Bad
 arguments include values that only show as bad after parsing (weights larger than the memory, a
-geometry KVCacheSpec rejects or whose NVFP4 page side no operation takes, a demo larger than the machine's memory: :class:`UsageError`), and
-no argument makes the command compute for long before it is rejected.
+geometry KVCacheSpec rejects or whose NVFP4 page side no operation takes, a demo larger than the
+machine's memory: :class:`UsageError`), and no argument makes the command compute for long before
+it is rejected.
 Progress goes to stderr, so stdout stays clean for tables and JSON. Set ``NVFP4KV_DEBUG=1``
 (anything but empty or 0) to get the Python traceback of an error found after parsing, before its
 line (the exit status stays). With stderr closed, or its reader gone, the error lines vanish and

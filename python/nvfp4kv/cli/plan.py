@@ -115,7 +115,7 @@ def _cmd_plan(args) -> int:
         result = plan_capacity(
             geo, args.memory, args.utilization, args.weights, args.block_size, args.context
         )
-    except (ValueError, OverflowError) as e:  # a geometry KVCacheSpec or _check_page_side rejects: a bad argument
+    except (ValueError, OverflowError) as e:  # KVCacheSpec or _check_page_side refuses: a bad argument
         raise UsageError(str(e)) from None
     if args.json:
         _print_json(result)
