@@ -310,6 +310,25 @@ def test_cuda_decode_on_the_second_gpu_with_the_first_current():
     assert torch.allclose(lse.cpu(), want_lse, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("T", [16, 3])
+def test_cuda_one_split_of_a_table_of_2_60_columns(T):
+    """Found by review: the lane-per-token reader (taken for a split of 2^31 positions or more)
+    computed a split's end as columns x T without saturating, so the one split of a broadcast
+    table of 2^60 columns (2^64 positions at T 16, past 2^63 at T 3) ended at 0 or below and the
+    sequence read as empty; the CPU path saturates. 512 KV heads: one split, no workspace."""
+    kv, bt, sl, q = make(1, 1000, 512, 1, 64, T)
+    got = {}
+    for dev in ("cpu", "cuda"):
+        table = bt[:, :1].to(dev).expand(1, 2**60)  # expanded where it lives: never materialised
+        lse = torch.empty(q.shape[:2], device=dev)
+        out = nv.decode_attention(q.to(dev), kv.to(dev), table, sl.to(dev), 0.03, 0.05, lse=lse,
+                                  scale_layout="linear")
+        got[dev] = out.float().cpu(), lse.cpu()
+    assert torch.isfinite(got["cpu"][1]).all()  # the CPU read the 1000 positions
+    assert close(got["cuda"][0], got["cpu"][0]) <= REL_L2
+    assert torch.allclose(got["cuda"][1], got["cpu"][1], atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("L", [40, 20000])  # one split (the reader writes lse), many (the merge does)
 def test_cuda_lse_into_a_transposed_buffer(L):
     """lse takes any strides on the GPU too: a [Hq, rows] buffer's transpose receives the bits a
