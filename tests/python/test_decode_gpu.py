@@ -310,16 +310,17 @@ def test_cuda_decode_on_the_second_gpu_with_the_first_current():
     assert torch.allclose(lse.cpu(), want_lse, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("T", [16, 3])
-def test_cuda_one_split_of_a_table_of_2_60_columns(T):
+@pytest.mark.parametrize("T, cols", [(16, 2**60), (3, 2**62)])
+def test_cuda_one_split_of_a_huge_broadcast_table(T, cols):
     """Found by review: the lane-per-token reader (taken for a split of 2^31 positions or more)
     computed a split's end as columns x T without saturating, so the one split of a broadcast
-    table of 2^60 columns (2^64 positions at T 16, past 2^63 at T 3) ended at 0 or below and the
-    sequence read as empty; the CPU path saturates. 512 KV heads: one split, no workspace."""
+    table of 2^60 columns of 16 (2^64 positions) ended at 0, and one of 2^62 columns of 3 below
+    0: the sequence read as empty (H100: the first failed before the fix). The CPU path
+    saturates. 512 KV heads: one split, no workspace."""
     kv, bt, sl, q = make(1, 1000, 512, 1, 64, T)
     got = {}
     for dev in ("cpu", "cuda"):
-        table = bt[:, :1].to(dev).expand(1, 2**60)  # expanded where it lives: never materialised
+        table = bt[:, :1].to(dev).expand(1, cols)  # expanded where it lives: never materialised
         lse = torch.empty(q.shape[:2], device=dev)
         out = nv.decode_attention(q.to(dev), kv.to(dev), table, sl.to(dev), 0.03, 0.05, lse=lse,
                                   scale_layout="linear")
