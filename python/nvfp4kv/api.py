@@ -272,7 +272,6 @@ def store_workspace(kv_cache: Any, value_cache: Any = None, *, kv_layout: Option
     two sides pass both (one 4-D side alone reads as a packed cache), and ``kv_layout`` as to
     :func:`store`.
     """
-    _uint8_cache(kv_cache, value_cache)  # as the store would refuse it (review)
     n, t = _cache_geometry(kv_cache, value_cache, _orientation(kv_cache, value_cache, kv_layout))[:2]
     nbytes = store_workspace_bytes(n, t)
     return _zeros(kv_cache, nbytes, "uint8")
@@ -459,8 +458,13 @@ def _oriented(kv_cache: Any, value_cache: Any, kv_layout: Optional[str]) -> Tupl
     return kv_cache.swapaxes(1, 2), value_cache.swapaxes(1, 2)
 
 
-def _cache_geometry(kv_cache: Any, value_cache: Any, orient: int = -1) -> Tuple[int, int, int, int, int]:
-    """(N, T, H, D, Dv) read off the shapes (orient: _orientation's); the ABI validates the rest."""
+def _cache_geometry(kv_cache: Any, value_cache: Any, orient: int = -1,
+                    uint8: bool = True) -> Tuple[int, int, int, int, int]:
+    """(N, T, H, D, Dv) read off the shapes (orient: _orientation's); the ABI validates the rest.
+    `uint8`: first refuse, as the ABI would, a cache that holds no NVFP4 bytes (_uint8_cache), whose
+    shape is no geometry to size anything from."""
+    if uint8:
+        _uint8_cache(kv_cache, value_cache)
     if orient < 0:
         halves = _split_halves(kv_cache, value_cache)
         if halves is not None:
@@ -600,9 +604,7 @@ def _dequantize_outputs(kv_cache: Any, value_cache: Any, dtype: Any, key_out: An
     the C ABI would (eager calls; a traced call allocates nothing real, and an error raised while
     tracing would reach the caller as Dynamo's Unsupported, not as the op's own error)."""
     if not _both_given(dtype, key_out, value_out):
-        if checked:
-            _uint8_cache(kv_cache, value_cache)  # a bf16 cache's shape is no NVFP4 geometry to allocate
-        n, t, h, d, dv = _cache_geometry(kv_cache, value_cache, orient)
+        n, t, h, d, dv = _cache_geometry(kv_cache, value_cache, orient, uint8=checked)
         if checked and n > 1:
             _pages_apart(kv_cache, value_cache, t, h, d, dv)
         name = _out_dtype(dtype, key_out, value_out, "float32")
@@ -618,7 +620,6 @@ def _gather_outputs(kv_cache: Any, value_cache: Any, seq_lens: Any, cu_seqlens: 
     the host: a synchronization with the GPU; zeros where no sequence may write) and its
     cu_seqlens (int32 where computed here and the outputs are allocated here, if the total fits)."""
     if not _both_given(dtype, key_out, value_out):
-        _uint8_cache(kv_cache, value_cache)
         _, _, h, d, dv = _cache_geometry(kv_cache, value_cache, orient)  # only to allocate (~1 µs)
         total = _total_rows(seq_lens, cu_seqlens, computed, block_table)
         if total * h * max(d, dv) >= 2**62:
@@ -875,7 +876,6 @@ def decode_workspace(kv_cache: Any, query: Any, block_table: Any, q_len: int = 1
     """A zeroed uint8 :func:`decode_attention` workspace on the cache's device, sized for this
     call's geometry (an empty array when it needs none). Same framework as the cache;
     ``kv_layout`` as to :func:`store`."""
-    _uint8_cache(kv_cache, value_cache)  # as decode_attention would refuse it (review)
     _, _, h, _, dv = _cache_geometry(kv_cache, value_cache, _orientation(kv_cache, value_cache, kv_layout))
     qshape, bshape = _shape(query, "query"), _shape(block_table, "block_table")
     if len(qshape) != 3:
@@ -911,7 +911,7 @@ def _decode_out(query: Any, kv_cache: Any, value_cache: Any, out: Any, block_tab
     if dtype is None:  # e.g. a memoryview: the binding reads it, but nothing here can allocate its like
         raise TypeError(f"query: a {type(query).__name__} received, which has no dtype to allocate the output in; "
                         "pass out= or a torch, numpy or cupy array")
-    dv = _cache_geometry(kv_cache, value_cache)[4]
+    dv = _cache_geometry(kv_cache, value_cache, uint8=False)[4]  # the ABI names a cache's dtype
     return _empty(query, (qshape[0], qshape[1], dv), dtype)
 
 
