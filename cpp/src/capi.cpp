@@ -839,8 +839,8 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_page_bytes(int64_t block_size, int64_t num_kv
     const int64_t fk = nvfp4kv::full_dim(static_cast<int>(head_size));
     const int64_t fv = nvfp4kv::full_dim(static_cast<int>(head_size_v));
     // Each side below 2 GiB, so the sum of the two fits a size_t and an int64_t.
-    const int64_t k = nvfp4kv::side_bytes(block_size, num_kv_heads, fk, "head_size");
-    const int64_t v = nvfp4kv::side_bytes(block_size, num_kv_heads, fv, "head_size_v");
+    const int64_t k = nvfp4kv::side_bytes(block_size, num_kv_heads, fk, "key side (head_size)");
+    const int64_t v = nvfp4kv::side_bytes(block_size, num_kv_heads, fv, "value side (head_size_v)");
     *page_bytes = static_cast<size_t>(k + v);
     if (row_bytes) *row_bytes = static_cast<size_t>(fk);
   });

@@ -178,6 +178,11 @@ int main() {
               page == static_cast<size_t>(2) * 238609294 * 9, "page %zu: %s", page, nvfp4kv_last_error());
     CHECK(nvfp4kv_page_bytes(119304648, 2, 16, 16, &page, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
               strstr(nvfp4kv_last_error(), "2 GiB"), "%s", nvfp4kv_last_error());
+    // The message names the side that is too large (found by review: it said "head_size").
+    CHECK(nvfp4kv_page_bytes(7456541, 1, 512, 16, &page, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
+              strstr(nvfp4kv_last_error(), "key side (head_size): block size 7456541"), "%s", nvfp4kv_last_error());
+    CHECK(nvfp4kv_page_bytes(7456541, 1, 16, 512, &page, nullptr) == NVFP4KV_ERROR_INVALID_VALUE &&
+              strstr(nvfp4kv_last_error(), "value side (head_size_v)"), "%s", nvfp4kv_last_error());
     CHECK(nvfp4kv_page_bytes(INT64_MAX, INT64_MAX, 16, 16, &page, nullptr) == NVFP4KV_ERROR_INVALID_VALUE,
           "overflow");
   }
