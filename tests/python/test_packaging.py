@@ -236,6 +236,27 @@ def test_package_exports_the_path_helpers():
         assert getattr(nvfp4kv, name) is getattr(paths, name)
 
 
+C_API_DOC = os.path.join(HERE, "..", "..", "docs", "c-api.md")
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+@pytest.mark.skipif(not os.path.exists(C_API_DOC), reason="needs the source tree's docs/")
+def test_c_api_docs_prototypes_match_the_header(tmp_path):
+    """Every prototype in docs/c-api.md's code blocks compiles as a redeclaration of the installed
+    header's: a parameter the docs add, drop or retype is a conflicting-types error (found by
+    review: store_with_workspace's was written as "the arguments of nvfp4kv_store, then ...")."""
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", open(C_API_DOC).read(), re.S)
+    protos = [m.group(0) for b in blocks
+              for m in re.finditer(r"^[A-Za-z_][\w\s*]*\bnvfp4kv_\w+\s*\([^;{]*\)\s*;", b, re.M)]
+    names = {re.search(r"(nvfp4kv_\w+)\s*\(", p).group(1) for p in protos}
+    assert {"nvfp4kv_store", "nvfp4kv_store_with_workspace", "nvfp4kv_decode_attention"} <= names, names
+    src = tmp_path / "protos.c"
+    src.write_text('#include "nvfp4kv/nvfp4kv.h"\n' + "\n".join(protos) + "\n")
+    r = subprocess.run(["cc", "-std=c99", "-pedantic", "-Werror", "-fsyntax-only", "-I", paths.get_include(),
+                        str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
 @pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm (binutils)")
 def test_library_exports_only_the_c_abi():
     lib = paths.get_library()
