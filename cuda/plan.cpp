@@ -7,6 +7,16 @@
 
 namespace nvfp4kv {
 
+namespace {
+
+// a * b for a, b >= 0, saturated at INT64_MAX (sizes that only choose a kernel or a grid).
+int64_t mul_sat(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+}  // namespace
+
 StoreVariant select_store_variant(const StoreShape& s, const DeviceInfo& d,
                                   nvfp4kv_testing_store_order order) {
   const int64_t gk = s.Dk / kGroupSize, gv = s.Dv / kGroupSize;
@@ -21,7 +31,7 @@ StoreVariant select_store_variant(const StoreShape& s, const DeviceInfo& d,
   const bool can_sort = s.workspace && pairs && !small && s.layout == Layout::kHND && gk == gv &&
                         units > 0 && 32 % units == 0 && s.num_tokens <= (int64_t{1} << 30) &&
                         s.num_slots < (int64_t{1} << 31) && s.H <= kSortedMaxHeads;
-  const int64_t rows = s.num_tokens * s.H * (full_dim(s.Dk) + full_dim(s.Dv));
+  const int64_t rows = mul_sat(mul_sat(s.num_tokens, s.H), full_dim(s.Dk) + full_dim(s.Dv));
   // Not for nvfp4_4over6 by default: bound by its arithmetic, it was slower in page order.
   const bool pays = s.recipe == Recipe::kNvfp4 && data_bytes(s.Dk) < kCacheLine &&
                     rows >= kSortedL2Multiple * d.l2_bytes;
@@ -37,11 +47,6 @@ StoreVariant select_store_variant(const StoreShape& s, const DeviceInfo& d,
 namespace {
 
 bool pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
-
-// Tokens a sequence can have at most: its block-table row, or the whole output.
-int64_t max_seq_len(const GatherShape& s) {
-  return std::min<int64_t>(s.max_blocks * s.T, s.total_tokens);
-}
 
 }  // namespace
 
@@ -73,8 +78,10 @@ PagesPlan plan_gather_pages(const GatherShape& s, const DeviceInfo& d) {
   PagesPlan p;
   p.heads = heads;
   p.stage_bytes = (stage(heads) + 15) / 16 * 16;
-  p.units_per_seq = (max_seq_len(s) + s.T - 1) / s.T * (2 * s.H / heads);
-  p.units = std::min<int64_t>(s.B * p.units_per_seq, (s.total_tokens / s.T + s.B) * (2 * s.H / heads));
+  p.units_per_seq = (max_seq_len(s.max_blocks, s.T, s.total_tokens) + s.T - 1) / s.T * (2 * s.H / heads);
+  // Saturated: B and the table's width may be a broadcast's (2^60 and more).
+  const int64_t cols = s.B > INT64_MAX - s.total_tokens / s.T ? INT64_MAX : s.total_tokens / s.T + s.B;
+  p.units = std::min(mul_sat(s.B, p.units_per_seq), mul_sat(cols, 2 * s.H / heads));
   return p;
 }
 
@@ -101,11 +108,11 @@ GatherKernel select_gather_kernel(const GatherShape& s, const PagesPlan& pages, 
 }
 
 int64_t gather_rows_blocks_per_seq(const GatherShape& s, int64_t tokens_per_block, int64_t resident) {
-  const int64_t per_seq = (max_seq_len(s) + tokens_per_block - 1) / tokens_per_block;
+  const int64_t per_seq = (max_seq_len(s.max_blocks, s.T, s.total_tokens) + tokens_per_block - 1) / tokens_per_block;
   // Blocks stride through their sequence's tokens. Four waves of resident blocks for large
   // gathers; a small one gets fewer blocks with more steps each, so fewer blocks start late in a
   // last partial wave: 1 wave up to 2 waves' worth of single steps, 2 up to 8.
-  const int64_t steps = per_seq * s.B;  // blocks if each made one step
+  const int64_t steps = mul_sat(per_seq, s.B);  // blocks if each made one step
   const int64_t waves = steps <= 2 * resident ? 1 : steps <= 8 * resident ? 2 : 4;
   const int64_t share = std::max<int64_t>(1, waves * resident / std::max<int64_t>(1, s.B));
   return std::max<int64_t>(1, std::min(per_seq, share));

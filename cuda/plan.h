@@ -87,6 +87,12 @@ struct PagesPlan {
   int64_t units_per_seq;
 };
 
+// Tokens a sequence can have at most: its block-table row (max_blocks * T, which overflowed for
+// a broadcast table of 2^60 columns: review) or the whole output. T >= 1, total_tokens >= 0.
+inline int64_t max_seq_len(int64_t max_blocks, int64_t T, int64_t total_tokens) {
+  return max_blocks > total_tokens / T ? total_tokens : max_blocks * T;
+}
+
 PagesPlan plan_gather_pages(const GatherShape& s, const DeviceInfo& d);
 bool gather_pairs_ok(const GatherShape& s);
 // pages_resident: page-side blocks resident at once on the device (occupancy), 0 if unknown.

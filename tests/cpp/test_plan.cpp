@@ -215,6 +215,26 @@ static void test_gather() {
   p.units_per_seq = int64_t{1} << 40;
   CHECK(gather_pages_blocks_per_seq(s, p, resident) == INT32_MAX, "2^40 units: %lld",
         static_cast<long long>(gather_pages_blocks_per_seq(s, p, resident)));
+  // A broadcast block table (stride 0) of 2^60 columns, and 2^62 sequences: sized as the table of
+  // the output's size (review: max_blocks * T and B * units overflowed, giving a grid of one
+  // block a sequence and a kernel chosen from wrapped sizes).
+  s = gather_shape(8, 131072);
+  const GatherShape real = s;
+  const PagesPlan real_p = plan_gather_pages(real, kH200);
+  s.max_blocks = int64_t{1} << 60;
+  CHECK(max_seq_len(s.max_blocks, s.T, s.total_tokens) == s.total_tokens, "2^60 columns");
+  CHECK(max_seq_len(real.max_blocks, 16, s.total_tokens) == 131072, "a real row");
+  CHECK(max_seq_len(INT64_MAX, 1, INT64_MAX) == INT64_MAX && max_seq_len(3, 7, 100) == 21, "edges");
+  p = plan_gather_pages(s, kH200);
+  CHECK(p.units > 0 && p.units <= (s.total_tokens / 16 + s.B) * 2 && p.units_per_seq > 0, "2^60 columns: units %lld",
+        static_cast<long long>(p.units));
+  CHECK(gather_rows_blocks_per_seq(s, 2, resident) >= gather_rows_blocks_per_seq(real, 2, resident) &&
+            select_gather_kernel(s, p, true, resident, AUTO) == select_gather_kernel(real, real_p, true, resident, AUTO),
+        "2^60 columns: %lld blocks a sequence", static_cast<long long>(gather_rows_blocks_per_seq(s, 2, resident)));
+  s.B = int64_t{1} << 62;
+  p = plan_gather_pages(s, kH200);
+  CHECK(p.units > 0 && gather_rows_blocks_per_seq(s, 2, resident) >= 1 && gather_pages_blocks_per_seq(s, p, resident) >= 1,
+        "2^62 sequences: units %lld", static_cast<long long>(p.units));
 }
 
 void test_decode() {
