@@ -172,19 +172,23 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
 
   // Only the positions that land in the output (gather_rows); the first step's preload is used
   // when the range starts at 0 (unless cu_seqlens holds a negative start, always).
+  // Positions in uint64: a start near -2^63 in cu_seqlens puts rows.lo and rows.hi near
+  // INT64_MAX, where j + stride wrapped in int64 and the loop never ended (review); below
+  // rows.hi + stride < 2^64 nothing wraps.
   const SeqRows rows = gather_rows(len, start, p.total_tokens);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * L.tokens_per_block;
-  const int64_t j_first = rows.lo > j0 ? j0 + (rows.lo - j0 + stride - 1) / stride * stride : j0;
-  for (int64_t j = j_first;; j += stride) {
-    const bool active = lane_used && j < rows.hi;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * L.tokens_per_block;
+  const uint64_t lo = static_cast<uint64_t>(rows.lo), hi = static_cast<uint64_t>(rows.hi);
+  const uint64_t j_first = lo > uint64_t(j0) ? j0 + (lo - j0 + stride - 1) / stride * stride : j0;
+  for (uint64_t j = j_first;; j += stride) {
+    const bool active = lane_used && j < hi;
     if (!__any_sync(0xffffffffu, active)) break;  // warp-uniform: the shuffles see every lane
-    const int64_t out_tok = start + j;
-    const bool write = active && j >= rows.lo;
+    const bool write = active && j >= lo;
     // Codes and scale bytes of this step (the first step's were loaded above). Where nothing is
     // read (a bad block-table entry, or a lane with nothing to write) they stay zero and so does
     // the scale, which decodes to +0: the zeros a bad entry must give, without a separate path.
-    emit(j == j0 ? first : write ? load_step(j) : Step{make_uint4(0u, 0u, 0u, 0u), {0u, 0u}, false},
-         write ? out + out_tok * out_stride : nullptr);
+    const int64_t jw = write ? static_cast<int64_t>(j) : 0;  // below rows.hi <= INT64_MAX
+    emit(j == uint64_t(j0) ? first : write ? load_step(jw) : Step{make_uint4(0u, 0u, 0u, 0u), {0u, 0u}, false},
+         write ? out + (start + jw) * out_stride : nullptr);
   }
 }
 
@@ -243,9 +247,12 @@ __global__ void __launch_bounds__(kPageThreads, 4) gather_pages_kernel(const __g
     int64_t blk;
     uint32_t side, h0;
   };
-  int64_t first_unit = 0;  // units before the first block-table column that lands in the output
+  // Units count from the first block-table column that lands in the output (first_col), so unit
+  // numbers stay below the output's size: counted from column 0, a start near -2^63 in cu_seqlens
+  // overflowed them and the rows were skipped (review). Unit blk is column first_col + blk.
+  int64_t first_col = 0, cols_left = p.max_blocks;  // columns of the table from first_col on
   const auto unit = [&](int64_t i) {
-    const int64_t k = first_unit + blockIdx.x + i * gridDim.x;
+    const int64_t k = blockIdx.x + i * gridDim.x;
     const int64_t blk = L.per_block.div_any(k);
     const uint32_t r = static_cast<uint32_t>(k - blk * L.per_block.d);
     const uint32_t side = L.groups.div(r);
@@ -257,7 +264,7 @@ __global__ void __launch_bounds__(kPageThreads, 4) gather_pages_kernel(const __g
   int64_t lane_page = -1;
   const auto load_round = [&](int64_t r0) {
     const int64_t blk = unit(r0 + lane).blk;
-    lane_page = lane < kPageStages && blk < p.max_blocks ? load_index(bt_row, blk) : -1;
+    lane_page = lane < kPageStages && blk < cols_left ? load_index(bt_row, first_col + blk) : -1;
   };
   wait_for_prior_grids();
   allow_next_grids();
@@ -270,13 +277,14 @@ __global__ void __launch_bounds__(kPageThreads, 4) gather_pages_kernel(const __g
   const int64_t used = rows.hi;
   if (rows.hi <= rows.lo) return;  // the whole block
   if (rows.lo >= p.T) {  // a negative start (cu_seqlens): skip the columns before the output
-    first_unit = rows.lo / p.T * L.per_block.d;
+    first_col = rows.lo / p.T;
+    cols_left = first_col < p.max_blocks ? p.max_blocks - first_col : 0;
     if (threadIdx.x < 32) load_round(0);
   }
   const float gk = read_scale(p.k.scale), gv = read_scale(p.v.scale);
   // Units of blocks past the block table's width read as zeros, like bad entries (as in the
-  // other gather kernels).
-  const int64_t avail = (used + p.T - 1) / p.T * L.per_block.d - first_unit;
+  // other gather kernels). used >= 1 here.
+  const int64_t avail = ((used - 1) / p.T + 1 - first_col) * L.per_block.d;
   const int64_t n = avail > blockIdx.x ? (avail - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
 
   for (int64_t r0 = 0; r0 < n; r0 += kPageStages) {
@@ -319,7 +327,7 @@ __global__ void __launch_bounds__(kPageThreads, 4) gather_pages_kernel(const __g
                      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
       } while (!done);
       const Unit un = unit(i);
-      const int64_t blk = un.blk;
+      const int64_t blk = first_col + un.blk;
       const uint32_t side = un.side, h0 = un.h0;
       const PagesSide ps = L.side[side];
       const DequantSide& ds = side ? p.v : p.k;
@@ -500,7 +508,7 @@ cudaError_t launch_gather_general(const GatherParams& p, bool vec, int device, c
   // Sequence lengths live on the device (no host sync), so the grid is sized from what a
   // sequence can hold at most (its block-table row) and from the output size, and each CTA
   // strides over its sequence's items.
-  const int64_t max_len = std::min<int64_t>(p.max_blocks * p.T, p.total_tokens);
+  const int64_t max_len = max_seq_len(p.max_blocks, p.T, p.total_tokens);
   const int64_t total_blocks = grid_blocks(device, int64_t{1} << 40, 16);  // SMs * 16
   const int64_t per_seq = (max_len * per_token + kThreads - 1) / kThreads;
   const int64_t share = std::max<int64_t>(1, total_blocks / std::max<int64_t>(1, p.B));

@@ -722,6 +722,38 @@ def test_cuda_gather_past_the_block_table(nv, gather_kernel, H, D, layout, scale
 
 
 @needs_cuda
+@pytest.mark.parametrize("H,start,total", [
+    (8, -(2**63 - 2), 2),  # writes row 0 only: position 2^63 - 2 (column 2^59 - 1, position 14)
+    (128, -(2**62), 40),   # positions from 2^62: column 2^58 on
+    (8, -(2**62) - 5, 40),  # from position 5 of column 2^58
+], ids=lambda x: str(x))
+def test_cuda_gather_starts_near_the_int64_limits(nv, gather_kernel, H, start, total):
+    """cu_seqlens is read on the device and never trusted: a start near -2^63 with a length near
+    2^63 puts a sequence's written positions near INT64_MAX. Found by review: the row kernel's
+    position wrapped past INT64_MAX and never ended (2^63 - 2: 4.6e18 steps), and the page-side
+    kernel's unit number (position / T * 32 units a column at H 128) overflowed and wrote nothing.
+    A broadcast block table of 2^60 columns (stride 0) of page 1; against the CPU, bit for bit."""
+    N, T, D = 2, 16, 128
+    caches = _cpu_and_cuda_caches(N, T, H, D, "5d", "HND", 0, 31)
+    results = []
+    for cache in caches:
+        dev = cache.device
+        bt = torch.ones(1, 1, dtype=torch.int64, device=dev).expand(1, 2**60)
+        sl = torch.tensor([2**63 - 1], dtype=torch.int64, device=dev)
+        cu = torch.tensor([start, 0], dtype=torch.int64, device=dev)
+        kbuf, kv_ = poisoned_out(total, H, D, "bfloat16", "torch", dev, False, 5)
+        vbuf, vv_ = poisoned_out(total, H, D, "bfloat16", "torch", dev, False, 6)
+        nv.gather_dequant(block_table=bt, seq_lens=sl, cu_seqlens=cu, k_scale=0.5, v_scale=2.0,
+                          key_out=kv_, value_out=vv_, **cache.kwargs())
+        results.append((kbuf, vbuf))
+    torch.cuda.synchronize()
+    (kc, vc), (kg, vg) = results
+    assert bool((kc[0] != 0).any())  # page 1 was read (the table's every column)
+    _assert_same_bits(kg, kc, "key")
+    _assert_same_bits(vg, vc, "value")
+
+
+@needs_cuda
 @pytest.mark.parametrize("view,layout,scale_layout", [("5d", "HND", "vllm"), ("sides", "NHD", "linear"),
                                                       ("packed4d", "HND", "linear")])
 def test_cuda_paged_to_paged_equals_cpu(nv, view, layout, scale_layout):
