@@ -290,17 +290,23 @@ void dequantize(const DLTensor* kv_cache, const DLTensor* value_cache, const DLT
   }
 
   DequantParams p{};
-  p.k = DequantSide{c.k, resolve_scale(k_scale, "k_scale", c.device), ko.ptr(),
-                    {ko.stride(0), ko.stride(1), ko.stride(2)}};
-  p.v = DequantSide{c.v, resolve_scale(v_scale, "v_scale", c.device), vo.ptr(),
-                    {vo.stride(0), vo.stride(1), vo.stride(2)}};
   p.pages = IndexVec{nullptr, 0, 0};
   p.num_pages = c.N;
   if (pages) {
     const Tensor pg(pages, "pages");
     p.pages = index_vec(pg, cache_ref, -1);
     p.num_pages = pg.size(0);
+    // The kernels number (list entry, position) pairs in int64: a broadcast list of 2^62
+    // entries wrapped them, and the GPU wrote nothing or part of a page (review).
+    if (p.num_pages > INT64_MAX / c.T)
+      fail(NVFP4KV_ERROR_INVALID_VALUE,
+           "pages: %lld entries of block size %lld: more than 2^63 - 1 positions to dequantize",
+           static_cast<long long>(p.num_pages), static_cast<long long>(c.T));
   }
+  p.k = DequantSide{c.k, resolve_scale(k_scale, "k_scale", c.device), ko.ptr(),
+                    {ko.stride(0), ko.stride(1), ko.stride(2)}};
+  p.v = DequantSide{c.v, resolve_scale(v_scale, "v_scale", c.device), vo.ptr(),
+                    {vo.stride(0), vo.stride(1), vo.stride(2)}};
   p.N = c.N;
   p.H = static_cast<int32_t>(c.H);
   p.T = static_cast<int32_t>(c.T);

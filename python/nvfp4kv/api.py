@@ -664,7 +664,8 @@ def dequantize(
         As for :func:`store`.
     pages : int32/int64 array ``[P]``, optional
         Pages to dequantize; page ``p`` is written at index ``p`` of the outputs (paged to
-        paged). Default: every page. Ids < 0 or >= N are skipped.
+        paged). Default: every page. Ids < 0 or >= N are skipped. ``P * T`` below 2^63 (a
+        broadcast list can pass it): else a ValueError.
     dtype : {"float32", "float16", "bfloat16"} or a torch/numpy dtype, optional
         Output dtype when the outputs are allocated here (bfloat16: torch only). Default: that
         of the output passed when only one is, else float32.

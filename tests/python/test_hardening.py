@@ -132,6 +132,26 @@ def test_gather_from_a_huge_negative_start_returns_at_once_writing_nothing(seq_l
     check()  # rows -2**62 .. -2**62 + len - 1: none of them in [0, 16)
 
 
+@pytest.mark.parametrize("T,P", [(4, 2**62), (5, 3689348814741910324)])
+def test_dequantize_of_a_page_list_past_2_63_positions_is_refused(T, P):
+    """A broadcast page list of P entries with P * T past 2^63 (2^64 and 2^64 + 4): the GPU's
+    (entry, position) numbering wrapped to 0 or 4 and it wrote nothing or part of a page while
+    the CPU ran for ever (review). Refused at once, before the scales are read, outputs
+    untouched. The longest list accepted passes this check (and is refused for its scale instead:
+    run, it would take for ever)."""
+    cache = filled_cache(N=2, T=T, H=2, D=64)
+    ko, vo = torch.full((2, T, 2, 64), 7.0), torch.full((2, T, 2, 64), 7.0)
+    check = unchanged(ko, vo)
+    for k_scale in (1.0, 0.0):
+        with watchdog(), pytest.raises(ValueError, match=rf"pages: {P} entries of block size {T}: more than 2\^63"):
+            nv.dequantize(cache.kv_cache, k_scale, pages=torch.tensor([1]).expand(P), key_out=ko, value_out=vo,
+                          **LINEAR)
+    with watchdog(), pytest.raises(ValueError, match="k_scale"):
+        nv.dequantize(cache.kv_cache, 0.0, pages=torch.tensor([1]).expand((2**63 - 1) // T), key_out=ko,
+                      value_out=vo, **LINEAR)
+    check()
+
+
 # ------------------------------------------------------------ 3. the default cu_seqlens, exact
 def test_default_cu_seqlens_does_not_wrap_past_int32():
     cache, kref, vref = gather_setup()

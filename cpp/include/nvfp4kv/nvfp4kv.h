@@ -194,7 +194,8 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_dequantize(const DLTensor* kv_cache,
 /* Paged to paged: dequantize the pages listed in `pages` ([P] int32 or int64; NULL: all pages)
  * into key_out/value_out as nvfp4kv_dequantize does, page p going to index p of the outputs (e.g.
  * the two sides of a bf16 paged cache of the same geometry, (N, 2, T, H, D)[:, 0] and [:, 1]).
- * Page ids < 0 or >= N are skipped; pages not listed are not written. */
+ * Page ids < 0 or >= N are skipped; pages not listed are not written. P * T must stay below
+ * 2^63 (a broadcast list can pass it), else NVFP4KV_ERROR_INVALID_VALUE. */
 NVFP4KV_API nvfp4kv_status nvfp4kv_dequantize_pages(const DLTensor* kv_cache,
                                                     const DLTensor* value_cache,
                                                     const DLTensor* pages,
