@@ -65,8 +65,9 @@ int cuda_dequantize(const DequantParams& p, int device, void* stream_ptr, const 
   // fit (a side below 2 GiB bounds per_row below 2^31): a row of more than 8.4M items made this 0
   // or negative, and the loop never ended (review: H 131072 at D 512).
   const int64_t max_rows = std::max<int64_t>(1, ((int64_t{1} << 31) - 1) / per_row - kThreads);
-  for (int64_t r0 = 0; r0 < rows; r0 += max_rows) {
-    const int64_t n = rows - r0 < max_rows ? rows - r0 : max_rows;
+  // r0 + n <= rows: no step past INT64_MAX (rows may be up to it: the ABI bounds P * T).
+  for (int64_t r0 = 0, n = 0; r0 < rows; r0 += n) {
+    n = rows - r0 < max_rows ? rows - r0 : max_rows;
     L.row0 = r0;
     L.total = static_cast<uint32_t>(n * per_row);
     const int blocks = grid_blocks(device, L.total, 8);
