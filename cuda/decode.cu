@@ -52,15 +52,6 @@ struct DecodeLaunch {
 
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-// Positions of `cols` >= 0 block-table columns of T >= 1 tokens, saturated at INT64_MAX as on the
-// CPU: in the lane-per-token reader, one split of a table of 2^60 columns (a broadcast view)
-// wrapped to 0 positions, and the sequence read as empty (review). The tensor-core reader's
-// products stay below 2^63: its splits hold fewer than 2^31 positions, and the columns of those
-// that follow the lengths end below 2^63 positions (a host model of plan.cpp, 325M cases).
-__device__ __forceinline__ int64_t col_tokens(int64_t cols, int64_t T) {
-  const uint64_t c = static_cast<uint64_t>(cols), t = static_cast<uint64_t>(T);
-  return __umul64hi(c, t) != 0 || c * t > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(c * t);
-}
 
 // Query row rr of a KV head is query position i of its group member g: rr = g * q_len + i. The
 // merges decompose it per element, on the chain of instructions that ends a short call: a
@@ -318,7 +309,11 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   }
   const SplitCols sc = split_cols(L, split, len);
   const int64_t lo = sc.col * p.T;
-  const int64_t hi = min64(col_tokens(min64(sc.col + sc.cols, p.max_blocks), p.T), len);
+  // Saturated as on the CPU (mul_sat): one split of a table of 2^60 columns (a broadcast view)
+  // wrapped to 0 positions, and the sequence read as empty (review). The tensor-core reader's
+  // products stay below 2^63: its splits hold fewer than 2^31 positions, and the columns of those
+  // that follow the lengths end below 2^63 positions (a host model of plan.cpp, 325M cases).
+  const int64_t hi = min64(mul_sat(min64(sc.col + sc.cols, p.max_blocks), p.T), len);
   const IndexVec bt_row = block_table_row(p, b);
   PageOffsets kat, vat;  // this KV head's rows: 32-bit offsets per position and group
   kat.init(L.off[0], h, 0);

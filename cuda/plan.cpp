@@ -7,16 +7,6 @@
 
 namespace nvfp4kv {
 
-namespace {
-
-// a * b for a, b >= 0, saturated at INT64_MAX (sizes that only choose a kernel or a grid).
-int64_t mul_sat(int64_t a, int64_t b) {
-  int64_t r;
-  return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
-}
-
-}  // namespace
-
 StoreVariant select_store_variant(const StoreShape& s, const DeviceInfo& d,
                                   nvfp4kv_testing_store_order order) {
   const int64_t gk = s.Dk / kGroupSize, gv = s.Dv / kGroupSize;

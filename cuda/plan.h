@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "nvfp4kv/format.h"
+#include "params.h"
 #include "testing.h"
 
 namespace nvfp4kv {
@@ -90,7 +91,8 @@ struct PagesPlan {
 // Tokens a sequence can have at most: its block-table row (max_blocks * T, which overflowed for
 // a broadcast table of 2^60 columns: review) or the whole output. T >= 1, total_tokens >= 0.
 inline int64_t max_seq_len(int64_t max_blocks, int64_t T, int64_t total_tokens) {
-  return max_blocks > total_tokens / T ? total_tokens : max_blocks * T;
+  const int64_t row = mul_sat(max_blocks, T);
+  return row < total_tokens ? row : total_tokens;
 }
 
 PagesPlan plan_gather_pages(const GatherShape& s, const DeviceInfo& d);

@@ -269,7 +269,7 @@ template <DType kDType>
 void decode_impl(const DecodeParams& p) {
   const float logit_scale = mul_rn(p.k_scale.value, p.sm_scale);
   const float v_scale = p.v_scale.value;
-  const int64_t cap = p.max_blocks > INT64_MAX / p.T ? INT64_MAX : p.max_blocks * p.T;
+  const int64_t cap = mul_sat(p.max_blocks, p.T);
   const int rows = p.q_len * p.group;
   // Work: the positions each unit reads (bounded by the block table), times the rows' elements.
   double work = 0.0;
