@@ -28,8 +28,12 @@ from .spec import (
 )
 from .views import nvfp4_kv_cache_split_views, nvfp4_split_data_scale
 
-if "torch" in _sys.modules:  # torch is optional: the custom ops only where it is already loaded
+if "torch" in _sys.modules:  # torch is optional: the custom ops now, or when torch is imported
     from . import ops  # noqa: F401  (registers torch.ops.nvfp4kv.*)
+else:
+    from . import _torch_hook
+
+    _torch_hook.install()
 
 __all__ = [
     "__version__",

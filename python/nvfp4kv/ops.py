@@ -1,10 +1,10 @@
 """nvfp4kv's operations as torch custom ops: ``torch.ops.nvfp4kv.*``.
 
-Registered when this module is imported, which ``import nvfp4kv`` does by itself when torch is
-already imported (torch stays optional: nothing here is imported otherwise). Each op declares
-the tensors it writes (``Tensor(a!)``) and bumps their version counters, has a fake
-implementation (shapes only, no data: under ``FakeTensorMode`` and while ``torch.compile``
-traces, no pointer is ever read), and runs the
+Registered when this module is imported, which ``import nvfp4kv`` does by itself where torch is
+already imported, and otherwise when torch is imported (:mod:`nvfp4kv._torch_hook`; torch stays
+optional). Each op declares the tensors it writes (``Tensor(a!)``) and bumps their version counters,
+has a fake implementation (shapes only, no data: under ``FakeTensorMode`` and while
+``torch.compile`` traces, no pointer is ever read), and runs the
 same C ABI call as the Python API on the current torch stream. ``nvfp4kv.store``,
 ``reshape_and_cache_flash``, ``dequantize``, ``gather_dequant``, ``decode_attention`` and ``amax`` route through these ops when
 they are traced or given tensors without data (``nvfp4kv.api._without_data``); eager calls on real

@@ -18,7 +18,7 @@ from conftest import make_cache, minus_inf_logits_case, view_combos
 
 torch = pytest.importorskip("torch")
 nvfp4kv = pytest.importorskip("nvfp4kv")
-import nvfp4kv.ops  # noqa: E402,F401  (registers the ops even if torch came after nvfp4kv)
+import nvfp4kv.ops  # noqa: E402,F401  (the tests call torch.ops.nvfp4kv.* directly)
 
 # The tolerances of the CPU path against the float64 reference (stated once).
 REL_L2_TOL = 4e-3       # relative L2 error of a bf16 out (the bound; bf16 rounding alone gives 1.6-1.7e-3)

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import nvfp4kv  # noqa: E402
-import nvfp4kv.ops  # noqa: E402,F401  (registers the ops even if torch came after nvfp4kv)
+import nvfp4kv.ops  # noqa: E402,F401  (the tests call torch.ops.nvfp4kv.* directly)
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.library import opcheck  # noqa: E402
 
@@ -509,3 +509,73 @@ def test_padded_rows_through_the_op():
     with pytest.raises(ValueError, match="slot_mapping: 12 entries but key has 11 tokens"):
         torch.ops.nvfp4kv.store(c["key"], c["value"], got, torch.arange(12), c["ks"], c["vs"])
     assert np.array_equal(got.numpy(), want.numpy())
+
+
+# ---- torch imported after nvfp4kv (nvfp4kv._torch_hook) ---------------------------------------------
+def _fresh_interpreter(code, tmp_path):
+    """Runs `code` in a new interpreter, outside the source tree (the installed package), and
+    returns its stdout; the process must exit 0."""
+    import subprocess
+    import sys
+    import textwrap
+
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+_DECODE_FULLGRAPH = """
+    spec = nvfp4kv.KVCacheSpec(block_size=16, num_kv_heads=2, head_size=64)
+    g = torch.Generator().manual_seed(0)
+    kv = torch.randint(0, 256, nvfp4kv.get_kv_cache_shape(3, 16, 2, 64, "nvfp4"), generator=g, dtype=torch.uint8)
+    q = torch.randn(2, 4, 64, generator=g).to(torch.bfloat16)
+    bt = torch.tensor([[0, 1], [2, 0]], dtype=torch.int32)
+    sl = torch.tensor([20, 9], dtype=torch.int32)
+    f = lambda q: nvfp4kv.decode_attention(q, kv, bt, sl, 0.5, 0.25)
+    got = torch.compile(f, fullgraph=True, backend="eager")(q)  # Dynamo refused the extension's call
+    print(torch.equal(got.view(torch.uint8), f(q).view(torch.uint8)))
+"""
+
+
+def test_ops_registered_when_torch_comes_after_nvfp4kv(tmp_path):
+    """`import nvfp4kv` then `import torch`: the ops are registered at torch's import, so a
+    compiled call traces as the op (fullgraph), with the eager call's bytes."""
+    out = _fresh_interpreter("""
+    import sys
+    import nvfp4kv
+    print("torch" in sys.modules)
+    import torch
+    print(hasattr(torch.ops.nvfp4kv, "decode_attention"), "nvfp4kv.ops" in sys.modules)
+    print(any(type(f).__module__ == "nvfp4kv._torch_hook" for f in sys.meta_path))  # gone after its one use
+    """ + _DECODE_FULLGRAPH, tmp_path)
+    assert out.split() == ["False", "True", "True", "False", "True"]
+
+
+def test_ops_registered_after_a_spec_lookup_of_torch(tmp_path):
+    """A lookup without an import (importlib.util.find_spec, as availability checks do) leaves the
+    hook waiting for the import itself."""
+    out = _fresh_interpreter("""
+    import importlib.util, sys
+    import nvfp4kv
+    assert importlib.util.find_spec("torch") is not None and "torch" not in sys.modules
+    import torch
+    print(hasattr(torch.ops.nvfp4kv, "store"))
+    """, tmp_path)
+    assert out.split() == ["True"]
+
+
+def test_a_failed_registration_warns_and_torch_still_imports(tmp_path):
+    out = _fresh_interpreter("""
+    import sys, warnings
+    import nvfp4kv
+    sys.modules["nvfp4kv.ops"] = None  # its import now raises ImportError
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import torch
+    print(float(torch.ones(2).sum()), hasattr(torch.ops.nvfp4kv, "store"))
+    print([str(w.message)[:55] for w in caught if "nvfp4kv" in str(w.message)])
+    """, tmp_path)
+    lines = out.splitlines()
+    assert lines[0] == "2.0 False"
+    assert "nvfp4kv: the torch custom ops were not registered" in lines[1]
