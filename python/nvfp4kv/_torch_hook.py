@@ -3,14 +3,15 @@
 ``import nvfp4kv`` imports no torch. Where torch is already loaded it imports ``nvfp4kv.ops``
 at once; otherwise it calls :func:`install`, which puts a finder at the head of
 ``sys.meta_path``. When ``import torch`` runs, the finder takes torch's own spec from the other
-finders and wraps its loader's ``exec_module`` for that one import: once torch's ``__init__``
-has run, ``nvfp4kv.ops`` is imported, and the finder removes itself. So a program that
+finders and puts a stand-in for its loader in that spec: once torch's ``__init__`` has run,
+``nvfp4kv.ops`` is imported, and the finder removes itself. So a program that
 imports nvfp4kv first still traces the Python API as the ops under ``torch.compile`` (before, its
 calls broke the graph, and ``fullgraph=True`` failed in Dynamo; design notes: "torch.compile:
 the API traced as custom ops").
 
-A registration that fails is a warning, never a failed ``import torch``. A spec taken without
-an import (``importlib.util.find_spec("torch")``) leaves the finder in place for the real one.
+A registration that fails is a warning (dropped where warnings are errors), never a failed
+``import torch``; ``import nvfp4kv.ops`` then tries again. A spec taken without an import
+(``importlib.util.find_spec("torch")``) leaves the finder in place for the real one.
 """
 
 from __future__ import annotations
@@ -25,9 +26,33 @@ def _register() -> None:
     try:
         from . import ops  # noqa: F401  (registers torch.ops.nvfp4kv.*)
     except Exception as e:  # torch is imported either way; only the ops are missing
-        warnings.warn(f"nvfp4kv: the torch custom ops were not registered when torch was imported "
-                      f"({type(e).__name__}: {e}); torch.compile will not trace nvfp4kv's calls",
-                      RuntimeWarning, stacklevel=2)
+        try:
+            warnings.warn(f"nvfp4kv: the torch custom ops were not registered when torch was imported "
+                          f"({type(e).__name__}: {e}); torch.compile will not trace nvfp4kv's calls until "
+                          "`import nvfp4kv.ops` succeeds", RuntimeWarning, stacklevel=2)
+        except Exception:  # warnings as errors: torch, whose __init__ has run, cannot be imported twice
+            pass
+
+
+class _Loader(importlib.abc.Loader):
+    """Stands in for torch's loader in the one spec being imported; nothing is set on the loader
+    itself, which may serve other modules too (a zip or frozen importer: review, 2026-12-07)."""
+
+    def __init__(self, finder: "_OpsAfterTorch", spec, loader) -> None:
+        self._finder, self._spec, self._loader = finder, spec, loader
+
+    def create_module(self, spec):
+        create = getattr(self._loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module) -> None:
+        self._spec.loader = module.__loader__ = self._loader  # torch's own loader from here on
+        self._loader.exec_module(module)
+        self._finder.remove()
+        _register()
+
+    def __getattr__(self, name):  # anything else a loader answers (resources, source)
+        return getattr(self._loader, name)
 
 
 class _OpsAfterTorch(importlib.abc.MetaPathFinder):
@@ -44,25 +69,8 @@ class _OpsAfterTorch(importlib.abc.MetaPathFinder):
         finally:
             self._inside.busy = False
         loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec  # a namespace package or an unusual loader: torch as it is, without the ops
-        run = loader.exec_module
-
-        def exec_module(module):
-            try:
-                run(module)
-            finally:
-                try:  # the loader as it was, for any later spec that shares it
-                    del loader.exec_module
-                except AttributeError:
-                    pass
-            self.remove()
-            _register()
-
-        try:
-            loader.exec_module = exec_module  # this loader instance only
-        except (AttributeError, TypeError):
-            pass  # a loader without instance attributes: torch without the ops
+        if loader is not None and hasattr(loader, "exec_module"):  # else torch as it is, without the ops
+            spec.loader = _Loader(self, spec, loader)
         return spec
 
     def remove(self) -> None:

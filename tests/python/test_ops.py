@@ -512,15 +512,15 @@ def test_padded_rows_through_the_op():
 
 
 # ---- torch imported after nvfp4kv (nvfp4kv._torch_hook) ---------------------------------------------
-def _fresh_interpreter(code, tmp_path):
-    """Runs `code` in a new interpreter, outside the source tree (the installed package), and
-    returns its stdout; the process must exit 0."""
+def _fresh_interpreter(code, tmp_path, *flags):
+    """Runs `code` in a new interpreter (with `flags`), outside the source tree (the installed
+    package), and returns its stdout; the process must exit 0."""
     import subprocess
     import sys
     import textwrap
 
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
-                       cwd=tmp_path)
+    r = subprocess.run([sys.executable, *flags, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 
@@ -548,8 +548,9 @@ def test_ops_registered_when_torch_comes_after_nvfp4kv(tmp_path):
     import torch
     print(hasattr(torch.ops.nvfp4kv, "decode_attention"), "nvfp4kv.ops" in sys.modules)
     print(any(type(f).__module__ == "nvfp4kv._torch_hook" for f in sys.meta_path))  # gone after its one use
+    print(type(torch.__loader__).__name__, type(torch.__spec__.loader).__name__)  # torch's own loader back
     """ + _DECODE_FULLGRAPH, tmp_path)
-    assert out.split() == ["False", "True", "True", "False", "True"]
+    assert out.split() == ["False", "True", "True", "False", "SourceFileLoader", "SourceFileLoader", "True"]
 
 
 def test_ops_registered_after_a_spec_lookup_of_torch(tmp_path):
@@ -579,3 +580,16 @@ def test_a_failed_registration_warns_and_torch_still_imports(tmp_path):
     lines = out.splitlines()
     assert lines[0] == "2.0 False"
     assert "nvfp4kv: the torch custom ops were not registered" in lines[1]
+
+
+def test_a_failed_registration_under_warnings_as_errors_still_imports_torch(tmp_path):
+    """With -W error the warning would have escaped torch's import, after its __init__ had run,
+    and torch could not be imported again in that process (review)."""
+    out = _fresh_interpreter("""
+    import sys
+    import nvfp4kv
+    sys.modules["nvfp4kv.ops"] = None
+    import torch
+    print(float(torch.ones(2).sum()), hasattr(torch.ops.nvfp4kv, "store"))
+    """, tmp_path, "-W", "error")
+    assert out.split() == ["2.0", "False"]
