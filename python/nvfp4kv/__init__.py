@@ -33,7 +33,12 @@ if "torch" in _sys.modules:  # torch is optional: the custom ops now, or when to
 else:
     from . import _torch_hook
 
-    _torch_hook.install()
+    def _import_ops() -> None:
+        from . import ops  # noqa: F401
+
+    _torch_hook.after_import("torch", _import_ops, "the torch custom ops were not registered when torch was "
+                             "imported; torch.compile will not trace nvfp4kv's calls until `import nvfp4kv.ops` "
+                             "succeeds")
 
 __all__ = [
     "__version__",

@@ -1,17 +1,17 @@
-"""Registers the torch custom ops (:mod:`nvfp4kv.ops`) when torch is imported after nvfp4kv.
+"""Work that waits for a module's import: the torch custom ops wait for torch, their tracing by
+Dynamo waits for ``torch._dynamo`` (design notes: "torch.compile: the API traced as custom ops").
 
-``import nvfp4kv`` imports no torch. Where torch is already loaded it imports ``nvfp4kv.ops``
-at once; otherwise it calls :func:`install`, which puts a finder at the head of
-``sys.meta_path``. When ``import torch`` runs, the finder takes torch's own spec from the other
-finders and puts a stand-in for its loader in that spec: once torch's ``__init__`` has run,
-``nvfp4kv.ops`` is imported, and the finder removes itself. So a program that
-imports nvfp4kv first still traces the Python API as the ops under ``torch.compile`` (before, its
-calls broke the graph, and ``fullgraph=True`` failed in Dynamo; design notes: "torch.compile:
-the API traced as custom ops").
+``import nvfp4kv`` imports no torch, and registering the ops imports no ``torch._dynamo`` (about
+a second, which a program that never compiles need not pay). :func:`after_import` runs its
+callback at once where the module is already imported; otherwise it puts a finder at the head
+of ``sys.meta_path``. When the module is imported, the finder takes the module's own spec from
+the other finders and puts a stand-in for its loader in that spec (not on the loader, which a
+zip or frozen importer shares with other modules: review, 2026-12-07); once the module has run,
+the stand-in hands the spec its loader back, the finder removes itself and the callbacks run.
 
-A registration that fails is a warning (dropped where warnings are errors), never a failed
-``import torch``; ``import nvfp4kv.ops`` then tries again. A spec taken without an import
-(``importlib.util.find_spec("torch")``) leaves the finder in place for the real one.
+A callback that fails is a warning (dropped where warnings are errors), never a failed import:
+the module, its code run, could not be imported again. A spec taken without an import
+(``importlib.util.find_spec``) leaves the finder in place for the real one.
 """
 
 from __future__ import annotations
@@ -20,25 +20,23 @@ import importlib.abc
 import sys
 import threading
 import warnings
+from typing import Callable, List, Tuple
 
 
-def _register() -> None:
+def _run(callback: Callable[[], None], failed: str) -> None:
     try:
-        from . import ops  # noqa: F401  (registers torch.ops.nvfp4kv.*)
-    except Exception as e:  # torch is imported either way; only the ops are missing
+        callback()
+    except Exception as e:
         try:
-            warnings.warn(f"nvfp4kv: the torch custom ops were not registered when torch was imported "
-                          f"({type(e).__name__}: {e}); torch.compile will not trace nvfp4kv's calls until "
-                          "`import nvfp4kv.ops` succeeds", RuntimeWarning, stacklevel=2)
-        except Exception:  # warnings as errors: torch, whose __init__ has run, cannot be imported twice
+            warnings.warn(f"nvfp4kv: {failed} ({type(e).__name__}: {e})", RuntimeWarning, stacklevel=2)
+        except Exception:  # warnings as errors
             pass
 
 
 class _Loader(importlib.abc.Loader):
-    """Stands in for torch's loader in the one spec being imported; nothing is set on the loader
-    itself, which may serve other modules too (a zip or frozen importer: review, 2026-12-07)."""
+    """Stands in for the module's loader in the one spec being imported."""
 
-    def __init__(self, finder: "_OpsAfterTorch", spec, loader) -> None:
+    def __init__(self, finder: "_AfterImport", spec, loader) -> None:
         self._finder, self._spec, self._loader = finder, spec, loader
 
     def create_module(self, spec):
@@ -46,21 +44,24 @@ class _Loader(importlib.abc.Loader):
         return create(spec) if create is not None else None
 
     def exec_module(self, module) -> None:
-        self._spec.loader = module.__loader__ = self._loader  # torch's own loader from here on
+        self._spec.loader = module.__loader__ = self._loader  # the module's own loader from here on
         self._loader.exec_module(module)
         self._finder.remove()
-        _register()
+        for callback, failed in self._finder.callbacks:
+            _run(callback, failed)
 
     def __getattr__(self, name):  # anything else a loader answers (resources, source)
         return getattr(self._loader, name)
 
 
-class _OpsAfterTorch(importlib.abc.MetaPathFinder):
-    def __init__(self) -> None:
+class _AfterImport(importlib.abc.MetaPathFinder):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.callbacks: List[Tuple[Callable[[], None], str]] = []
         self._inside = threading.local()  # this thread is in our own lookup (a finder may recurse)
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch" or getattr(self._inside, "busy", False):
+        if name != self.name or getattr(self._inside, "busy", False):
             return None
         self._inside.busy = True
         try:
@@ -69,7 +70,7 @@ class _OpsAfterTorch(importlib.abc.MetaPathFinder):
         finally:
             self._inside.busy = False
         loader = getattr(spec, "loader", None)
-        if loader is not None and hasattr(loader, "exec_module"):  # else torch as it is, without the ops
+        if loader is not None and hasattr(loader, "exec_module"):  # else the module as it is, no callbacks
             spec.loader = _Loader(self, spec, loader)
         return spec
 
@@ -80,7 +81,14 @@ class _OpsAfterTorch(importlib.abc.MetaPathFinder):
             pass
 
 
-def install() -> None:
-    """Register the ops when torch is imported, unless a finder of ours already waits for it."""
-    if not any(isinstance(f, _OpsAfterTorch) for f in sys.meta_path):
-        sys.meta_path.insert(0, _OpsAfterTorch())
+def after_import(name: str, callback: Callable[[], None], failed: str) -> None:
+    """callback() now where module `name` is in sys.modules, else right after its import; if it
+    raises, a warning: `failed` and the exception."""
+    if name in sys.modules:
+        _run(callback, failed)
+        return
+    finder = next((f for f in sys.meta_path if isinstance(f, _AfterImport) and f.name == name), None)
+    if finder is None:
+        finder = _AfterImport(name)
+        sys.meta_path.insert(0, finder)
+    finder.callbacks.append((callback, failed))

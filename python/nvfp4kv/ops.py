@@ -17,12 +17,12 @@ region becomes a 0-d float32 CPU tensor, read on the host at each call).
 from __future__ import annotations
 
 import numbers
+import sys
 from typing import Optional
 
 import torch
-from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-from . import _C
+from . import _C, _torch_hook
 
 __all__ = ["store", "reshape_and_cache_flash", "dequantize", "gather_dequant", "decode_attention", "amax",
            "scale_tensor"]
@@ -139,6 +139,8 @@ def _offset_is_safe(t: torch.Tensor) -> bool:
     or a view taken inside the graph of an input at a dynamic offset) is not: torch 2.13's
     inductor passes such a view at offset 0 of its base (pytorch#198068). Where torch's
     internals do not answer, not safe."""
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int  # loaded by then (fake tensors)
+
     off = t.storage_offset()
     if is_concrete_int(off):
         return True
@@ -248,14 +250,31 @@ amax = torch.ops.nvfp4kv.amax.default
 # ---- The Python API under torch.compile ----------------------------------------------------------
 # Dynamo traces these in place of nvfp4kv.store / reshape_and_cache_flash / dequantize /
 # gather_dequant (same signatures), so compiled code can call the API as eager code does; eager
-# calls never see them. Inside a compiled region the ops run on torch's current stream.
+# calls never see them. Inside a compiled region the ops run on torch's current stream. The
+# substitutions are made once torch._dynamo is imported (_substitute, at the end of this module).
 from . import api as _api  # noqa: E402
 from . import scales as _scales  # noqa: E402
 
 
+_SUBSTITUTES = []  # (the API's function, what Dynamo traces in its place)
+
+
 def _traced_as(original):
-    substitute = getattr(torch._dynamo, "substitute_in_graph", None)
-    return substitute(original) if substitute is not None else (lambda f: f)
+    def keep(traced):
+        _SUBSTITUTES.append((original, traced))
+        return traced
+
+    return keep
+
+
+def _substitute() -> None:
+    """Dynamo's substitutions, made when torch._dynamo is imported (at the latest by the first
+    torch.compile), not here: that import takes about a second (design notes: "torch.compile:
+    the API traced as custom ops")."""
+    substitute = getattr(sys.modules["torch._dynamo"], "substitute_in_graph", None)
+    if substitute is not None:
+        for original, traced in _SUBSTITUTES:
+            substitute(original)(traced)
 
 
 def _no_stream(stream) -> None:
@@ -341,3 +360,8 @@ def _amax_traced(x, out=None, *, accumulate=False, stream=None):
     out = _scales._amax_out(x, out, accumulate)
     amax(x, out, accumulate)
     return out
+
+
+_torch_hook.after_import("torch._dynamo", _substitute, "torch.compile will trace nvfp4kv's Python API as "
+                         "calls of the extension, not as the ops: Dynamo's substitutions failed when "
+                         "torch._dynamo was imported")

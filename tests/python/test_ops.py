@@ -538,19 +538,42 @@ _DECODE_FULLGRAPH = """
 """
 
 
+_WAITING = "[f.name for f in sys.meta_path if type(f).__module__ == 'nvfp4kv._torch_hook']"
+
+
 def test_ops_registered_when_torch_comes_after_nvfp4kv(tmp_path):
-    """`import nvfp4kv` then `import torch`: the ops are registered at torch's import, so a
-    compiled call traces as the op (fullgraph), with the eager call's bytes."""
-    out = _fresh_interpreter("""
+    """`import nvfp4kv` then `import torch`: the ops are registered at torch's import, and Dynamo's
+    substitutions at torch._dynamo's, so a compiled call traces as the op (fullgraph), with the
+    eager call's bytes."""
+    out = _fresh_interpreter(f"""
     import sys
     import nvfp4kv
     print("torch" in sys.modules)
     import torch
-    print(hasattr(torch.ops.nvfp4kv, "decode_attention"), "nvfp4kv.ops" in sys.modules)
-    print(any(type(f).__module__ == "nvfp4kv._torch_hook" for f in sys.meta_path))  # gone after its one use
+    print(hasattr(torch.ops.nvfp4kv, "decode_attention"), "nvfp4kv.ops" in sys.modules, "torch._dynamo" in sys.modules)
+    print({_WAITING})  # the hook for torch is gone after its one use; Dynamo's waits
     print(type(torch.__loader__).__name__, type(torch.__spec__.loader).__name__)  # torch's own loader back
+    """ + _DECODE_FULLGRAPH + f"""
+    print({_WAITING})
+    """, tmp_path)
+    assert out.splitlines() == ["False", "True True False", "['torch._dynamo']", "SourceFileLoader SourceFileLoader",
+                                "True", "[]"]
+
+
+@pytest.mark.parametrize("first", ["torch", "torch._dynamo"])
+def test_ops_registered_without_dynamo_when_torch_comes_first(tmp_path, first):
+    """`import torch` then `import nvfp4kv`: the ops at once, without importing torch._dynamo
+    (about a second), which the first torch.compile imports; where Dynamo is already imported
+    (an engine that compiles), its substitutions at once too."""
+    out = _fresh_interpreter(f"""
+    import sys
+    import {first}
+    import torch
+    import nvfp4kv
+    print(hasattr(torch.ops.nvfp4kv, "decode_attention"), "torch._dynamo" in sys.modules, {_WAITING})
     """ + _DECODE_FULLGRAPH, tmp_path)
-    assert out.split() == ["False", "True", "True", "False", "SourceFileLoader", "SourceFileLoader", "True"]
+    dynamo = first == "torch._dynamo"
+    assert out.splitlines() == [f"True {dynamo} {[] if dynamo else ['torch._dynamo']}", "True"]
 
 
 def test_ops_registered_after_a_spec_lookup_of_torch(tmp_path):
@@ -575,11 +598,11 @@ def test_a_failed_registration_warns_and_torch_still_imports(tmp_path):
         warnings.simplefilter("always")
         import torch
     print(float(torch.ones(2).sum()), hasattr(torch.ops.nvfp4kv, "store"))
-    print([str(w.message)[:55] for w in caught if "nvfp4kv" in str(w.message)])
+    print([str(w.message)[:60] for w in caught if "nvfp4kv" in str(w.message)])
     """, tmp_path)
     lines = out.splitlines()
     assert lines[0] == "2.0 False"
-    assert "nvfp4kv: the torch custom ops were not registered" in lines[1]
+    assert "nvfp4kv: the torch custom ops were not registered when torch" in lines[1]
 
 
 def test_a_failed_registration_under_warnings_as_errors_still_imports_torch(tmp_path):
