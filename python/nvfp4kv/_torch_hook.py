@@ -3,8 +3,8 @@ Dynamo waits for ``torch._dynamo`` (design notes: "torch.compile: the API traced
 
 ``import nvfp4kv`` imports no torch, and registering the ops imports no ``torch._dynamo`` (about
 a second, which a program that never compiles need not pay). :func:`after_import` runs its
-callback at once where the module is already imported; otherwise it puts a finder at the head
-of ``sys.meta_path``. When the module is imported, the finder takes the module's own spec from
+callback at once where the module is already imported (once another thread's import of it has
+finished); otherwise it puts a finder of its own at the head of ``sys.meta_path``. When the module is imported, the finder takes the module's own spec from
 the other finders and puts a stand-in for its loader in that spec (not on the loader, which a
 zip or frozen importer shares with other modules: review, 2026-12-07); once the module has run,
 the stand-in hands the spec its loader back, the finder removes itself and the callbacks run.
@@ -16,6 +16,7 @@ the module, its code run, could not be imported again. A spec taken without an i
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import sys
 import threading
@@ -23,14 +24,17 @@ import warnings
 from typing import Callable, List, Tuple
 
 
-def _run(callback: Callable[[], None], failed: str) -> None:
+def _run(callback: Callable[[], None], failed: str) -> bool:
+    """callback(); False and a warning where it raised."""
     try:
         callback()
+        return True
     except Exception as e:
         try:
             warnings.warn(f"nvfp4kv: {failed} ({type(e).__name__}: {e})", RuntimeWarning, stacklevel=2)
         except Exception:  # warnings as errors
             pass
+        return False
 
 
 class _Loader(importlib.abc.Loader):
@@ -82,10 +86,15 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 def after_import(name: str, callback: Callable[[], None], failed: str) -> None:
-    """callback() now where module `name` is in sys.modules, else right after its import; if it
-    raises, a warning: `failed` and the exception."""
-    if name in sys.modules:
-        _run(callback, failed)
+    """callback() now where module `name` is imported, else right after its import; if it raises,
+    a warning: `failed` and the exception. A module that another thread is still importing (in
+    sys.modules, its code not yet run) is waited for: its import has passed the finders (review:
+    the substitutions were skipped without a word while a thread imported torch._dynamo)."""
+    module = sys.modules.get(name)
+    if module is not None:
+        waiting = getattr(getattr(module, "__spec__", None), "_initializing", False)
+        if not waiting or _run(lambda: importlib.import_module(name), failed):  # waits on its import lock
+            _run(callback, failed)
         return
     finder = next((f for f in sys.meta_path if isinstance(f, _AfterImport) and f.name == name), None)
     if finder is None:

@@ -249,9 +249,10 @@ amax = torch.ops.nvfp4kv.amax.default
 
 # ---- The Python API under torch.compile ----------------------------------------------------------
 # Dynamo traces these in place of nvfp4kv.store / reshape_and_cache_flash / dequantize /
-# gather_dequant (same signatures), so compiled code can call the API as eager code does; eager
-# calls never see them. Inside a compiled region the ops run on torch's current stream. The
-# substitutions are made once torch._dynamo is imported (_substitute, at the end of this module).
+# gather_dequant / decode_attention / amax (same signatures), so compiled code can call the API as
+# eager code does; eager calls never see them. Inside a compiled region the ops run on torch's
+# current stream. The substitutions are made once torch._dynamo is imported (_substitute, at the
+# end of this module).
 from . import api as _api  # noqa: E402
 from . import scales as _scales  # noqa: E402
 
@@ -270,11 +271,18 @@ def _traced_as(original):
 def _substitute() -> None:
     """Dynamo's substitutions, made when torch._dynamo is imported (at the latest by the first
     torch.compile), not here: that import takes about a second (design notes: "torch.compile:
-    the API traced as custom ops")."""
+    the API traced as custom ops"). Each on its own; those that fail are named in one error."""
     substitute = getattr(sys.modules["torch._dynamo"], "substitute_in_graph", None)
-    if substitute is not None:
-        for original, traced in _SUBSTITUTES:
+    if substitute is None:
+        raise RuntimeError("torch._dynamo has no substitute_in_graph")
+    failed = []
+    for original, traced in _SUBSTITUTES:
+        try:
             substitute(original)(traced)
+        except Exception as e:  # noqa: BLE001  (reported below, with the others)
+            failed.append(f"{original.__name__}: {type(e).__name__}: {e}")
+    if failed:
+        raise RuntimeError("; ".join(failed))
 
 
 def _no_stream(stream) -> None:
@@ -362,6 +370,6 @@ def _amax_traced(x, out=None, *, accumulate=False, stream=None):
     return out
 
 
-_torch_hook.after_import("torch._dynamo", _substitute, "torch.compile will trace nvfp4kv's Python API as "
-                         "calls of the extension, not as the ops: Dynamo's substitutions failed when "
-                         "torch._dynamo was imported")
+_torch_hook.after_import("torch._dynamo", _substitute, "Dynamo's substitute_in_graph failed for nvfp4kv's "
+                         "Python API, so a compiled call of it breaks the graph (an error under "
+                         "fullgraph=True; the torch.ops.nvfp4kv ops still trace)")

@@ -576,6 +576,23 @@ def test_ops_registered_without_dynamo_when_torch_comes_first(tmp_path, first):
     assert out.splitlines() == [f"True {dynamo} {[] if dynamo else ['torch._dynamo']}", "True"]
 
 
+def test_substitutions_wait_for_another_threads_import_of_dynamo(tmp_path):
+    """nvfp4kv imported while a thread imports torch._dynamo (in sys.modules, not yet run): the
+    substitutions were skipped without a word (review); now they wait for that import."""
+    out = _fresh_interpreter("""
+    import sys, threading, time
+    import torch
+    t = threading.Thread(target=lambda: __import__("torch._dynamo"))
+    t.start()
+    while "torch._dynamo" not in sys.modules:
+        time.sleep(0.001)
+    print(not hasattr(sys.modules["torch._dynamo"], "substitute_in_graph"))  # still being imported
+    import nvfp4kv
+    t.join()
+    """ + _DECODE_FULLGRAPH, tmp_path)
+    assert out.split() == ["True", "True"]
+
+
 def test_ops_registered_after_a_spec_lookup_of_torch(tmp_path):
     """A lookup without an import (importlib.util.find_spec, as availability checks do) leaves the
     hook waiting for the import itself."""
