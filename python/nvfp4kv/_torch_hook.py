@@ -1,13 +1,14 @@
 """Work that waits for a module's import: the torch custom ops wait for torch, their tracing by
 Dynamo waits for ``torch._dynamo`` (design notes: "torch.compile: the API traced as custom ops").
 
-``import nvfp4kv`` imports no torch, and registering the ops imports no ``torch._dynamo`` (about
-a second, which a program that never compiles need not pay). :func:`after_import` runs its
-callback at once where the module is already imported (once another thread's import of it has
-finished); otherwise it puts a finder of its own at the head of ``sys.meta_path``. When the module is imported, the finder takes the module's own spec from
-the other finders and puts a stand-in for its loader in that spec (not on the loader, which a
-zip or frozen importer shares with other modules: review, 2026-12-07); once the module has run,
-the stand-in hands the spec its loader back, the finder removes itself and the callbacks run.
+``import nvfp4kv`` imports no torch, and registering the ops imports no ``torch._dynamo`` (about a
+second, which a program that never compiles need not pay). :func:`after_import` runs its callback at
+once where the module is already imported (once another thread's import of it has finished);
+otherwise it puts a finder of its own at the head of ``sys.meta_path``. When the module is imported,
+the finder takes the module's own spec from the other finders and puts a stand-in for its loader in
+that spec (not on the loader, which a zip or frozen importer shares with other modules: review,
+2026-12-07); once the module has run, the stand-in hands the spec its loader back, the finder
+removes itself and the callbacks run.
 
 A callback that fails is a warning (dropped where warnings are errors), never a failed import:
 the module, its code run, could not be imported again. A spec taken without an import
