@@ -511,7 +511,7 @@ def test_padded_rows_through_the_op():
     assert np.array_equal(got.numpy(), want.numpy())
 
 
-# ---- torch imported after nvfp4kv (nvfp4kv._torch_hook) ---------------------------------------------
+# ---- the ops in either import order (nvfp4kv._torch_hook) ----------------------------------------
 def _fresh_interpreter(code, tmp_path, *flags):
     """Runs `code` in a new interpreter (with `flags`), outside the source tree (the installed
     package), and returns its stdout; the process must exit 0."""
@@ -533,7 +533,7 @@ _DECODE_FULLGRAPH = """
     bt = torch.tensor([[0, 1], [2, 0]], dtype=torch.int32)
     sl = torch.tensor([20, 9], dtype=torch.int32)
     f = lambda q: nvfp4kv.decode_attention(q, kv, bt, sl, 0.5, 0.25)
-    got = torch.compile(f, fullgraph=True, backend="eager")(q)  # Dynamo refused the extension's call
+    got = torch.compile(f, fullgraph=True, backend="eager")(q)  # without the ops, Dynamo refuses the call
     print(torch.equal(got.view(torch.uint8), f(q).view(torch.uint8)))
 """
 
