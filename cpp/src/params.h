@@ -105,14 +105,14 @@ struct GatherParams {
   Layout layout;
 };
 
-// The positions j of one sequence that a gather writes: those with j < len and an output row
-// start + j inside [0, total), as [lo, hi). Every gather loop runs over this range only, so its
-// work is bounded by the output whatever the (device-resident, unchecked) lengths and starts
-// hold. total <= 2^62 (the C ABI's element bound); start + j never overflows.
 // a * b for a, b >= 0, saturated at INT64_MAX: position and work bounds from sizes that a
 // broadcast view (stride 0) can make as large as 2^62 (block-table columns, sequences).
 NVFP4KV_HD int64_t mul_sat(int64_t a, int64_t b) { return b != 0 && a > INT64_MAX / b ? INT64_MAX : a * b; }
 
+// The positions j of one sequence that a gather writes: those with j < len and an output row
+// start + j inside [0, total), as [lo, hi). Every gather loop runs over this range only, so its
+// work is bounded by the output whatever the (device-resident, unchecked) lengths and starts
+// hold. total <= 2^62 (the C ABI's element bound); start + j never overflows.
 struct SeqRows {
   int64_t lo, hi;
 };
