@@ -28,7 +28,9 @@ from .spec import (
 )
 from .views import nvfp4_kv_cache_split_views, nvfp4_split_data_scale
 
-if "torch" in _sys.modules:  # torch is optional: the custom ops now, or when torch is imported
+# torch is optional: the custom ops now, or when torch is imported (an entry of None in
+# sys.modules blocks torch's import: review, 2026-12-07)
+if _sys.modules.get("torch") is not None:
     from . import ops  # noqa: F401  (registers torch.ops.nvfp4kv.*)
 else:
     from . import _torch_hook

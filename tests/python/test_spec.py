@@ -514,6 +514,28 @@ def test_works_without_torch():
     assert out.strip() == "ok"
 
 
+def test_package_imports_where_torch_is_blocked(tmp_path):
+    """Found by review: with sys.modules["torch"] = None (a machine without torch, as tests
+    simulate it), `import nvfp4kv` imported its torch ops and failed."""
+    try:
+        import nvfp4kv
+    except ImportError as e:
+        pytest.skip(f"package nvfp4kv not importable here (not installed?): {e}")
+    pkg_dir = Path(nvfp4kv.__file__).resolve().parent
+    code = f"""
+    import sys
+    sys.modules["torch"] = None
+    sys.path.insert(0, {str(pkg_dir.parent)!r})
+    import numpy as np
+    import nvfp4kv
+    spec = nvfp4kv.KVCacheSpec(16, 2, 64)
+    kv = nvfp4kv.allocate_kv_cache(spec, 2)
+    nvfp4kv.store(np.ones((3, 2, 64), np.float32), np.ones((3, 2, 64), np.float32), kv, np.arange(3), 1.0, 1.0)
+    print(type(kv).__module__, int(kv.any()), "nvfp4kv.ops" in sys.modules)
+    """
+    assert _run(code, cwd=tmp_path).split() == ["numpy", "1", "False"]
+
+
 def test_package_import_does_not_import_torch(tmp_path):
     # The package under test is the one this process imports: the installed one (the source
     # tree's python/nvfp4kv has no compiled extension, and in CI it is only links to the
