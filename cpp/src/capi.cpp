@@ -504,7 +504,7 @@ float* decode_workspace(const Tensor& w, const Tensor& cache_ref, int64_t need) 
     fail(NVFP4KV_ERROR_INVALID_DTYPE, "workspace: dtype %s received; expected float32 or uint8",
          dtype_name(w.t->dtype).c_str());
   int64_t expected = 1;
-  for (int i = w.ndim() - 1; i >= 0; --i) {
+  for (int i = w.ndim() - 1; i >= 0 && w.numel() > 0; --i) {  // an empty array is contiguous
     if (w.size(i) > 1 && w.stride(i) != expected)
       fail(NVFP4KV_ERROR_INVALID_VALUE, "workspace: shape %s with strides %s is not contiguous",
            w.shape_str().c_str(), w.strides_str().c_str());

@@ -462,7 +462,8 @@ def _cache_geometry(kv_cache: Any, value_cache: Any, orient: int = -1,
                     uint8: bool = True) -> Tuple[int, int, int, int, int]:
     """(N, T, H, D, Dv) read off the shapes (orient: _orientation's); the ABI validates the rest.
     `uint8`: first refuse, as the ABI would, a cache that holds no NVFP4 bytes (_uint8_cache), whose
-    shape is no geometry to size anything from."""
+    shape is no geometry to size anything from; otherwise such a cache's sizes are returned
+    unchecked, for the ABI to refuse it by its dtype."""
     if uint8:
         _uint8_cache(kv_cache, value_cache)
     if orient < 0:
@@ -483,10 +484,15 @@ def _cache_geometry(kv_cache: Any, value_cache: Any, orient: int = -1,
         h, fv = h2 // 2, f
     else:
         raise ValueError(f"kv_cache: rank {len(shape)} (shape {shape}); expected a 5-D, packed 4-D or two-sided cache")
-    for arg, last in (("kv_cache", f), ("value_cache" if value_cache is not None else "kv_cache", fv)):
+    sides = (("kv_cache", kv_cache, f), ("value_cache", value_cache, fv) if value_cache is not None
+             else ("kv_cache", kv_cache, fv))
+    for arg, side, last in sides:
         # F = 9 D / 16 with D a multiple of 16, refused here before outputs are allocated from it
         # (review: an fp8 cache's outputs, gigabytes, were allocated before the ABI refused it).
-        if last % 9:
+        # A side that is not uint8 (here only where `uint8` is False) is left for the ABI to
+        # refuse by its dtype (review, 2026-12-07: a bf16 cache of D 128 was called a wrong last
+        # dimension).
+        if last % 9 and not _not_uint8(side):
             raise ValueError(f"{arg}: last dimension {last} received; expected F = D/2 + D/16 = 9*D/16 for a "
                              "head size D that is a multiple of 16")
     return n, t, h, f * 16 // 9, fv * 16 // 9
@@ -743,13 +749,18 @@ def _has_data(x: Any, arg: str) -> None:
                          "read from it on the host: pass key_out and value_out")
 
 
+def _not_uint8(c: Any) -> bool:
+    """Whether `c` has a dtype and it is not uint8 (the NVFP4 page bytes)."""
+    dt = getattr(c, "dtype", None)
+    return dt is not None and str(dt).replace("torch.", "") != "uint8"
+
+
 def _uint8_cache(kv_cache: Any, value_cache: Any) -> None:
     """Refuses, as the C ABI would, a cache whose shape this module is about to allocate from but
     that holds no NVFP4 bytes (a bf16 cache's last dimension is no F = D/2 + D/16)."""
     for arg, c in (("kv_cache", kv_cache), ("value_cache", value_cache)):
-        dt = getattr(c, "dtype", None)
-        if dt is not None and str(dt).replace("torch.", "") != "uint8":
-            raise TypeError(f"{arg}: dtype {dt} received; expected uint8 (the NVFP4 page bytes)")
+        if _not_uint8(c):
+            raise TypeError(f"{arg}: dtype {c.dtype} received; expected uint8 (the NVFP4 page bytes)")
 
 
 def _as_int32(x: Any) -> Any:
@@ -895,10 +906,12 @@ def decode_workspace(kv_cache: Any, query: Any, block_table: Any, q_len: int = 1
 
 
 def _decode_out(query: Any, kv_cache: Any, value_cache: Any, out: Any, block_table: Any, q_len: int,
-                checked: bool = True) -> Any:
+                checked: bool = True, orient: int = -1) -> Any:
     """decode_attention()'s output: the one given, else a new array [rows, Hq, Dv] in the query's
-    dtype, framework and device (after the row count is checked, as the C ABI would: a query of
-    wrong rows must not cost an allocation of its size; `checked` as for _dequantize_outputs)."""
+    dtype, framework and device (after the row count and the heads' upper bound are checked, as
+    the C ABI would: a query of wrong rows or heads must not cost an allocation of its size,
+    review 2026-12-07;
+    `checked` as for _dequantize_outputs; `orient`: _orientation's)."""
     if out is not None:
         return out
     qshape = _shape(query, "query")
@@ -912,8 +925,14 @@ def _decode_out(query: Any, kv_cache: Any, value_cache: Any, out: Any, block_tab
     if dtype is None:  # e.g. a memoryview: the binding reads it, but nothing here can allocate its like
         raise TypeError(f"query: a {type(query).__name__} received, which has no dtype to allocate the output in; "
                         "pass out= or a torch, numpy or cupy array")
-    dv = _cache_geometry(kv_cache, value_cache, uint8=False)[4]  # the ABI names a cache's dtype
-    return _empty(query, (qshape[0], qshape[1], dv), dtype)
+    _, _, h, _, dv = _cache_geometry(kv_cache, value_cache, orient, uint8=False)  # the ABI names a cache's dtype
+    hq = qshape[1]
+    # More than 16 query heads per KV head, refused before an output of their count is allocated;
+    # the C ABI refuses the rest in its own order (its messages say more: _refused).
+    if checked and hq > 16 * h > 0 and not _not_uint8(kv_cache):
+        raise ValueError(f"query: {hq} query heads (shape {tuple(qshape)}) with the {h} KV heads of the cache; "
+                         "expected a multiple of the KV heads, at most 16 query heads per KV head")
+    return _empty(query, (qshape[0], hq, dv), dtype)
 
 
 def _real(x: Any, arg: str) -> float:
@@ -1036,7 +1055,7 @@ def decode_attention(
     """
     orient = _orientation(kv_cache, value_cache, kv_layout)
     sm, cap, window, rows = _decode_scalars(query, sm_scale, logits_soft_cap, window_left, q_len)
-    out = _decode_out(query, kv_cache, value_cache, out, block_table, rows)  # Dv: the same in either orientation
+    out = _decode_out(query, kv_cache, value_cache, out, block_table, rows, orient=orient)
     try:
         _C.decode_attention(query, kv_cache, value_cache, block_table, seq_lens, k_scale, v_scale, scale_layout,
                             rows, sm, cap, window, out, lse, workspace, stream, orient)

@@ -246,9 +246,15 @@ class ScaleTracker:
                 return self._index[layer]
             known = "layers are numbered" if self._names is None else f"known layers: {self._names}"
             raise KeyError(f"layer: {layer!r} is not a layer of this tracker ({known})")
-        if isinstance(layer, bool) or not hasattr(layer, "__index__"):
+        if isinstance(layer, numbers.Integral) and not isinstance(layer, bool):
+            # A Python or NumPy int, or torch.compile's symbolic int, on which hasattr() is refused
+            # (review, 2026-12-07): each layer's value then compiles once, as a constant would.
+            i = int(layer)
+        elif (isinstance(layer, bool) or str(getattr(layer, "dtype", "")).rsplit(".", 1)[-1] == "bool"
+              or not hasattr(layer, "__index__")):  # a 0-d bool array or tensor is a mistake too
             raise TypeError(f"layer: {type(layer).__name__} received; expected a layer index or name")
-        i = layer.__index__()
+        else:
+            i = layer.__index__()  # a 0-d integer array or tensor
         if not 0 <= i < self._n:
             raise IndexError(f"layer: {i} is out of range; this tracker has {self._n} layers (0 to {self._n - 1})")
         return i

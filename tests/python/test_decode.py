@@ -580,6 +580,31 @@ def test_decode_workspace_says_where_a_bad_size_came_from():
         nvfp4kv.decode_workspace(torch.zeros(4, 2, 16, 2, 70, dtype=torch.uint8), q, bt)
 
 
+def test_wrong_query_heads_or_cache_dtype_before_allocating():
+    """Found by review: the output was allocated before the query's head count was checked (a
+    query broadcast to 2^36 heads asked for 16 TiB), and a bf16 cache of D 128 was called a wrong
+    last dimension instead of a wrong dtype."""
+    cache, q, bt, sl = setup(N=60, seed=1)
+    for hq in (7, 2**20, 2**36):
+        wide = q[:, :1].expand(q.shape[0], hq, q.shape[2])
+        with pytest.raises(ValueError, match=f"query: {hq} query heads .* at most 16 query heads per KV head"):
+            nvfp4kv.decode_attention(wide, cache.kv_cache, bt, sl, 0.02, 0.03)
+    bf16 = torch.zeros(4, 2, 16, 2, 128, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="kv_cache: dtype bfloat16 received; expected uint8"):
+        nvfp4kv.decode_attention(q, bf16, bt[:, :4] % 4, sl.clamp(max=64), 0.02, 0.03)
+
+
+def test_empty_workspace_of_any_shape():
+    """Found by review: a workspace with a zero extent and another above 1 was called not
+    contiguous (an empty array is); a CPU call takes any empty workspace."""
+    cache, q, bt, sl = setup(N=60, seed=1)
+    want = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03)
+    for ws in (torch.empty(0, dtype=torch.uint8), torch.empty(2, 0, dtype=torch.uint8),
+               torch.empty(0, 4, dtype=torch.float32), torch.empty(3, 0, 5, dtype=torch.uint8)):
+        got = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03, workspace=ws)
+        assert torch.equal(bits(got), bits(want)), tuple(ws.shape)
+
+
 def test_query_without_a_dtype_needs_out():
     """A query the binding reads but that has no dtype (a memoryview) cannot shape an output
     allocated here: a TypeError naming the query, not an AttributeError (review)."""

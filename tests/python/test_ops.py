@@ -139,8 +139,14 @@ def test_compiled_bad_input_raises_the_ops_own_errors(backend):
     torch._dynamo.reset()
     with pytest.raises(ValueError, match="query: 5 rows"):
         torch.compile(dec, fullgraph=True, backend=backend)(q, c["kv"], c["bt"], c["seq_lens"])
+    # A last dimension that is no 9 D / 16 too (review: a bf16 cache of D 128 was called a wrong
+    # last dimension while tracing).
+    for f in (36, 128):
+        with pytest.raises(TypeError, match="kv_cache: dtype"):
+            torch.compile(deq, fullgraph=True, backend=backend)(torch.zeros(2, 2, 16, 2, f, dtype=torch.bfloat16))
+    bf16 = torch.zeros(2, 2, 16, 2, 128, dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="kv_cache: dtype"):
-        torch.compile(deq, fullgraph=True, backend=backend)(torch.zeros(2, 2, 16, 2, 36, dtype=torch.bfloat16))
+        torch.compile(dec, fullgraph=True, backend=backend)(q[:2], bf16, c["bt"][:1], c["seq_lens"][:1])
 
 
 @pytest.mark.parametrize("arg,values", [("sm_scale", [0.1, 0.2, 0.3]), ("logits_soft_cap", [5.0, 10.0, 20.0]),
@@ -369,6 +375,25 @@ def test_compile_scale_tracker_and_amax(backend):
     assert float(tracker.v_amax()[1]) == float(v.abs().max()) and float(tracker.k_amax()[0]) == 0.0
     amax = torch.compile(lambda x: nvfp4kv.amax(x), fullgraph=True, backend=backend)
     assert float(amax(k)) == float(k.abs().max())
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_compiled_tracker_takes_the_layer_as_an_argument(dynamic):
+    """Found by review: a layer index passed to the compiled function becomes a symbolic int (at
+    its second value by default, at once with dynamic=True), on which the tracker's hasattr() made
+    Dynamo raise Unsupported. Each value now compiles once, as a constant's would."""
+    tracker = nvfp4kv.ScaleTracker(4, device="cpu")
+
+    def forward(k, v, layer):
+        tracker.update(layer, k, v)
+        return k * 2
+
+    torch._dynamo.reset()
+    f = torch.compile(forward, fullgraph=True, backend="eager", dynamic=dynamic)
+    for layer in range(4):
+        f(torch.full((8,), layer + 1.0), torch.full((8,), -(layer + 10.0)), layer)
+    assert tracker.k_amax().tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert tracker.v_amax().tolist() == [10.0, 11.0, 12.0, 13.0]
 
 
 def test_amax_of_meta_tensors_goes_through_the_op():

@@ -248,6 +248,13 @@ def test_tracker_torch_names_state_dict_and_errors():
         tr.update("layers.7", k, v)
     with pytest.raises(TypeError, match="layer"):
         tr.update(1.0, k, v)
+    for b in (True, np.True_, np.array(True), torch.tensor(True)):  # review: the 0-d bool tensor updated layer 1
+        with pytest.raises(TypeError, match="layer: .* received; expected a layer index or name"):
+            tr.update(b, k, v)
+    tr.update(torch.tensor(1), k * 2, None)  # 0-d integer tensors and NumPy ints are indices
+    tr.update(np.int64(1), k * 2, None)
+    assert tr.k_amax()[1].item() == 2 * k.float().abs().max().item()
+    tr.update(1, k, v)
     with pytest.raises(TypeError, match="value: .*dtype int32"):
         tr.update(0, k, torch.ones(3, dtype=torch.int32))
     with pytest.raises(RuntimeError, match="no amax yet"):
