@@ -39,15 +39,8 @@ int64_t l2_bytes(int device) {
 
 namespace {
 int cc_major(int device) {
-#ifdef NVFP4KV_TEST_CC_MAJOR
-  // Lab builds only (benchmarks/device_run.sh sm80): the host plans as on an older GPU (no PDL,
-  // no clusters, no bulk copies), so a compute_80 PTX build runs its sm_80 paths on a newer one.
-  (void)device;
-  return NVFP4KV_TEST_CC_MAJOR;
-#else
   static std::atomic<int> major[64];  // compute capability major; -1: the query failed
   return device_attribute(major, cudaDevAttrComputeCapabilityMajor, device, -1);
-#endif
 }
 }  // namespace
 
