@@ -580,18 +580,30 @@ def test_decode_workspace_says_where_a_bad_size_came_from():
         nvfp4kv.decode_workspace(torch.zeros(4, 2, 16, 2, 70, dtype=torch.uint8), q, bt)
 
 
-def test_wrong_query_heads_or_cache_dtype_before_allocating():
+def test_wrong_query_heads_or_cache_dtype_before_allocating(monkeypatch):
     """Found by review: the output was allocated before the query's head count was checked (a
     query broadcast to 2^36 heads asked for 16 TiB), and a bf16 cache of D 128 was called a wrong
-    last dimension instead of a wrong dtype."""
-    cache, q, bt, sl = setup(N=60, seed=1)
-    for hq in (7, 2**20, 2**36):
-        wide = q[:, :1].expand(q.shape[0], hq, q.shape[2])
-        with pytest.raises(ValueError, match=f"query: {hq} query heads .* at most 16 query heads per KV head"):
-            nvfp4kv.decode_attention(wide, cache.kv_cache, bt, sl, 0.02, 0.03)
+    last dimension instead of a wrong dtype; with too many heads too, its output was allocated."""
+    import nvfp4kv.api as api
+
+    cache, q, bt, sl = setup(N=60, seed=1)  # 2 KV heads
+
+    def no_allocation(*args):
+        raise AssertionError(f"an output was allocated: {args[1:]}")
+
+    monkeypatch.setattr(api, "_empty", no_allocation)
     bf16 = torch.zeros(4, 2, 16, 2, 128, dtype=torch.bfloat16)
-    with pytest.raises(TypeError, match="kv_cache: dtype bfloat16 received; expected uint8"):
-        nvfp4kv.decode_attention(q, bf16, bt[:, :4] % 4, sl.clamp(max=64), 0.02, 0.03)
+    for hq in (33, 2**20, 2**36):
+        wide = q[:, :1].expand(q.shape[0], hq, q.shape[2])
+        with pytest.raises(ValueError, match=f"^query: {hq} query heads .* 2 KV heads of kv_cache; .* at most 16"):
+            nvfp4kv.decode_attention(wide, cache.kv_cache, bt, sl, 0.02, 0.03)
+        with pytest.raises(ValueError, match=f"^query: {hq} query heads .* 2 KV heads of key_cache"):
+            nvfp4kv.decode_attention(wide, cache.kv_cache[:, 0], bt, sl, 0.02, 0.03, value_cache=cache.kv_cache[:, 1])
+        with pytest.raises(TypeError, match=r"kv_cache: dtype (torch\.)?bfloat16 received; expected uint8"):
+            nvfp4kv.decode_attention(wide, bf16, bt[:, :4] % 4, sl.clamp(max=64), 0.02, 0.03)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="query: 7 query heads .* expected a multiple of the KV heads"):  # the C ABI's
+        nvfp4kv.decode_attention(q[:, :1].expand(q.shape[0], 7, q.shape[2]), cache.kv_cache, bt, sl, 0.02, 0.03)
 
 
 def test_empty_workspace_of_any_shape():
