@@ -909,9 +909,8 @@ def _decode_out(query: Any, kv_cache: Any, value_cache: Any, out: Any, block_tab
                 checked: bool = True, orient: int = -1) -> Any:
     """decode_attention()'s output: the one given, else a new array [rows, Hq, Dv] in the query's
     dtype, framework and device (after the row count and the heads' upper bound are checked, as
-    the C ABI would: a query of wrong rows or heads must not cost an allocation of its size,
-    review 2026-12-07;
-    `checked` as for _dequantize_outputs; `orient`: _orientation's)."""
+    the C ABI would: a query of wrong rows or heads must not cost an allocation of its size, review
+    2026-12-07). `checked` as for _dequantize_outputs; `orient`: _orientation's."""
     if out is not None:
         return out
     qshape = _shape(query, "query")
