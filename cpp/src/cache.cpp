@@ -92,14 +92,21 @@ bool sides_overlap(const Tensor& kc, const Tensor& vc, int64_t N, int64_t k_run,
   return elements_overlap(Tensor(&k, kc.name), Tensor(&v, vc.name));
 }
 
-// A view whose dimension `h_dim` should hold the heads but whose dimension `t_dim` holds them.
+// A view whose dimension `h_dim` should hold the heads but whose dimension `t_dim` holds the count
+// `heads_arg` has: either that count is wrong, or the view's two dimensions are exchanged (the
+// message says both: review, 2026-12-07, a key of 16 heads for a cache of 16-token pages was
+// called a transposed cache).
 void check_orientation(const Tensor& c, int h_dim, int t_dim, int64_t heads, const char* heads_arg) {
   if (heads <= 0 || c.size(h_dim) == heads || c.size(t_dim) != heads) return;
+  const bool side = c.ndim() == 4;
   fail(NVFP4KV_ERROR_INVALID_VALUE,
-       "%s: shape %s has the %lld KV heads of %s in dimension %d; expected heads in dimension %d, as in "
-       "(num_blocks, block_size, num_kv_heads, F) for a side. The halves of a packed (N, 2H, T, F) cache "
-       "from split(H, dim=1) are (N, H, T, F): pass their transpose(1, 2), or the packed cache itself",
-       c.name, c.shape_str().c_str(), static_cast<long long>(heads), heads_arg, t_dim, h_dim);
+       "%s: shape %s has a KV head count of %lld (dimension %d), but %s has %lld heads, the size of dimension %d: "
+       "either %s has the wrong head count, or the cache's dimensions %d and %d are exchanged (expected %s)",
+       c.name, c.shape_str().c_str(), static_cast<long long>(c.size(h_dim)), h_dim, heads_arg,
+       static_cast<long long>(heads), t_dim, heads_arg, t_dim, h_dim,
+       side ? "(num_blocks, block_size, num_kv_heads, F) for a side; the halves of a packed (N, 2H, T, F) cache "
+              "from split(H, dim=1) are (N, H, T, F): pass their transpose(1, 2), or the packed cache itself"
+            : "(num_blocks, 2, block_size, num_kv_heads, F)");
 }
 
 }  // namespace

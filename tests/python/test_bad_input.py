@@ -464,3 +464,18 @@ def test_overlapping_pages_named_before_outputs_are_allocated():
             nvfp4kv.dequantize(kv, 1.0, 1.0, value_cache=vc, scale_layout="linear")
     k, v = nvfp4kv.dequantize(one.expand(3, 2, 16, 8, 72).contiguous(), 1.0, 1.0, scale_layout="linear")
     assert tuple(k.shape) == (3, 16, 8, 128) and not k.any()
+
+
+@pytest.mark.parametrize("sides", [False, True])
+def test_head_count_equal_to_the_block_size_names_both_causes(nv, sides):
+    """Found by review: a key of T heads (T the block size) for a cache of fewer heads was called a
+    cache with exchanged dimensions. Both causes are named now, and nothing is written."""
+    kv = torch.zeros(2, 2, 16, 2, 36, dtype=torch.uint8)  # (N, 2, T, H, F): T 16, H 2, D 64
+    key = torch.randn(3, 16, 64)  # 16 heads
+    kw = dict(value_cache=kv[:, 1]) if sides else {}
+    cache = kv[:, 0] if sides else kv
+    name, dims = ("key_cache", "1 and 2") if sides else ("kv_cache", "2 and 3")
+    with pytest.raises(ValueError, match=f"{name}: shape .* has a KV head count of 2 .* but key has 16 heads, .* either key "
+                                         f"has the wrong head count, or the cache's dimensions {dims} are exchanged"):
+        nv.store(key, key, cache, torch.arange(3), 1.0, 1.0, scale_layout="linear", **kw)
+    assert not kv.any()

@@ -101,7 +101,7 @@ def test_numpy_halves_with_heads_and_positions_swapped_are_named():
     k, v = np.split(kv, 2, axis=1)
     key = np.random.default_rng(0).standard_normal((3, H, D)).astype(np.float32)
     before = kv.copy()
-    with pytest.raises(ValueError, match=r"key_cache: shape \(2, 4, 16, 36\) has the 4 KV heads of key"):
+    with pytest.raises(ValueError, match=r"key_cache: shape \(2, 4, 16, 36\) has a KV head count of 16 \(dimension 2\), but key has 4 heads"):
         nv.store(key, key, k, np.arange(3), 0.1, 0.1, value_cache=v, scale_layout="linear")
     assert np.array_equal(kv, before)
 
@@ -562,7 +562,7 @@ def test_kv_layout_where_the_strides_cannot_tell():
     view = packed_view(N, H, 1, seed=3)
     before = view.clone()
     k, v = view.split(H, dim=1)
-    with pytest.raises(ValueError, match="KV heads of key"):
+    with pytest.raises(ValueError, match="but key has 4 heads, the size of dimension 1"):
         nv.store(key[:3], value[:3], k, torch.arange(3), 0.04, 0.06, value_cache=v, scale_layout="linear",
                  kv_layout="HND")
     assert torch.equal(view, before)
