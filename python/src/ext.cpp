@@ -585,10 +585,15 @@ void dequantize(nb::handle kv_cache, nb::handle value_cache, nb::handle pages, n
   const uintptr_t st_handle = stream_handle(stream, kv_cache, c);
   nvfp4kv_status st;
   {
+    // Without pages, the plain entry point, whose name the errors then carry (review: a call
+    // without pages was refused by "nvfp4kv_dequantize_pages"), as store_call does.
     nb::gil_scoped_release release;
-    st = nvfp4kv_dequantize_pages(c.get(), vc.get(), pg.get(), ks.get(), vs.get(),
-                                  static_cast<nvfp4kv_scale_profile>(profile), ko.get_mut(),
-                                  vo.get_mut(), reinterpret_cast<void*>(st_handle));
+    const auto prof = static_cast<nvfp4kv_scale_profile>(profile);
+    void* const strm = reinterpret_cast<void*>(st_handle);
+    st = pages.is_none()
+             ? nvfp4kv_dequantize(c.get(), vc.get(), ks.get(), vs.get(), prof, ko.get_mut(), vo.get_mut(), strm)
+             : nvfp4kv_dequantize_pages(c.get(), vc.get(), pg.get(), ks.get(), vs.get(), prof, ko.get_mut(),
+                                        vo.get_mut(), strm);
   }
   raise_for(st);
 }

@@ -479,3 +479,14 @@ def test_head_count_equal_to_the_block_size_names_both_causes(nv, sides):
                                          f"has the wrong head count, or the cache's dimensions {dims} are exchanged"):
         nv.store(key, key, cache, torch.arange(3), 1.0, 1.0, scale_layout="linear", **kw)
     assert not kv.any()
+
+
+def test_dequantize_errors_name_the_entry_point_called(nv):
+    """Found by review: a dequantize without pages was refused as "nvfp4kv_dequantize_pages"; the
+    binding now calls the plain entry point there, whose name its errors carry (as the store's)."""
+    kv = torch.zeros(4, 2, 16, 2, 36, dtype=torch.uint8)
+    small = torch.zeros(3, 16, 2, 64)
+    with pytest.raises(ValueError, match="^nvfp4kv_dequantize: key_out: shape"):
+        nv.dequantize(kv, key_out=small, value_out=small, scale_layout="linear")
+    with pytest.raises(ValueError, match="^nvfp4kv_dequantize_pages: key_out: shape"):
+        nv.dequantize(kv, pages=torch.arange(2), key_out=small, value_out=small, scale_layout="linear")
