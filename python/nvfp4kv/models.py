@@ -98,13 +98,8 @@ def custom_geometry(
         if missing:
             raise ValueError(f"without --model, give {', '.join(missing)}")
         return ModelGeometry("custom", "", layers, kv_heads, head_size)
-    if layers is None and kv_heads is None and head_size is None:
+    geometry = (base.layers if layers is None else layers, base.kv_heads if kv_heads is None else kv_heads,
+                base.head_size if head_size is None else head_size)
+    if geometry == (base.layers, base.kv_heads, base.head_size):  # overrides equal to the preset's (review)
         return base
-    return ModelGeometry(
-        f"{base.name} (modified)",
-        base.hf_id,
-        base.layers if layers is None else layers,
-        base.kv_heads if kv_heads is None else kv_heads,
-        base.head_size if head_size is None else head_size,
-        base.note,
-    )
+    return ModelGeometry(f"{base.name} (modified)", base.hf_id, *geometry, base.note)

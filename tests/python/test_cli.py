@@ -645,6 +645,9 @@ def test_plan_head_size_256_and_overrides():
     r = run_json("plan", "--model", "llama-3.1-70b", "--layers", "40")
     assert (r["model"]["layers"], r["model"]["kv_heads"], r["model"]["head_size"]) == (40, 8, 128)
     assert "modified" in r["model"]["name"]
+    # Overrides equal to the preset's numbers leave it the preset (review: "(modified)").
+    r = run_json("plan", "--model", "llama-3.1-70b", "--layers", "80", "--kv-heads", "8")
+    assert r["model"]["name"] == "llama-3.1-70b"
 
     # Defaults: llama-3.1-8b, 80 GiB x 0.9, no weights.
     r = run_json("plan")
@@ -829,6 +832,15 @@ def test_demo_errors_in_a_sane_range(demo_result):
         assert e46 <= 1.1 * e6, (side, e46, e6)
         for x in rec.values():
             assert 0.97 < x[side]["cosine_mean"] <= 1.0
+
+
+def test_demo_counts_one_token_in_the_singular():
+    """Found by review: "1 tokens" in the demo's lines."""
+    rc, out, err = run("demo", "--tokens", "1", "--device", "cpu", "--backend", "numpy")
+    assert rc == 0, err
+    assert "batch:   1 token of one layer at random slots in 2 pages," in out
+    assert "one layer, 1 token:" in out and "generating 1 token of K and V" in err
+    assert "1 tokens" not in out + err and "1 pages" not in out + err
 
 
 def test_demo_numpy_backend_and_table():

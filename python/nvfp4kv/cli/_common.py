@@ -227,8 +227,8 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str = "
 
 
 def _count(n: int, noun: str) -> str:
-    """'1 layer', '32 layers'."""
-    return f"{n} {noun}" + ("" if n == 1 else "s")
+    """'1 layer', '32 layers', '4,096 tokens'."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _human_bytes(n: float) -> str:

@@ -213,7 +213,7 @@ def run_demo(
     n = tokens if tokens is not None else (16384 if device == "cuda" else 2048)
     _check_tokens(n)
 
-    progress(f"generating {n} tokens of K and V (seed {seed}) ...")
+    progress(f"generating {_count(n, 'token')} of K and V (seed {seed}) ...")
     rng = np.random.default_rng(seed)
     key_np, value_np = _demo_data(np, rng, n, H, D)
     pages = -(-n // T) + max(1, -(-n // T) // 4)  # 25% more pages than needed: slots scatter
@@ -243,7 +243,7 @@ def run_demo(
     for recipe in _RECIPES:
         spec = nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D, cache_dtype=recipe)
         cache = nvfp4kv.allocate_kv_cache(spec, pages, device=device, backend=backend)
-        progress(f"{recipe}: store {n} tokens into {pages} pages ...")
+        progress(f"{recipe}: store {_count(n, 'token')} into {_count(pages, 'page')} ...")
 
         def store(cache=cache, recipe=recipe):
             nvfp4kv.store(key, value, cache, slots, k_scale, v_scale, recipe=recipe)
@@ -339,7 +339,7 @@ def _print_demo(r: dict[str, Any]):
     )
     print(f"device:  {r['device']} ({fw} {r['framework_version']}, {r['input_dtype']} input)")
     print(
-        f"batch:   {r['tokens']:,} tokens of one layer at random slots in {r['pages']:,} pages, "
+        f"batch:   {_count(r['tokens'], 'token')} of one layer at random slots in {_count(r['pages'], 'page')}, "
         f"seed {r['seed']}"
     )
     for part in r["data"].split("; "):
@@ -364,7 +364,7 @@ def _print_demo(r: dict[str, Any]):
         )
     )
     print()
-    print(f"Accuracy (dequantized vs input) and store speed, one layer, {r['tokens']:,} tokens:")
+    print(f"Accuracy (dequantized vs input) and store speed, one layer, {_count(r['tokens'], 'token')}:")
     rows = []
     for x in r["recipes"]:
         s = x["store"]
