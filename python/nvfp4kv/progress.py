@@ -1,5 +1,6 @@
 """Status lines on stderr for long work (the benchmarks and the ``nvfp4kv`` command)."""
 
+import os
 import sys
 
 __all__ = ["Progress"]
@@ -7,12 +8,13 @@ __all__ = ["Progress"]
 
 class Progress:
     """Status lines on stderr: rewritten in place on a terminal, one line each otherwise (a log
-    or a CI job keeps every line, with no carriage returns)."""
+    or a CI job keeps every line, with no carriage returns; so does a terminal whose TERM is
+    "dumb", which has no erase-line control)."""
 
     def __init__(self, prefix: str = "", enabled: bool = True):
         self.prefix = prefix
         self.enabled = enabled and sys.stderr is not None  # None: started with stderr closed
-        self.tty = self.enabled and sys.stderr.isatty()
+        self.tty = self.enabled and sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
 
     def __call__(self, message: str):
         if not self.enabled:

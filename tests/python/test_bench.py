@@ -1,7 +1,9 @@
 """The benchmark's timing helpers (python/nvfp4kv/bench.py) on a scripted stand-in for torch.cuda,
 so the logic that decides which samples count runs without a GPU."""
 
+import io
 import json
+import sys
 
 import pytest
 from nvfp4kv import bench
@@ -163,6 +165,23 @@ def test_progress_writes_whole_lines_off_a_terminal(capsys):
     quiet("x")
     quiet.done("y")
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("term, rewrites", [("xterm-256color", True), ("dumb", False)])
+def test_progress_on_a_terminal(monkeypatch, term, rewrites):
+    """On a terminal each status rewrites the last; a TERM=dumb terminal has no erase-line
+    control, so it gets whole lines as a log does (review)."""
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    err = Tty()
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setenv("TERM", term)
+    status = Progress()
+    status("a")
+    status.done("b")
+    assert err.getvalue() == ("\r\033[Ka\r\033[Kb\n" if rewrites else "a\nb\n")
 
 
 def test_json_path_is_checked_before_a_run(tmp_path):
