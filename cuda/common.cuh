@@ -198,27 +198,6 @@ cudaError_t resident_per_sm(int device, int threads, int* blocks, size_t smem = 
   return cudaSuccess;
 }
 
-// The PTX version (major * 10 + minor) `kernel` was compiled from for `device`: code that the
-// driver compiles at load time from an older architecture's PTX lacks what that architecture
-// lacks. Asked once per device and kept; 0 where the query fails (no code for the device), which
-// is asked again at the next call.
-template <auto kernel>
-int kernel_ptx_version(int device) {
-  static std::atomic<int> kept[64];  // the version + 1; 0: not asked yet
-  const bool keep = device >= 0 && device < 64;
-  if (keep) {
-    const int v = kept[device].load(std::memory_order_relaxed);
-    if (v != 0) return v - 1;
-  }
-  cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
-    (void)cudaGetLastError();  // the query's own error, not left for the caller's next check
-    return 0;                  // not kept: asked again next time
-  }
-  if (keep) kept[device].store(attr.ptxVersion + 1, std::memory_order_relaxed);
-  return attr.ptxVersion;
-}
-
 // Lets `kernel` take kBytes of dynamic shared memory (what its largest block needs) on `device`,
 // once per device: one value for every call, so concurrent callers with different block sizes
 // cannot undo each other's setting between it and their launch. The runtime applies it to the

@@ -1529,16 +1529,16 @@ cudaError_t launch_mma_kernel(DecodeLaunch& L, dim3 grid, int device, cudaStream
   constexpr size_t smem = mma_smem_bytes<kD, kTiles, kN>();
   const cudaError_t err = allow_shared_memory<kernel, smem>(device);
   if (err != cudaSuccess) return err;
-  // The splits merge in their cluster where the plan says so, the device runs code compiled for
-  // 9.0 or later (merge_cluster's body is compiled out below: a build of compute_80 PTX alone,
+  // The splits merge in their cluster where the plan says so (it asks for code compiled for 9.0
+  // or later: merge_cluster's body is compiled out below, and a build of compute_80 PTX alone,
   // compiled by the driver for a Hopper GPU, would leave the outputs unwritten; design notes:
-  // "Programmatic dependent launch") and can hold such a cluster; otherwise launch_decode
-  // launches the second kernel. The plan counts the blocks of the whole call, not of this
+  // "Programmatic dependent launch") and the device can hold such a cluster; otherwise
+  // launch_decode launches the second kernel. The plan counts the blocks of the whole call, not of this
   // launch's 65535 sequences: every launch of a call must decide alike, since the second kernel
   // runs once for all of them.
   const int64_t blocks = int64_t{L.splits} * L.p.H * L.chunks.d * L.p.B;
   L.cluster = decode_cluster_merge(DecodeKernel::kMma, L.splits, blocks, device_info(device)) &&
-              kernel_ptx_version<kernel>(device) >= 90 && cluster_fits<kernel, smem>(device, L.splits);
+              cluster_fits<kernel, smem>(device, L.splits);
   return launch_pdl(kernel, grid, dim3(kDecodeThreads), device, stream, L, smem, L.cluster ? L.splits : 1);
 }
 

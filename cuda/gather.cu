@@ -468,13 +468,6 @@ size_t pages_smem(const PagesPlan& plan) {
   return kPageStages * (static_cast<size_t>(plan.stage_bytes) + sizeof(uint64_t) + sizeof(int32_t)) + 4;
 }
 
-// Whether this build's page-side kernel has code for the device: code compiled for an older
-// architecture (its PTX compiled by the driver on this GPU) has an empty body.
-template <DType kDType>
-bool pages_runnable(int device) {
-  return kernel_ptx_version<gather_pages_kernel<kDType>>(device) >= 90;
-}
-
 // Page-side blocks resident at once for this plan's shared memory (asks for the memory first).
 template <DType kDType>
 cudaError_t pages_resident(const PagesPlan& plan, int device, int64_t* resident) {
@@ -534,13 +527,13 @@ cudaError_t gather_16bit(const GatherParams& p, const GatherShape& shape, const 
                          cudaStream_t stream) {
   const auto forced = static_cast<nvfp4kv_testing_gather_kernel>(g_gather_kernel.load(std::memory_order_relaxed));
   const PagesPlan plan = plan_gather_pages(shape, info);
-  const bool runnable = plan.heads > 0 && forced != NVFP4KV_TESTING_GATHER_ROWS && pages_runnable<kDType>(device);
+  const bool runnable = plan.heads > 0 && forced != NVFP4KV_TESTING_GATHER_ROWS;
   int64_t resident = 0;
   if (runnable) {
     const cudaError_t err = pages_resident<kDType>(plan, device, &resident);
     if (err != cudaSuccess) return err;
   }
-  switch (select_gather_kernel(shape, plan, runnable, resident, forced)) {
+  switch (select_gather_kernel(shape, plan, resident, forced)) {
     case GatherKernel::kPages: return launch_gather_pages<kDType>(p, shape, plan, resident, device, stream);
     case GatherKernel::kPairs: return launch_gather_pairs<kDType>(p, shape, device, stream);
     case GatherKernel::kGeneral: break;

@@ -83,10 +83,10 @@ bool gather_pairs_ok(const GatherShape& s) {
   return int64_t{s.H} * (s.Dk + s.Dv) / 32 <= 1024;
 }
 
-GatherKernel select_gather_kernel(const GatherShape& s, const PagesPlan& pages, bool pages_runnable,
-                                  int64_t pages_resident, nvfp4kv_testing_gather_kernel forced) {
+GatherKernel select_gather_kernel(const GatherShape& s, const PagesPlan& pages, int64_t pages_resident,
+                                  nvfp4kv_testing_gather_kernel forced) {
   const bool pairs = gather_pairs_ok(s);
-  if (pages.heads > 0 && pages_runnable && forced != NVFP4KV_TESTING_GATHER_ROWS) {
+  if (pages.heads > 0 && forced != NVFP4KV_TESTING_GATHER_ROWS) {
     // Where each block would get one unit, nothing overlaps the unit's copy latency and the row
     // kernel is faster; the general row kernel is far slower, so without pairs the page-side
     // kernel takes every call it can.

@@ -18,7 +18,8 @@ namespace nvfp4kv {
 struct DeviceInfo {
   int sm_count;      // multiprocessors
   int64_t l2_bytes;  // L2 cache
-  int cc_major;      // compute capability major (bulk copies and PDL from 9)
+  int cc_major;      // architecture major of the code the device runs (bulk copies, clusters and
+                     // PDL from 9): the device's, or lower for a build of an older PTX alone
 };
 
 // ---- Store ---------------------------------------------------------------------------------------
@@ -98,8 +99,8 @@ inline int64_t max_seq_len(int64_t max_blocks, int64_t T, int64_t total_tokens) 
 PagesPlan plan_gather_pages(const GatherShape& s, const DeviceInfo& d);
 bool gather_pairs_ok(const GatherShape& s);
 // pages_resident: page-side blocks resident at once on the device (occupancy), 0 if unknown.
-GatherKernel select_gather_kernel(const GatherShape& s, const PagesPlan& pages, bool pages_runnable,
-                                  int64_t pages_resident, nvfp4kv_testing_gather_kernel forced);
+GatherKernel select_gather_kernel(const GatherShape& s, const PagesPlan& pages, int64_t pages_resident,
+                                  nvfp4kv_testing_gather_kernel forced);
 
 // Blocks per sequence. Row kernel: tokens_per_block tokens per block step, `resident` blocks at
 // once. Page-side kernel: `resident` blocks at once.

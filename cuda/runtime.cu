@@ -1,6 +1,7 @@
 // Device queries shared by the launchers, and the CUDA-availability report of build_info().
 #include <stdio.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -38,18 +39,41 @@ int64_t l2_bytes(int device) {
 }
 
 namespace {
-int cc_major(int device) {
+// Compiled like every kernel of the library (one architecture list for every file), so its PTX
+// version is that of the code the device runs.
+__global__ void code_probe_kernel() {}
+
+int device_major(int device) {
   static std::atomic<int> major[64];  // compute capability major; -1: the query failed
   return device_attribute(major, cudaDevAttrComputeCapabilityMajor, device, -1);
 }
+
+// The architecture major the device's code was compiled for: the device's own, or lower where the
+// driver compiled an older architecture's PTX for it at load time (a build of compute_80 PTX alone
+// on a Hopper GPU). Such code lacks what that architecture lacks (bulk copies, cluster merges,
+// griddepcontrol.wait: compiled out below 9.0), so every selection asks this, not the device
+// (design notes: "Programmatic dependent launch"). 0 where the build has no code for the device.
+// Asked once per device and kept; where the query fails (no code for the device) it is asked
+// again at the next call.
+int code_major(int device) {
+  static std::atomic<int> kept[64];  // the major + 1; 0: not asked yet
+  const bool keep = device >= 0 && device < 64;
+  if (keep) {
+    const int v = kept[device].load(std::memory_order_relaxed);
+    if (v != 0) return v - 1;
+  }
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, code_probe_kernel) != cudaSuccess) {
+    (void)cudaGetLastError();  // the query's own error, not left for the caller's next check
+    return 0;
+  }
+  const int major = std::min(device_major(device), attr.ptxVersion / 10);
+  if (keep) kept[device].store(major + 1, std::memory_order_relaxed);
+  return major;
+}
 }  // namespace
 
-DeviceInfo device_info(int device) { return DeviceInfo{sm_count(device), l2_bytes(device), cc_major(device)}; }
-
-namespace {
-// Compiled like every kernel of the library: its PTX version is that of the code the device runs.
-__global__ void pdl_probe_kernel() {}
-}  // namespace
+DeviceInfo device_info(int device) { return DeviceInfo{sm_count(device), l2_bytes(device), code_major(device)}; }
 
 bool pdl_supported(int device) {
   // Once per process: NVFP4KV_PDL=0 turns it off; and the driver must be able to capture such
@@ -60,10 +84,9 @@ bool pdl_supported(int device) {
     int driver = 0;
     return cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12030;
   }();
-  // And the device must run code compiled for 9.0 or later: a build of compute_80 PTX alone,
-  // compiled by the driver for a Hopper GPU, has no griddepcontrol.wait in its kernels (it is
-  // compiled out below 9.0), so nothing would order a kernel after the one before it (review).
-  return allowed && cc_major(device) >= 9 && kernel_ptx_version<pdl_probe_kernel>(device) >= 90;
+  // And code compiled for 9.0 or later: without griddepcontrol.wait in the kernels (compiled out
+  // below 9.0), nothing would order a kernel after the one before it (review).
+  return allowed && code_major(device) >= 9;
 }
 
 int grid_blocks(int device, int64_t threads_needed, int blocks_per_sm) {

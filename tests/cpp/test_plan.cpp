@@ -131,18 +131,19 @@ static void test_gather() {
   CHECK(p.units_per_seq == 32 * 2 && p.units == 8 * 64, "units %lld", static_cast<long long>(p.units));
   const int64_t resident = 132 * 5;
   // 512 units < 2 per resident block: the row kernel (pairs); 16K tokens: the page-side kernel.
-  CHECK(select_gather_kernel(s, p, true, resident, AUTO) == GatherKernel::kPairs, "4K");
-  CHECK(select_gather_kernel(s, p, true, resident, PAGES) == GatherKernel::kPages, "4K forced");
+  CHECK(select_gather_kernel(s, p, resident, AUTO) == GatherKernel::kPairs, "4K");
+  CHECK(select_gather_kernel(s, p, resident, PAGES) == GatherKernel::kPages, "4K forced");
   s = gather_shape(8, 2048);
   p = plan_gather_pages(s, kH200);
-  CHECK(p.units == 8 * 256 && select_gather_kernel(s, p, true, resident, AUTO) == GatherKernel::kPages, "16K");
-  CHECK(select_gather_kernel(s, p, true, resident, ROWS) == GatherKernel::kPairs, "16K forced rows");
-  CHECK(select_gather_kernel(s, p, false, resident, AUTO) == GatherKernel::kPairs, "no sm_90 code");
-  // No bulk copies before sm_90; fp32 outputs only through the general kernel.
+  CHECK(p.units == 8 * 256 && select_gather_kernel(s, p, resident, AUTO) == GatherKernel::kPages, "16K");
+  CHECK(select_gather_kernel(s, p, resident, ROWS) == GatherKernel::kPairs, "16K forced rows");
+  // No bulk copies before sm_90, nor on a Hopper GPU running a build of compute_80 PTX (device_info
+  // reports the code's architecture); fp32 outputs only through the general kernel.
   CHECK(plan_gather_pages(s, kA100).heads == 0, "A100");
+  CHECK(select_gather_kernel(s, plan_gather_pages(s, kA100), resident, AUTO) == GatherKernel::kPairs, "no sm_90 code");
   s.dtype = DType::kFloat32;
   CHECK(plan_gather_pages(s, kH200).heads == 0 && !gather_pairs_ok(s), "fp32");
-  CHECK(select_gather_kernel(s, plan_gather_pages(s, kH200), true, resident, AUTO) == GatherKernel::kGeneral, "fp32 kernel");
+  CHECK(select_gather_kernel(s, plan_gather_pages(s, kH200), resident, AUTO) == GatherKernel::kGeneral, "fp32 kernel");
   // D 96: pairs (multiple of 64? no) -> general; D 192: pairs, no page side (not a power of two).
   s = gather_shape(8, 2048);
   s.Dk = s.Dv = 192;
@@ -229,7 +230,7 @@ static void test_gather() {
   CHECK(p.units > 0 && p.units <= (s.total_tokens / 16 + s.B) * 2 && p.units_per_seq > 0, "2^60 columns: units %lld",
         static_cast<long long>(p.units));
   CHECK(gather_rows_blocks_per_seq(s, 2, resident) >= gather_rows_blocks_per_seq(real, 2, resident) &&
-            select_gather_kernel(s, p, true, resident, AUTO) == select_gather_kernel(real, real_p, true, resident, AUTO),
+            select_gather_kernel(s, p, resident, AUTO) == select_gather_kernel(real, real_p, resident, AUTO),
         "2^60 columns: %lld blocks a sequence", static_cast<long long>(gather_rows_blocks_per_seq(s, 2, resident)));
   s.B = int64_t{1} << 62;
   p = plan_gather_pages(s, kH200);

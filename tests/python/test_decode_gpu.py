@@ -355,6 +355,27 @@ def test_cuda_split_kv_is_deterministic_and_needs_its_workspace():
         nv.decode_attention(q.cuda(), kv.cuda(), bt.cuda(), sl.cuda(), 0.03, 0.05)
 
 
+@pytest.mark.parametrize("B, L", [(1, 1024), (2, 2048), (16, 4096)])
+def test_cuda_writes_every_output(B, L):
+    """Into NaN-filled out and lse, every element written and equal to the CPU path's, at the
+    benchmark's geometry: 1 x 1024 merges its splits in a cluster on sm_90 code, 2 x 2048 in the
+    second kernel, 16 x 4096 has one split. A build of compute_80 PTX alone on a Hopper GPU once
+    planned the cluster merge, whose body it compiles out, and left 1 x 1024's outputs unwritten
+    (design notes: "Programmatic dependent launch"); device_run.sh sm80 runs this file on such a
+    build."""
+    kv, bt, sl, q = make(B, L, 8, 4, 128, 16, seed=11)
+    want, want_lse = run(kv, bt, sl, q, "cpu")
+    kv, bt, sl, q = kv.cuda(), bt.cuda(), sl.cuda(), q.cuda()
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+    ws = nv.decode_workspace(kv, q, bt)
+    nv.decode_attention(q, kv, bt, sl, torch.tensor([0.03], device="cuda"), torch.tensor([0.05], device="cuda"),
+                        out=out, lse=lse, workspace=ws)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert close(out.float().cpu(), want) <= REL_L2
+    assert torch.allclose(lse.cpu(), want_lse, atol=1e-4, rtol=0)
+
+
 def test_cuda_empty_batch_needs_no_workspace():
     # A block table of 64 columns would split each sequence, but with no sequences the
     # workspace's size is 0 bytes, so the call takes None (or that empty workspace) as well.
