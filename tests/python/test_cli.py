@@ -689,6 +689,33 @@ def test_negative_sizes_are_named_as_negative():
     assert rc == 2 and "expected one argument" in err
 
 
+def test_flags_take_no_attached_value():
+    """`--json -5` was attached as `--json=-5` (argparse: "ignored explicit argument"); a flag
+    takes no value, so -5 is an unrecognized argument (review)."""
+    for argv in (("plan", "--json", "-5"), ("plan", "--list-models", "-5"), ("--json", "-5")):
+        rc, out, err = run(*argv)
+        assert rc == 2 and out == "" and "unrecognized arguments: -5" in err, (argv, err)
+
+
+def test_repeated_quiet_and_a_leading_double_dash():
+    """`-qq plan` was refused as an option of plan's given before it, `-- plan` as options plan
+    does not take (review)."""
+    want = run("plan", "--json")
+    assert want[0] == 0
+    for argv in (("-qq", "plan", "--json"), ("--", "plan", "--json"), ("plan", "-qq", "--json")):
+        assert run(*argv) == want, argv
+
+
+def test_list_models_refuses_options_it_would_ignore():
+    """`plan --list-models --memory 80GB` listed the presets and ignored --memory (review); an
+    option at its default value, --json and -q are fine."""
+    rc, out, err = run("plan", "--list-models", "--memory", "80GB", "--model", "qwen3-8b")
+    assert rc == 2 and out == "" and "--list-models takes no other options" in err
+    assert "--memory" in err and "--model" in err and err.count("\n") == 1
+    rc, out, _ = run("plan", "--list-models", "--memory", "80GiB", "-q")
+    assert rc == 0 and "llama-3.1-8b" in out
+
+
 def test_model_presets():
     # Published config.json values (num_hidden_layers, num_key_value_heads, head_dim).
     expected = {

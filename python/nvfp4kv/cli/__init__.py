@@ -83,14 +83,28 @@ def _usage_line(prog: str, message: str) -> str:
 def _attach_negative_values(argv: List[str]) -> List[str]:
     """`--memory -5GB` as `--memory=-5GB`: argparse takes a value that starts with "-" and is not a
     plain number for an option and says only "expected one argument"; attached, the option's own
-    check names what is wrong with it (review)."""
+    check names what is wrong with it (review). Not to an option that takes no value (`--json -5`
+    was refused as "ignored explicit argument"; apart, -5 is an unrecognized argument: review)."""
+    flags = _flag_options()
     out: List[str] = []
     for a in argv:
-        if out and re.fullmatch(r"--[a-z][a-z-]*", out[-1]) and re.fullmatch(r"-[0-9.].*", a):
+        if out and re.fullmatch(r"--[a-z][a-z-]*", out[-1]) and out[-1] not in flags and re.fullmatch(r"-[0-9.].*", a):
             out[-1] = f"{out[-1]}={a}"
         else:
             out.append(a)
     return out
+
+
+def _flag_options() -> frozenset:
+    """The long options of every subcommand that take no value (--json, --list-models, ...)."""
+    ap = build_parser()
+    parsers = [ap] + [p for a in ap._actions if isinstance(a, argparse._SubParsersAction) for p in a.choices.values()]
+    return frozenset(o for p in parsers for a in p._actions if a.nargs == 0 for o in a.option_strings)
+
+
+def _is_common(arg: str) -> bool:
+    """An option every subcommand has: --json, -q, --quiet, or -q repeated (-qq)."""
+    return arg in _COMMON or re.fullmatch(r"-q+", arg) is not None
 
 
 # Whatever str.splitlines() splits on (an argument echoed in a message may hold any of these).
@@ -149,6 +163,8 @@ def _parses(argv: list[str]) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nvfp4kv`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"] and argv[1:2] and argv[1] in _COMMANDS:
+        argv = argv[1:]  # `nvfp4kv -- plan ...`: "--" ends options that were never given
     if sys.stderr is None:  # started with stderr closed: its lines vanish, the exit statuses stay
         sys.stderr = open(os.devnull, "w")
     if sys.stdout is None:  # started with stdout closed: every print would vanish, exit 0 after all
@@ -163,12 +179,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # called 16 an invalid subcommand). --help alone, or with the common options, is the command's.
     helps = ("-h", "--help", "--version")
     if not argv or (argv[0].startswith("-") and not any(a in _COMMANDS for a in argv) and (
-            not any(a in helps for a in argv) or any(a.startswith("-") and a not in helps + _COMMON for a in argv))):
+            not any(a in helps for a in argv) or any(a.startswith("-") and a not in helps and not _is_common(a)
+                                                     for a in argv))):
         argv = ["demo"] + argv
     argv = _attach_negative_values(argv)
     # The options every subcommand has, given before it (`nvfp4kv --json plan`): after it.
     first = next((i for i, a in enumerate(argv) if a in _COMMANDS), 0)
-    if first and all(a in _COMMON for a in argv[:first]):
+    if first and all(_is_common(a) for a in argv[:first]):
         argv = argv[first:first + 1] + argv[:first] + argv[first + 1:]
     elif first and argv[0].startswith("-") and not any(a in ("-h", "--help", "--version") for a in argv[:first]):
         # `nvfp4kv --seed 5 demo`: argparse would call 5 an invalid subcommand. The command with

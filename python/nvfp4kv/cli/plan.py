@@ -87,6 +87,10 @@ def plan_capacity(
 
 def _cmd_plan(args) -> int:
     if args.list_models:
+        # Nothing else shapes the list: an option given with it would be silently ignored (review).
+        ignored = [flag for dest, default, flag in args.shapes_the_plan if getattr(args, dest) != default]
+        if ignored:
+            raise UsageError(f"--list-models takes no other options than --json and -q ({', '.join(ignored)} given)")
         models = [_geometry_json(m) for m in MODELS.values()]
         if args.json:
             _print_json({"command": "plan", "models": models})
@@ -220,4 +224,7 @@ def add_parser(sub, common) -> None:
         default=8192,
         help="tokens per sequence for the concurrency column (default 8192)",
     )
-    p.set_defaults(func=_cmd_plan)
+    # The options --list-models ignores, with their defaults: (dest, default, flag).
+    shapes = tuple((a.dest, a.default, a.option_strings[-1]) for a in p._actions
+                   if a.option_strings and a.dest not in ("help", "list_models", "json", "quiet"))
+    p.set_defaults(func=_cmd_plan, shapes_the_plan=shapes)
