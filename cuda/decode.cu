@@ -1533,9 +1533,9 @@ cudaError_t launch_mma_kernel(DecodeLaunch& L, dim3 grid, int device, cudaStream
   // or later: merge_cluster's body is compiled out below, and a build of compute_80 PTX alone,
   // compiled by the driver for a Hopper GPU, would leave the outputs unwritten; design notes:
   // "Programmatic dependent launch") and the device can hold such a cluster; otherwise
-  // launch_decode launches the second kernel. The plan counts the blocks of the whole call, not of this
-  // launch's 65535 sequences: every launch of a call must decide alike, since the second kernel
-  // runs once for all of them.
+  // launch_decode launches the second kernel. The plan counts the blocks of the whole call, not
+  // of this launch's 65535 sequences: every launch of a call must decide alike, since the second
+  // kernel runs once for all of them.
   const int64_t blocks = int64_t{L.splits} * L.p.H * L.chunks.d * L.p.B;
   L.cluster = decode_cluster_merge(DecodeKernel::kMma, L.splits, blocks, device_info(device)) &&
               cluster_fits<kernel, smem>(device, L.splits);
