@@ -716,6 +716,16 @@ def test_list_models_refuses_options_it_would_ignore():
     assert rc == 0 and "llama-3.1-8b" in out
 
 
+def test_plan_notes_why_vs_bf16_has_no_value():
+    """A budget below one bf16 page: 'vs bf16' is n/a, and a note says why (review: the column
+    read n/a for formats that fit pages, unexplained)."""
+    rc, out, _ = run("plan", "--memory", "40KB", "--utilization", "1", "--layers", "1", "--kv-heads", "8",
+                     "--head-size", "128")
+    assert rc == 0 and "n/a" in out and "not one bf16 page fits" in out
+    rc, out, _ = run("plan")
+    assert rc == 0 and "not one bf16 page fits" not in out
+
+
 def test_model_presets():
     # Published config.json values (num_hidden_layers, num_key_value_heads, head_dim).
     expected = {

@@ -169,6 +169,8 @@ def _cmd_plan(args) -> int:
     )
     if geo.note:
         print(f"\nnote: {geo.note}")
+    if result["formats"][0]["max_tokens"] == 0:
+        print("\nnote: not one bf16 page fits in the budget, so 'vs bf16' has no value (n/a)")
     if result["block_size"] % 4:
         print(f"\nnote: block size {result['block_size']}: vLLM's scale layout (the default, "
               "scale_layout='vllm') needs a block size divisible by 4; store these pages with "
