@@ -237,8 +237,8 @@ __device__ __forceinline__ void allow_next_grids() {
 #endif
 }
 
-// Whether the device has programmatic dependent launch (compute capability 9.0 and later;
-// cached per device).
+// Whether launches on the device use programmatic dependent launch: code compiled for 9.0 or
+// later (device_info's cc_major), a driver that captures such launches, NVFP4KV_PDL not 0.
 bool pdl_supported(int device);
 
 // kernel<<<grid, block, smem, stream>>>(arg), with programmatic stream serialization allowed

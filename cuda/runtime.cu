@@ -52,9 +52,9 @@ int device_major(int device) {
 // driver compiled an older architecture's PTX for it at load time (a build of compute_80 PTX alone
 // on a Hopper GPU). Such code lacks what that architecture lacks (bulk copies, cluster merges,
 // griddepcontrol.wait: compiled out below 9.0), so every selection asks this, not the device
-// (design notes: "Programmatic dependent launch"). 0 where the build has no code for the device.
-// Asked once per device and kept; where the query fails (no code for the device) it is asked
-// again at the next call.
+// (design notes: "Programmatic dependent launch"). 0 where the build has no code for the device
+// (not kept: asked again at the next call), -1 where the device's own query failed; otherwise
+// asked once per device and kept.
 int code_major(int device) {
   static std::atomic<int> kept[64];  // the major + 1; 0: not asked yet
   const bool keep = device >= 0 && device < 64;

@@ -702,7 +702,8 @@ def test_repeated_quiet_and_a_leading_double_dash():
     does not take (review)."""
     want = run("plan", "--json")
     assert want[0] == 0
-    for argv in (("-qq", "plan", "--json"), ("--", "plan", "--json"), ("plan", "-qq", "--json")):
+    for argv in (("-qq", "plan", "--json"), ("--", "plan", "--json"), ("plan", "-qq", "--json"),
+                 ("--json", "--", "plan"), ("plan", "--json", "--")):
         assert run(*argv) == want, argv
 
 
@@ -712,8 +713,9 @@ def test_list_models_refuses_options_it_would_ignore():
     rc, out, err = run("plan", "--list-models", "--memory", "80GB", "--model", "qwen3-8b")
     assert rc == 2 and out == "" and "--list-models takes no other options" in err
     assert "--memory" in err and "--model" in err and err.count("\n") == 1
-    rc, out, _ = run("plan", "--list-models", "--memory", "80GiB", "-q")
-    assert rc == 0 and "llama-3.1-8b" in out
+    for given in (("--memory", "80GiB"), ("--model", "llama-3.1-8b"), ("--block-size", "16")):
+        rc, out, _ = run("plan", "--list-models", *given, "-q")
+        assert rc == 0 and "llama-3.1-8b" in out, given
 
 
 def test_plan_notes_why_vs_bf16_has_no_value():

@@ -163,8 +163,9 @@ def _parses(argv: list[str]) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nvfp4kv`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--"] and argv[1:2] and argv[1] in _COMMANDS:
-        argv = argv[1:]  # `nvfp4kv -- plan ...`: "--" ends options that were never given
+    # A "--" before a subcommand or at the end ends options that precede nothing positional: dropped
+    # (`nvfp4kv -- plan`, `nvfp4kv --json -- plan`, `nvfp4kv plan --`; review).
+    argv = [a for i, a in enumerate(argv) if a != "--" or (i + 1 < len(argv) and argv[i + 1] not in _COMMANDS)]
     if sys.stderr is None:  # started with stderr closed: its lines vanish, the exit statuses stay
         sys.stderr = open(os.devnull, "w")
     if sys.stdout is None:  # started with stdout closed: every print would vanish, exit 0 after all

@@ -88,7 +88,9 @@ def plan_capacity(
 def _cmd_plan(args) -> int:
     if args.list_models:
         # Nothing else shapes the list: an option given with it would be silently ignored (review).
-        ignored = [flag for dest, default, flag in args.shapes_the_plan if getattr(args, dest) != default]
+        defaults = {"model": get_model(DEFAULT_MODEL)}  # --model's default is None, read as this
+        ignored = [flag for dest, default, flag in args.shapes_the_plan
+                   if getattr(args, dest) not in (default, defaults.get(dest, default))]
         if ignored:
             raise UsageError(f"--list-models takes no other options than --json and -q ({', '.join(ignored)} given)")
         models = [_geometry_json(m) for m in MODELS.values()]
