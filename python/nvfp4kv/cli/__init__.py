@@ -80,12 +80,12 @@ def _usage_line(prog: str, message: str) -> str:
     return f"{prog}: error: {message} (see '{prog} --help')\n"
 
 
-def _attach_negative_values(argv: List[str]) -> List[str]:
+def _attach_negative_values(argv: List[str], parser: argparse.ArgumentParser) -> List[str]:
     """`--memory -5GB` as `--memory=-5GB`: argparse takes a value that starts with "-" and is not a
     plain number for an option and says only "expected one argument"; attached, the option's own
     check names what is wrong with it (review). Not to an option that takes no value (`--json -5`
     was refused as "ignored explicit argument"; apart, -5 is an unrecognized argument: review)."""
-    flags = _flag_options()
+    flags = _flag_options(parser)
     out: List[str] = []
     for a in argv:
         if out and re.fullmatch(r"--[a-z][a-z-]*", out[-1]) and out[-1] not in flags and re.fullmatch(r"-[0-9.].*", a):
@@ -95,9 +95,8 @@ def _attach_negative_values(argv: List[str]) -> List[str]:
     return out
 
 
-def _flag_options() -> frozenset:
-    """The long options of every subcommand that take no value (--json, --list-models, ...)."""
-    ap = build_parser()
+def _flag_options(ap: argparse.ArgumentParser) -> frozenset:
+    """The long options of `ap` and its subcommands that take no value (--json, --list-models, ...)."""
     parsers = [ap] + [p for a in ap._actions if isinstance(a, argparse._SubParsersAction) for p in a.choices.values()]
     return frozenset(o for p in parsers for a in p._actions if a.nargs == 0 for o in a.option_strings)
 
@@ -183,7 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             not any(a in helps for a in argv) or any(a.startswith("-") and a not in helps and not _is_common(a)
                                                      for a in argv))):
         argv = ["demo"] + argv
-    argv = _attach_negative_values(argv)
+    parser = build_parser()  # one for the argument rewrites below and the parse
+    argv = _attach_negative_values(argv, parser)
     # The options every subcommand has, given before it (`nvfp4kv --json plan`): after it.
     first = next((i for i, a in enumerate(argv) if a in _COMMANDS), 0)
     if first and all(_is_common(a) for a in argv[:first]):
@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _say(_usage_line(f"{PROG} {command}", f"{given}: {command} does not take these options"))
         return 2
     try:
-        args, extra = build_parser().parse_known_args(argv)
+        args, extra = parser.parse_known_args(argv)
     except SystemExit as e:  # --help, --version (0) and usage errors (2)
         try:
             sys.stdout.flush()  # the help or version text, whose write may fail only here
