@@ -346,7 +346,9 @@ def test_huge_queries_against_small_key_scales():
     nvfp4kv.store(torch.full((1, H, D), 2688 * 2.0**-126), v[:1], slot_mapping=torch.tensor([0]),
                   k_scale=2.0**-126, v_scale=1.0, **cache.kwargs())
     one = as_index([[0]], "int32")
-    for pair, logit in (((2.0**120, 0.0), 42.0), ((2.0**120, -(2.0**120)), 0.0)):
+    # (mutation testing: a row scaled by its largest element, not its largest magnitude, passed
+    # while the largest was positive; -2^120 alone gives -42.)
+    for pair, logit in (((2.0**120, 0.0), 42.0), ((2.0**120, -(2.0**120)), 0.0), ((-(2.0**120), 0.0), -42.0)):
         q1 = torch.zeros(1, H, D, dtype=torch.bfloat16)
         q1[0, :, :2] = torch.tensor(pair)
         lse = torch.empty(1, H)
@@ -403,6 +405,70 @@ def test_lse_when_the_maximum_rises_in_every_chunk():
     logits = key[:, 0, :14].double() @ q[0, 0, :14].double()
     want = float(torch.logsumexp(logits, 0))
     assert abs(float(lse) - want) <= LSE_TOL, (float(lse), want)
+
+
+def one_head_case(name):
+    """Edge cases of the logits on a one-head cache (D 64, T 16, k_scale = v_scale = 1), for the
+    CPU tests below and the GPU's (test_decode_gpu.py): the cache, query, block table, lengths
+    and sm_scale.
+    - "jump": positions 0..63 (the CPU path's first chunk) have logit 0, position 64 has
+      25 x 4 = 100, past fp32's exp range above the running maximum;
+    - "tiny": query element 0 is 2^-120 (a row maximum below 2^-113) at sm_scale 2^118: logits
+      K[:, 0] / 4, from 0 to about 3.4;
+    - "nan_at_zero": position 1's logit is -200 against 0 (weight 0 in fp32) and its V group 0
+      is NaN."""
+    D, T = 64, 16
+    g = torch.Generator().manual_seed(2)
+    n, q0, sm_scale = {"jump": (65, 25.0, 1.0), "tiny": (8, 2.0**-120, 2.0**118), "nan_at_zero": (2, 50.0, 1.0)}[name]
+    k = torch.zeros(n, 1, D)
+    v = torch.randn(n, 1, D, generator=g)
+    if name == "jump":
+        k[64, 0, 0] = 4.0
+    elif name == "tiny":
+        k[:, 0, 0] = 2 * torch.arange(8.0)
+    else:
+        k[1, 0, 0] = -4.0
+        v[1, 0, 3] = float("nan")
+    pages = -(-n // T)
+    cache = nvfp4kv.allocate_kv_cache(nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=1, head_size=D), pages)
+    nvfp4kv.store(k, v, cache, torch.arange(n), 1.0, 1.0)
+    q = torch.zeros(1, 1, D, dtype=torch.bfloat16)
+    q[0, 0, 0] = q0
+    return cache, q, as_index([list(range(pages))], "int32"), as_index([n], "int32"), sm_scale
+
+
+def test_a_maximum_that_jumps_past_exp_range_in_a_later_chunk():
+    """Mutation testing: a slack that let the maximum lag by more than fp32's exp range (about 88)
+    passed every test, whose late rises were smaller."""
+    cache, q, bt, sl, sm_scale = one_head_case("jump")
+    lse = torch.empty(1, 1)
+    out = nvfp4kv.decode_attention(q, cache, bt, sl, 1.0, 1.0, sm_scale=sm_scale, lse=lse)
+    kd, vd = nvfp4kv.dequantize(cache, 1.0, 1.0, dtype="float32")
+    want, want_lse = reference(q.float().numpy(), kd.numpy(), vd.numpy(), bt.numpy(), sl.numpy(), 1, sm_scale,
+                               0.0, -1, kd.shape[0], 16)
+    o = out.float().numpy().astype(np.float64)
+    assert np.linalg.norm(o - want) <= REL_L2_TOL * np.linalg.norm(want)
+    assert want_lse[0, 0] > 99 and abs(float(lse) - want_lse[0, 0]) <= LSE_TOL, (float(lse), want_lse[0, 0])
+
+
+def test_a_tiny_query_row_with_a_large_sm_scale():
+    """Mutation testing: a row whose largest element is below 2^-113 takes the largest power of
+    two the factor allows (2^126), which dropping that clamp did not change in any test."""
+    cache, q, bt, sl, sm_scale = one_head_case("tiny")
+    lse = torch.empty(1, 1)
+    nvfp4kv.decode_attention(q, cache, bt, sl, 1.0, 1.0, sm_scale=sm_scale, lse=lse)
+    kd, _ = nvfp4kv.dequantize(cache, 1.0, 1.0, dtype="float32")
+    want = float(torch.logsumexp(kd[0, :8, 0, 0].double() / 4, 0))  # the stored K, rounded to NVFP4
+    assert abs(float(lse) - want) <= LSE_TOL, (float(lse), want)
+
+
+def test_a_nan_v_group_reaches_the_row_at_weight_zero():
+    """A row attends every position in its range, however small its weight: a NaN V group of a
+    position whose weight is 0 in fp32 still reaches that row's group, as 0 x NaN does in the
+    reference (mutation testing: skipping weights of 0 passed)."""
+    cache, q, bt, sl, sm_scale = one_head_case("nan_at_zero")
+    out = nvfp4kv.decode_attention(q, cache, bt, sl, 1.0, 1.0, sm_scale=sm_scale)
+    assert torch.isnan(out[0, 0, :16].float()).all() and torch.isfinite(out[0, 0, 16:].float()).all()
 
 
 def million_token_setup(window, seed, D=64, N=48, T=16, index="int32"):
@@ -528,7 +594,7 @@ def splits(B, H, max_blocks):  # params.h's decode_splits
 
 
 @pytest.mark.parametrize("B,q_len,Hq,H,Dv,mb", [(1, 1, 8, 2, 128, 3), (1, 1, 8, 2, 128, 40), (4, 2, 32, 8, 64, 100), (256, 1, 8, 8, 128, 64),
-                                                (0, 1, 4, 4, 256, 5), (7, 8, 16, 1, 256, 1),
+                                                (0, 1, 4, 4, 256, 5), (7, 8, 16, 1, 256, 1), (1, 1, 8, 1, 128, 4096),  # 64 splits: the cap
                                                 (2**62, 1, 16, 16, 128, 1000)])  # B * H past int64: one split
 def test_workspace_bytes(B, q_len, Hq, H, Dv, mb):
     s = splits(B, H, mb)
@@ -947,3 +1013,21 @@ def test_masked_blocks_near_the_end_of_int64():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["0", "-inf"]
+
+
+def test_a_table_whose_positions_pass_2_64():
+    """Mutation testing: a table of 2^62 columns at T 4 spans 2^64 positions, which wraps to 0 in
+    a plain int64 product (the 2^62 x 2 test above wraps to an equal value, so it did not
+    notice). The sequence reads its first 3 columns, as from a table of 3."""
+    T, D = 4, 64
+    g = torch.Generator().manual_seed(5)
+    cache = nvfp4kv.allocate_kv_cache(nvfp4kv.KVCacheSpec(block_size=T, num_kv_heads=1, head_size=D), 1)
+    nvfp4kv.store(torch.randn(T, 1, D, generator=g), torch.randn(T, 1, D, generator=g), cache, torch.arange(T),
+                  1.0, 1.0)
+    q = torch.randn(1, 1, D, generator=g).to(torch.bfloat16)
+    wide = torch.zeros(1, 1, dtype=torch.int64).expand(1, 2**62)
+    lse, lse3 = torch.empty(1, 1), torch.empty(1, 1)
+    out = nvfp4kv.decode_attention(q, cache, wide, torch.tensor([10]), 1.0, 1.0, lse=lse)
+    out3 = nvfp4kv.decode_attention(q, cache, torch.zeros(1, 3, dtype=torch.int64), torch.tensor([10]), 1.0, 1.0,
+                                    lse=lse3)
+    assert torch.equal(bits(out), bits(out3)) and torch.equal(lse, lse3) and math.isfinite(float(lse))

@@ -550,7 +550,8 @@ def test_cuda_call_allocates_nothing_and_never_syncs():
 # The GPU reader held directly to the issue's reference (float64 attention over dequantize() of
 # the cache), with the CPU tests' tolerances, for every geometry the CPU path is tested on.
 from conftest import minus_inf_logits_case, view_combos  # noqa: E402
-from test_decode import LSE_TOL, ODD_GROUPS_Q_LEN, million_token_setup, reference, rel_l2_tol, setup  # noqa: E402
+from test_decode import (LSE_TOL, ODD_GROUPS_Q_LEN, million_token_setup, one_head_case, reference,  # noqa: E402
+                         rel_l2_tol, setup)
 
 GPU_MEASURED = {"rel_l2": 0.0, "lse": 0.0}
 
@@ -657,6 +658,26 @@ def check_gpu(cache, q, bt, sl, q_len=1, k_scale=0.02, v_scale=0.03, scale_layou
     GPU_MEASURED["rel_l2"], GPU_MEASURED["lse"] = max(GPU_MEASURED["rel_l2"], err), max(GPU_MEASURED["lse"], lse_err)
     print(f"\ndecode GPU vs float64 ({q.dtype}): rel L2 {err:.2e}, lse {lse_err:.1e}")
     assert err <= rel_l2_tol(q.dtype) and lse_err <= LSE_TOL, (err, lse_err)
+
+
+@pytest.mark.parametrize("name", ["jump", "tiny", "nan_at_zero"])
+@pytest.mark.parametrize("shift", [0, 4], ids=["mma", "lanes"])
+def test_cuda_edge_logits_equal_cpu(name, shift):
+    """test_decode.py's edge cases of the logits (a maximum that jumps past fp32's exp range, a
+    query row below 2^-113 at a large sm_scale, a NaN V group at weight 0) on both readers, against
+    the CPU path: the same NaN elements, the rest within the tolerance, lse within 1e-4."""
+    cache, q, bt, sl, sm_scale = one_head_case(name)
+    got = []
+    for dev in ("cpu", "cuda"):
+        c = cache if dev == "cpu" else on_cuda(cache, shift=shift)
+        lse = torch.empty(1, 1, device=dev)
+        out = nv.decode_attention(q.to(dev), c, bt.to(dev), sl.to(dev), 1.0, 1.0, sm_scale=sm_scale, lse=lse)
+        got.append((out.float().cpu(), lse.cpu()))
+    (want, want_lse), (out, lse) = got
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(out), nan) and nan.any() == (name == "nan_at_zero")
+    assert close(out[~nan], want[~nan]) <= REL_L2
+    assert abs(float(lse) - float(want_lse)) <= LSE_TOL, (float(lse), float(want_lse))
 
 
 @pytest.mark.parametrize("D", [64, 128, 256])
