@@ -3,6 +3,7 @@
 #include <stdio.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <numeric>
@@ -256,6 +257,14 @@ void test_decode() {
       CHECK(((c * T) % 16 == 0) == (c == decode_unit_cols(T)), "T %d, %lld columns", T, (long long)c);
   for (int T = 1; T <= 64; ++T)
     CHECK(int64_t{1} << decode_unit_shift(T) == decode_unit_cols(T), "T %d: shift %d", T, decode_unit_shift(T));
+  // The query rows' power of two (decode_query_exp): a row's largest magnitude lands in [2^13, 2^14),
+  // which the tensor-core reader's fp16 operands rely on; rows below 2^-113 take 2^126 (the most a
+  // float factor holds); zero, infinite and NaN rows take 1.
+  CHECK(decode_query_exp(1.0f) == 13 && decode_query_exp(1.9999999f) == 13 && decode_query_exp(2.0f) == 12,
+        "2^13 for [1, 2)");
+  CHECK(decode_query_exp(0x1p127f) == -114 && decode_query_exp(0x1p-113f) == 126 && decode_query_exp(0x1p-120f) == 126,
+        "the ends");
+  CHECK(decode_query_exp(0.0f) == 0 && decode_query_exp(INFINITY) == 0 && decode_query_exp(NAN) == 0, "0, inf, NaN");
   CHECK(select_decode_kernel({16, 128, false, false, true}) == DecodeKernel::kLanes, "unaligned sides");
   CHECK(select_decode_kernel({16, 96, true, false, true}) == DecodeKernel::kLanes, "D 96");
   CHECK(select_decode_kernel({16, 128, true, true, true}) == DecodeKernel::kLanes, "K scales interleaved");
@@ -269,6 +278,9 @@ void test_decode() {
   CHECK(sp.splits == 8 && sp.cols == 128, "1 x 1024, T 1: %lld x %lld", (long long)sp.splits, (long long)sp.cols);
   sp = plan_decode_split(16, 8, 4096 / 16, 16);
   CHECK(sp.splits == 4 && sp.cols == 64, "16 x 4096, T 16");
+  sp = plan_decode_split(1, 1, 8192, 16);  // one sequence of one KV head: at most kDecodeMaxSplits
+  CHECK(sp.splits == 64 && sp.cols == 128, "1 x 131072, one KV head: %lld x %lld", (long long)sp.splits,
+        (long long)sp.cols);
   for (int T : {1, 2, 3, 4, 8, 12, 24, 40})
     for (int64_t cols : {int64_t{1}, int64_t{3}, int64_t{17}, int64_t{100}, int64_t{1000}, int64_t{131072 / 4}, int64_t{131072} / T}) {
       sp = plan_decode_split(1, 8, cols, T);
