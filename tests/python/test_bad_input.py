@@ -450,7 +450,10 @@ def test_overlapping_pages_named_before_outputs_are_allocated():
               "^key_cache: page stride 0 bytes .* \\(9216 bytes\\)"),
              (one[:, 0].expand(3, 16, 8, 72).contiguous(), one[:, 1].expand(3, 16, 8, 72),
               "^value_cache: page stride 0 bytes"),
-             (np.broadcast_to(one.numpy(), (10**7, 2, 16, 8, 72)), None, "^kv_cache: page stride 0 bytes")]
+             (np.broadcast_to(one.numpy(), (10**7, 2, 16, 8, 72)), None, "^kv_cache: page stride 0 bytes"),
+             # one byte short of a page (mutation testing: the bound checked one byte too low)
+             (torch.zeros(3 * 18432, dtype=torch.uint8).as_strided((3, 2, 16, 8, 72), (18431, 9216, 72, 1152, 1)),
+              None, "^kv_cache: page stride 18431 bytes")]
     for kv, vc, needle in cases:
         with pytest.raises(ValueError, match=needle):
             nvfp4kv.dequantize(kv, 1.0, 1.0, value_cache=vc, scale_layout="linear")

@@ -752,6 +752,17 @@ def test_model_presets():
     assert {m["name"]: (m["layers"], m["kv_heads"], m["head_size"]) for m in models} == expected
 
 
+def test_model_names_and_custom_geometry():
+    """Mutation testing: a preset is found whatever its case and the blanks around it, and without
+    a preset every one of the three numbers is asked for by its flag."""
+    from nvfp4kv.models import custom_geometry
+
+    assert run_json("plan", "--model", " Llama-3.1-8B ")["model"]["name"] == "llama-3.1-8b"
+    for given, missing in (((None, 8, 128), "--layers"), ((32, None, 128), "--kv-heads"), ((32, 8, None), "--head-size")):
+        with pytest.raises(ValueError, match=f"without --model, give {missing}$"):
+            custom_geometry(None, *given)
+
+
 # --------------------------------------------------------------------------------------- info
 def test_info():
     import nvfp4kv

@@ -644,6 +644,9 @@ def test_decode_workspace_says_where_a_bad_size_came_from():
         nvfp4kv.decode_workspace(odd, q, bt)
     with pytest.raises(ValueError, match=r"^kv_cache: last dimension 70 received"):  # no head size at all
         nvfp4kv.decode_workspace(torch.zeros(4, 2, 16, 2, 70, dtype=torch.uint8), q, bt)
+    for shape in ((3, 128), (3, 1, 8, 128)):  # a query of [tokens, heads, D] only (mutation testing)
+        with pytest.raises(ValueError, match=r"^query: shape"):
+            nvfp4kv.decode_workspace(cache.kv_cache, q.new_zeros(shape), bt)
 
 
 def test_wrong_query_heads_or_cache_dtype_before_allocating(monkeypatch):

@@ -318,6 +318,9 @@ def test_ops_mutation_review():
                         fullgraph=True, backend="eager")(c["kv"], c["bt"], seq_lens, c["ks"], c["vs"])
     assert torch.equal(got, cu)
     assert nvfp4kv.ops.scale_tensor(0.5).shape == () and nvfp4kv.ops.scale_tensor(0.5).dtype == torch.float32
+    for b in (True, False):  # refused as the eager API refuses it (mutation testing)
+        with pytest.raises(TypeError, match="bool"):
+            nvfp4kv.ops.scale_tensor(b)
 
 
 @pytest.mark.parametrize("scale, ok", [(np.True_, False), (np.array(True), False), ("0.01", False),

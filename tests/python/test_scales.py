@@ -261,6 +261,9 @@ def test_tracker_torch_names_state_dict_and_errors():
         nvfp4kv.ScaleTracker(2).k_scales()
     with pytest.raises(ValueError):
         nvfp4kv.ScaleTracker(0)
+    for layers in (True, False):  # not a count of 1 or 0 (mutation testing)
+        with pytest.raises(TypeError, match="layers: bool"):
+            nvfp4kv.ScaleTracker(layers)
     with pytest.raises(ValueError, match="distinct"):
         nvfp4kv.ScaleTracker(["a", "a"])
 

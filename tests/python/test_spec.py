@@ -442,6 +442,13 @@ def test_allocate_rejects():
     for backend in ("numpy", "torch"):
         with pytest.raises(ValueError, match="num_blocks: 4611686018427387904 pages"):
             S.allocate_kv_cache(spec, 2**62, backend=backend)
+        # exactly 2^63 bytes (32-byte fp8 pages) is one too many (mutation testing)
+        with pytest.raises(ValueError, match="more bytes than a tensor can address"):
+            S.allocate_kv_cache(S.KVCacheSpec(1, 1, 16, cache_dtype="fp8"), 2**58, backend=backend)
+    # The page side counts the larger head: V's 2^26 x 288 bytes pass 2 GiB where K's do not
+    # (mutation testing: a check of K's side alone passed).
+    with pytest.raises(ValueError, match="the kernels address at most 2 GiB"):
+        S.allocate_kv_cache(S.KVCacheSpec(2**20, 64, 16, head_size_v=512), 0, backend="numpy")
 
 
 def test_allocate_on_a_device_torch_cannot_use_is_a_value_error():

@@ -446,6 +446,14 @@ def test_rejects_bad_shape():
         V.nvfp4_kv_cache_split_views(np.zeros((2, 2, 16, 2, 40), np.uint8), "linear")
     with pytest.raises(ValueError, match="full dim"):
         V.nvfp4_split_data_scale(np.zeros((2, 16, 2, 64), np.uint8))
+    # A last dimension of 0 (strides that pass every layout check): no D, not empty views
+    # (mutation testing).
+    zero = np.zeros(1, np.uint8)
+    with pytest.raises(ValueError, match="last dimension 0 is not an NVFP4 full dim"):
+        V.nvfp4_kv_cache_split_views(np.lib.stride_tricks.as_strided(zero, (2, 2, 16, 2, 0), (0, 0, 0, 0, 1)),
+                                     "linear")
+    with pytest.raises(ValueError, match="last dimension 0 is not an NVFP4 full dim"):
+        V.nvfp4_split_data_scale(np.lib.stride_tricks.as_strided(zero, (2, 16, 2, 0), (0, 0, 0, 1)))
 
 
 def test_rejects_bad_strides():
