@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -79,6 +80,7 @@ def test_version(argv):
     [
         (["frob"], "invalid choice"),
         (["plan", "--memory", "80G"], "ambiguous"),
+        (["plan", "--memory", "1t"], "ambiguous"),
         (["plan", "--memory", "lots"], "not a size"),
         (["plan", "--memory", "80 parsecs"], "unknown unit"),
         (["plan", "--utilization", "1.5"], "not in (0, 1]"),
@@ -648,6 +650,9 @@ def test_plan_head_size_256_and_overrides():
     # Overrides equal to the preset's numbers leave it the preset (review: "(modified)").
     r = run_json("plan", "--model", "llama-3.1-70b", "--layers", "80", "--kv-heads", "8")
     assert r["model"]["name"] == "llama-3.1-70b"
+    # All three numbers with a preset: the preset modified, not a custom geometry (mutation testing).
+    r = run_json("plan", "--model", "llama-3.1-70b", "--layers", "40", "--kv-heads", "4", "--head-size", "64")
+    assert r["model"]["name"] == "llama-3.1-70b (modified)"
 
     # Defaults: llama-3.1-8b, 80 GiB x 0.9, no weights.
     r = run_json("plan")
@@ -770,6 +775,9 @@ def test_info():
     rc, out, _err = run("info")
     assert rc == 0
     assert nvfp4kv.__version__ in out and "CUDA kernels built" in out
+    info = nvfp4kv.build_info()
+    if not info["cuda_available"]:  # the reason is shown (mutation testing)
+        assert re.search(r"^why not +" + re.escape(info["cuda_unavailable_reason"]) + "$", out, re.M), out
     r = run_json("info")
     assert r["nvfp4kv"] == nvfp4kv.__version__
     assert r["build"] == nvfp4kv.build_info()
@@ -815,7 +823,10 @@ def test_demo_json_schema(demo_result):
         s = x["store"]
         assert s["seconds_per_call"] > 0 and s["calls"] >= 3
         assert s["tokens_per_s"] == pytest.approx(256 / s["seconds_per_call"])
-        assert s["GBps"] > 0
+        # bf16 K and V read, both sides' NVFP4 rows written, an int64 slot read (mutation testing)
+        assert r["input_dtype"] == "bfloat16"
+        assert s["bytes_per_call"] == 256 * (2 * 8 * 128 * 2 + 2 * 8 * 72 + 8)
+        assert s["GBps"] == pytest.approx(s["bytes_per_call"] / s["seconds_per_call"] / 1e9)
 
 
 def test_demo_scale_comparison_schema(demo_result):
@@ -869,6 +880,14 @@ def test_demo_group_stats_and_window_by_hand():
         assert demo._group_stats(x, 3000.0 / 448, torch) == {
             "subnormal": 0.0,
             "zero": 0.5,
+            "saturated": 0.0,
+        }
+        # A scale of exactly 2^-10 (amax 6 * 2^-10 at g = 1) is the tie between 0 and E4M3's
+        # smallest subnormal, and rounds to 0: zero, not subnormal (mutation testing).
+        tie = np.full((1, 16), 6 * 2.0**-10, np.float32)
+        assert demo._group_stats(tie if torch is None else torch.from_numpy(tie), 1.0, torch) == {
+            "subnormal": 0.0,
+            "zero": 1.0,
             "saturated": 0.0,
         }
 

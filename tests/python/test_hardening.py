@@ -178,15 +178,19 @@ def test_default_cu_seqlens_numpy_does_not_wrap_past_int32():
     assert_floats_identical(ko, expected_rows(kref, bt[0], 4, 16))
 
 
-def test_default_cu_seqlens_counts_a_negative_length_as_zero():
+@pytest.mark.parametrize("backend", ["torch", "numpy"])  # each computes its own sums (mutation testing)
+def test_default_cu_seqlens_counts_a_negative_length_as_zero(backend):
     # The gather reads a length < 0 as an empty sequence; the default prefix sums agree, so the
     # next sequence starts at row 0 (not at row -3, with its first three tokens lost).
     cache, kref, _ = gather_setup()
     bt = torch.tensor([[0, 1], [1, 0]])
     ko, vo = torch.full((5, 2, 64), 7.0), torch.full((5, 2, 64), 7.0)
-    _, _, cu = nv.gather_dequant(cache.kv_cache, bt, torch.tensor([-3, 5]), key_out=ko, value_out=vo, **LINEAR)
+    args = (cache.kv_cache, bt, torch.tensor([-3, 5]))
+    if backend == "numpy":
+        args, ko, vo = tuple(x.numpy() for x in args), ko.numpy(), vo.numpy()
+    _, _, cu = nv.gather_dequant(*args, key_out=ko, value_out=vo, **LINEAR)
     assert cu.tolist() == [0, 0, 5]
-    assert_floats_identical(ko.numpy(), expected_rows(kref, bt[1], 4, 5))
+    assert_floats_identical(np.asarray(ko), expected_rows(kref, bt[1], 4, 5))
 
 
 def test_default_cu_seqlens_allocated_outputs_keep_int32():

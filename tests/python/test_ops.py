@@ -321,6 +321,8 @@ def test_ops_mutation_review():
     for b in (True, False):  # refused as the eager API refuses it (mutation testing)
         with pytest.raises(TypeError, match="bool"):
             nvfp4kv.ops.scale_tensor(b)
+    with pytest.raises(ValueError, match="past the float range"):  # float(2^1024) overflows (mutation testing)
+        nvfp4kv.ops.scale_tensor(2**1024)
 
 
 @pytest.mark.parametrize("scale, ok", [(np.True_, False), (np.array(True), False), ("0.01", False),
@@ -347,11 +349,14 @@ def test_compiled_scales_refused_as_eager(scale, ok):
     assert torch.equal(kv_c, kv_e)
 
 
-def test_compile_gather_needs_its_outputs():
+@pytest.mark.parametrize("given", ["none", "key_out", "value_out"])  # one alone too (mutation testing)
+def test_compile_gather_needs_its_outputs(given):
     c = case()
+    rows = int(c["seq_lens"].sum())
+    outs = {name: torch.empty(rows, H, D, dtype=torch.bfloat16) for name in ("key_out", "value_out") if name == given}
 
     def f(kv, bt, seq_lens, ks, vs):
-        return nvfp4kv.gather_dequant(kv, bt, seq_lens, ks, vs, dtype=torch.bfloat16)
+        return nvfp4kv.gather_dequant(kv, bt, seq_lens, ks, vs, dtype=torch.bfloat16, **outs)
 
     torch._dynamo.reset()
     with pytest.raises(Exception, match="key_out, value_out: under torch.compile"):
