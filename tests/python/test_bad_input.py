@@ -148,6 +148,41 @@ def test_cache_num_heads_mismatch(nv, backend):
     assert_rejected(nv, s, s.store(kv_cache=bad), ValueError, "kv_cache|key")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bad_F", [F + 1, F + 8])
+def test_cache_last_dim_not_9d_over_16(nv, backend, bad_F):
+    # 37 and 44 bytes hold 4 whole 9-byte units, as 36 does: no head size at all, not D 64
+    # (mutation testing: without the F % 9 test the store wrote 36-byte rows into them).
+    s = Setup(backend)
+    bad = s.arr(np.zeros((N, 2, T, H, bad_F), np.uint8))
+    assert_rejected(nv, s, s.store(kv_cache=bad), ValueError, f"last dimension {bad_F}")
+    assert not np.asarray(bad).any()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("form", ["5d", "sides"])
+def test_pages_one_byte_closer_than_a_page(nv, backend, form):
+    # Pages must lie at least a page apart; one byte less makes neighbours share a byte (mutation
+    # testing: only a stride of 0 was tried). Slot 6 is in page 1.
+    s = Setup(backend)
+    side = T * H * F
+    buf = np.zeros(4 * 2 * side, np.uint8) if backend == "numpy" else torch.zeros(4 * 2 * side, dtype=torch.uint8)
+
+    def strided(shape, strides, offset=0):
+        if backend == "numpy":
+            return np.lib.stride_tricks.as_strided(buf[offset:], shape, strides, writeable=True)
+        return torch.as_strided(buf, shape, strides, offset)
+
+    if form == "5d":
+        call = s.store(kv_cache=strided((N, 2, T, H, F), (2 * side - 1, side, F, T * F, 1)))
+    else:
+        call = s.store(kv_cache=strided((N, T, H, F), (side - 1, F, T * F, 1)),
+                       value_cache=strided((N, T, H, F), (side, F, T * F, 1), 2 * side))
+    with pytest.raises(ValueError, match="page stride"):
+        call(nv)
+    assert not buf.any()
+
+
 # ------------------------------------------------------------------------------- key / value
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("Dk", [24, 40])

@@ -138,6 +138,21 @@ def test_amax_multithreaded_matches():
         nvfp4kv.set_cpu_threads(0)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_amax_sees_the_elements_past_the_last_whole_share(threads):
+    """Mutation testing: shares that dropped the remainder of numel / threads passed, as every
+    size tested divided evenly. The largest magnitude sits in the remainder and elsewhere."""
+    n = threads * (1 << 17) + threads - 1  # a share per 2^17 elements, threads - 1 left over
+    try:
+        nvfp4kv.set_cpu_threads(threads)
+        for where in (n - 1, n - threads + 1, 0, n // 2):
+            x = np.zeros(n, np.float32)
+            x[where] = -7.5
+            assert nvfp4kv.amax(x)[0] == 7.5, where
+    finally:
+        nvfp4kv.set_cpu_threads(0)
+
+
 def test_amax_rejects():
     x = np.ones(4, np.float32)
     with pytest.raises(TypeError, match="x: dtype int32"):

@@ -230,6 +230,24 @@ def test_padding_and_out_of_range_slots(nv, backend, slot_dtype):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_slot_given_twice_keeps_the_last_token(nv, backend):
+    """Duplicate slots: the batch's last token for a slot is what the page holds, as if the others
+    were never given (mutation testing: tokens taken last to first passed on one thread)."""
+    rng = np.random.default_rng(34)
+    N, T, H, D = 2, 4, 2, 64
+    k, v = mixed_tokens(rng, 5, H, D), mixed_tokens(rng, 5, H, D)
+    slots = np.array([3, 5, 3, 3, 5])
+    both = make_cache(N, T, H, D, "5d", "HND", backend, seed=12)
+    last = make_cache(N, T, H, D, "5d", "HND", backend, seed=12)
+    key, value, k32, v32 = make_kv(k, v, "float32", backend)
+    run_store(nv, both, key, value, k32, v32, make_slots(slots, "int64", backend))
+    key, value, _, _ = make_kv(k[3:], v[3:], "float32", backend)  # slot 3's last token, then slot 5's
+    nv.store(key, value, slot_mapping=make_slots(slots[3:], "int64", backend), k_scale=1.0, v_scale=1.0,
+             **last.kwargs())
+    assert_bytes_equal(both.snapshot(), last.snapshot())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_padded_rows_store_the_first_slot_mapping_rows(nv, backend):
     """key/value with more rows than slot_mapping (an engine's CUDA-graph padding, as in vLLM):
     the first slot_mapping.size(0) tokens are stored, the padding rows are never read."""
