@@ -1020,7 +1020,7 @@ def test_masked_blocks_near_the_end_of_int64():
 
 def test_a_table_whose_positions_pass_2_64():
     """Mutation testing: a table of 2^62 columns at T 4 spans 2^64 positions, which wraps to 0 in
-    a plain int64 product (the 2^62 x 2 test above wraps to an equal value, so it did not
+    a plain int64 product (the 2^62 x 2 test above, whose product wraps to -2^63, did not
     notice). The sequence reads its first 3 columns, as from a table of 3."""
     T, D = 4, 64
     g = torch.Generator().manual_seed(5)
