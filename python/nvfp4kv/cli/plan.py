@@ -88,9 +88,7 @@ def plan_capacity(
 def _cmd_plan(args) -> int:
     if args.list_models:
         # Nothing else shapes the list: an option given with it would be silently ignored (review).
-        defaults = {"model": get_model(DEFAULT_MODEL)}  # --model's default is None, read as this
-        ignored = [flag for dest, default, flag in args.shapes_the_plan
-                   if getattr(args, dest) not in (default, defaults.get(dest, default))]
+        ignored = [flag for dest, unchanged, flag in args.shapes_the_plan if getattr(args, dest) not in unchanged]
         if ignored:
             raise UsageError(f"--list-models takes no other options than --json and -q ({', '.join(ignored)} given)")
         models = [_geometry_json(m) for m in MODELS.values()]
@@ -228,7 +226,9 @@ def add_parser(sub, common) -> None:
         default=8192,
         help="tokens per sequence for the concurrency column (default 8192)",
     )
-    # The options --list-models ignores, with their defaults: (dest, default, flag).
-    shapes = tuple((a.dest, a.default, a.option_strings[-1]) for a in p._actions
+    # The options --list-models ignores, with the values that leave them as if not given: (dest,
+    # values, flag). --model's default is None, which reads as the default preset.
+    shapes = tuple((a.dest, (a.default, get_model(DEFAULT_MODEL)) if a.dest == "model" else (a.default,),
+                    a.option_strings[-1]) for a in p._actions
                    if a.option_strings and a.dest not in ("help", "list_models", "json", "quiet"))
     p.set_defaults(func=_cmd_plan, shapes_the_plan=shapes)
