@@ -359,10 +359,10 @@ def test_cuda_split_kv_is_deterministic_and_needs_its_workspace():
 def test_cuda_writes_every_output(B, L):
     """Into NaN-filled out and lse, every element written and equal to the CPU path's, at the
     benchmark's geometry (plan_decode_split): 1 x 1024 merges its 8 splits in a cluster on sm_90
-    code, 2 x 2048 (16 splits) and 16 x 4096 (4) in the second kernel, 64 x 1024 has one split. A build of compute_80 PTX alone on a Hopper GPU once
-    planned the cluster merge, whose body it compiles out, and left 1 x 1024's outputs unwritten
-    (design notes: "Programmatic dependent launch"); device_run.sh sm80 runs this file on such a
-    build."""
+    code, 2 x 2048 (16 splits) and 16 x 4096 (4) in the second kernel, 64 x 1024 has one split.
+    A build of compute_80 PTX alone on a Hopper GPU once planned the cluster merge, whose body it
+    compiles out, and left 1 x 1024's outputs unwritten (design notes: "Programmatic dependent
+    launch"); device_run.sh sm80 runs this file on such a build."""
     kv, bt, sl, q = make(B, L, 8, 4, 128, 16, seed=11)
     want, want_lse = run(kv, bt, sl, q, "cpu")
     kv, bt, sl, q = kv.cuda(), bt.cuda(), sl.cuda(), q.cuda()
