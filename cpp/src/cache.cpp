@@ -115,7 +115,11 @@ Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache, int64
   Cache r{};
   if (value_cache) {
     Tensor kc(kv_cache, "key_cache"), vc(value_cache, "value_cache");
-    kc.expect_ndim(4, "(num_blocks, block_size, num_kv_heads, F)");
+    // A 5-D cache holds both sides: given with value_cache, the error says which to drop.
+    kc.expect_ndim(4, kc.ndim() == 5 ? "(num_blocks, block_size, num_kv_heads, F), the K side, since value_cache is "
+                                       "given; a 5-D cache holds both sides: pass it without value_cache (NULL, "
+                                       "None)"
+                                     : "(num_blocks, block_size, num_kv_heads, F)");
     vc.expect_ndim(4, "(num_blocks, block_size, num_kv_heads, F)");
     expect_uint8(kc);
     expect_uint8(vc);

@@ -135,6 +135,15 @@ def test_cache_wrong_rank_or_shape(nv, backend, shape):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_5d_cache_with_value_cache_says_to_drop_it(nv, backend):
+    # Both sides in one 5-D cache, and value_cache given as well: the message says the 5-D cache
+    # goes alone (review: it named only the K side's expected shape).
+    s = Setup(backend, view="sides")
+    both = s.arr(np.zeros((N, 2, T, H, F), np.uint8))
+    assert_rejected(nv, s, s.store(kv_cache=both), ValueError, r"key_cache: rank 5 .*pass it without value_cache")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_cache_head_dim_mismatch(nv, backend):
     s = Setup(backend)
     bad = s.arr(np.zeros((N, 2, T, H, 9 * 128 // 16), np.uint8))  # F of D=128, key has D=64
