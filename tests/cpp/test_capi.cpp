@@ -566,6 +566,14 @@ int main() {
       gx.t.device = ga.t.device = DLDevice{kDLCUDA, 0};
       CHECK(nvfp4kv_amax(&gx.t, &ga.t, 0, nullptr) == NVFP4KV_ERROR_NOT_SUPPORTED, "%s", nvfp4kv_last_error());
     }
+    // Managed memory is neither host nor device memory to the ABI (docs/c-api.md): refused in
+    // every build, nothing written.
+    View mx = xv, ma = av;
+    mx.t.device = ma.t.device = DLDevice{kDLCUDAManaged, 0};
+    a = -1.0f;
+    CHECK(nvfp4kv_amax(&mx.t, &ma.t, 0, nullptr) == NVFP4KV_ERROR_NOT_SUPPORTED &&
+              strstr(nvfp4kv_last_error(), "cuda_managed") && a == -1.0f,
+          "managed amax %g: %s", a, nvfp4kv_last_error());
   }
 
   if (g_failures) {

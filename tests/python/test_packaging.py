@@ -257,6 +257,20 @@ def test_c_api_docs_prototypes_match_the_header(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.parametrize("compiler, std, suffix", [("cc", "c89", ".c"), ("cc", "c99", ".c"), ("c++", "c++98", ".cpp"),
+                                                   ("c++", "c++17", ".cpp")])
+def test_c_header_compiles_alone_under_old_standards(tmp_path, compiler, std, suffix):
+    """The installed header as docs/c-api.md says it compiles: C89 and C++98 included (runtimes
+    pinned to old standards), -pedantic, every warning an error."""
+    if shutil.which(compiler) is None:
+        pytest.skip(f"needs {compiler}")
+    src = tmp_path / f"h{suffix}"
+    src.write_text('#include "nvfp4kv/nvfp4kv.h"\nint main(void) { return nvfp4kv_version() > 0 ? 0 : 1; }\n')
+    r = subprocess.run([compiler, f"-std={std}", "-pedantic", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", "-I",
+                        paths.get_include(), str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
 @pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm (binutils)")
 def test_library_exports_only_the_c_abi():
     lib = paths.get_library()

@@ -1,8 +1,9 @@
 /* nvfp4kv C ABI: quantize K/V into an NVFP4 paged KV cache and read it back.
  *
- * Pure C (C99). Every function is prefixed nvfp4kv_, returns a status and never lets a C++
- * exception escape. All validation happens before any byte is written: a call that returns an
- * error has left every output untouched. On error, nvfp4kv_last_error() (thread-local) names the
+ * Pure C (C99; it also compiles as C89 and C++98). Every function is prefixed nvfp4kv_ and never
+ * lets a C++ exception escape; those that take tensors or sizes return a status (the version and
+ * build queries return their value). All validation happens before any byte is written: a call
+ * that returns an error has left every output untouched. On error, nvfp4kv_last_error() (thread-local) names the
  * argument, the value received and what is allowed.
  *
  * Tensors are DLPack DLTensor views (dlpack.h); strides are in elements. Tensors in host memory
