@@ -494,9 +494,9 @@ int64_t decode_workspace_bytes(int64_t B, int64_t q_len, int64_t Hq, int64_t H, 
 
 // The decode workspace, checked: float32 or uint8, contiguous, on the cache's device; where the
 // call uses it (`need` > 0), also 16-byte aligned and at least `need` bytes. A workspace given to
-// a call that needs none (every CPU call) is still checked for dtype, contiguity and device, so
-// that an engine's CPU runs refuse some of what its GPU runs would; not for its size, alignment
-// or overlap (c-api.md).
+// a call that needs none (every CPU call) is still checked for dtype, contiguity and device (and,
+// by the caller, overlap), so that an engine's CPU runs refuse what its GPU runs would; not for
+// its size or alignment, which depend on the device's split plan (c-api.md).
 float* decode_workspace(const Tensor& w, const Tensor& cache_ref, int64_t need) {
   expect_same_device(w, cache_ref);
   const bool f32 = is_dtype(w.t->dtype, kDLFloat, 32);
@@ -647,7 +647,9 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
   {
     const Tensor vcache = value_cache ? Tensor(value_cache, c.v_name) : cache_ref;
     const Tensor kst(k_scale, "k_scale"), vst(v_scale, "v_scale");
-    check_apart({&out, lse_t ? &lse : nullptr, ws_ptr ? &ws : nullptr},
+    // A workspace given is memory of its own on every call, used or not: a CPU run refuses what
+    // the same engine's GPU run would (C ABI review).
+    check_apart({&out, lse_t ? &lse : nullptr, workspace ? &ws : nullptr},
                 {&query, &cache_ref, value_cache ? &vcache : nullptr, &bt, &sl, &kst, &vst});
   }
 

@@ -686,6 +686,22 @@ def test_empty_workspace_of_any_shape():
         assert torch.equal(bits(got), bits(want)), tuple(ws.shape)
 
 
+def test_cpu_workspace_sharing_memory_is_refused():
+    """A workspace given to a CPU call, which does not use it, must still be memory of its own, as
+    on the GPU: an engine tested on the CPU meets the GPU's refusal there (C ABI review). Nothing
+    is written."""
+    cache, q, bt, sl = setup(N=60, seed=1)
+    out = torch.full(q.shape, 7.0, dtype=q.dtype)
+    before = cache.kv_cache.clone()
+    for ws, name in ((out.view(torch.uint8).view(-1), "out"), (cache.kv_cache.as_strided((64,), (1,)), "kv_cache")):
+        with pytest.raises(ValueError, match="shares memory with workspace|workspace: shares memory"):
+            nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03, out=out, workspace=ws)
+        assert torch.equal(cache.kv_cache, before) and bool((out == 7.0).all()), name
+    apart = torch.zeros(64, dtype=torch.uint8)
+    nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03, out=out, workspace=apart)
+    assert not bool((out == 7.0).all())
+
+
 def test_query_without_a_dtype_needs_out():
     """A query the binding reads but that has no dtype (a memoryview) cannot shape an output
     allocated here: a TypeError naming the query, not an AttributeError (review)."""
