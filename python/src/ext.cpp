@@ -496,9 +496,61 @@ bool split_half(nb::handle obj, const Arg& a) {
   return true;
 }
 
-void orient_sides(Arg& c, nb::handle c_obj, Arg& vc, nb::handle vc_obj, int orient) {
+// Whether `base` (an array's `_base` or `base`) is the 5-D (N, 2, A, B, F) cache whose [:, 0]
+// and [:, 1] the sides (N, A, B, F) are.
+bool sides_of_5d(nb::handle base, const Arg& a) {
+  if (base.is_none() || !nb::hasattr(base, "shape") || !nb::hasattr(base, "ndim")) return false;
+  nb::object shape = base.attr("shape");
+  if (nb::len(shape) != 5 || nb::cast<int64_t>(shape[1]) != 2) return false;
+  for (int i = 0; i < 4; ++i)
+    if (nb::cast<int64_t>(shape[i < 1 ? 0 : i + 1]) != a.shape[i]) return false;
+  return true;
+}
+
+// What of a call's own head count can tell the two readings of ambiguous sides apart (below).
+// kEqual: the store's key, whose head count must equal the cache's, so only A == B is silent;
+// kGroup: decode's query, a multiple of the cache's heads by at most 16 (the count is given);
+// kNone: the reads, whose outputs the Python API shapes from the sides as read.
+enum class HeadsTell { kEqual, kGroup, kNone };
+
+// Sides the origin rule reads as NHD sides (N, T, H, F) whose bytes are also those of the
+// (N, H, T, F) halves of a packed HND cache: both rows of a side contiguous ((page, B F, F, 1)),
+// V one side after K in the same pages. Where their origin names neither a packed cache
+// (split_half) nor a 5-D one (sides_of_5d), as for views of a view (vLLM views a raw buffer, and
+// torch keeps only the root in `_base`), nothing tells which was meant, and a misread is silent
+// where the call's head count fits both: warned, with the way to say it (found by an
+// integrator's review: vLLM's halves read transposed by decode, relative error 1.45, no error).
+void warn_if_ambiguous(const Arg& c, nb::handle c_obj, const Arg& vc, HeadsTell tell, int64_t heads) {
+  const int64_t A = c.shape[1], B = c.shape[2], F = c.shape[3], side = A * B * F;
+  const auto fits = [heads](int64_t h) { return h > 0 && heads % h == 0 && heads / h <= 16; };
+  if (tell == HeadsTell::kEqual ? A != B : tell == HeadsTell::kGroup && !(fits(A) && fits(B))) return;
+  for (int i = 0; i < 4; ++i)
+    if (c.shape[i] != vc.shape[i] || c.strides[i] != vc.strides[i]) return;
+  if (c.t.dtype.code != kDLUInt || c.t.dtype.bits != 8 || c.strides[3] != 1 || c.strides[2] != F ||
+      c.strides[1] != B * F || c.strides[0] < 2 * side || side == 0 ||
+      static_cast<const uint8_t*>(vc.t.data) - static_cast<const uint8_t*>(c.t.data) != side)
+    return;
+  const char* attr = nb::hasattr(c_obj, "_base") ? "_base" : "base";
+  if (sides_of_5d(nb::getattr(c_obj, attr, nb::none()), c)) return;
+  const std::string msg =
+      "key_cache, value_cache: two sides of shape (" + std::to_string(c.shape[0]) + ", " + std::to_string(A) + ", " +
+      std::to_string(B) + ", " + std::to_string(F) + "), V one side after K in each page, are read as NHD sides: " +
+      "block size " + std::to_string(A) + ", " + std::to_string(B) + " KV heads. The same bytes are the halves of a " +
+      "packed HND cache (N, " + std::to_string(2 * A) + ", " + std::to_string(B) + ", F) taken with split(" +
+      std::to_string(A) + ", dim=1) (" + std::to_string(A) + " KV heads, block size " + std::to_string(B) +
+      "), and their origin does not say which (a view of a view). Pass kv_layout='NHD' or 'HND' (the memory "
+      "order), or the packed cache itself";
+  // stacklevel 2: the caller of the Python API function (api.py) that called the binding.
+  if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 2) != 0) throw nb::python_error();
+}
+
+void orient_sides(Arg& c, nb::handle c_obj, Arg& vc, nb::handle vc_obj, int orient,
+                  HeadsTell tell = HeadsTell::kNone, int64_t heads = 0) {
   if (!vc.present || c.t.ndim != 4 || vc.t.ndim != 4 || orient == 0) return;
-  if (orient < 0 && (!split_half(c_obj, c) || !split_half(vc_obj, vc))) return;
+  if (orient < 0 && (!split_half(c_obj, c) || !split_half(vc_obj, vc))) {
+    warn_if_ambiguous(c, c_obj, vc, tell, heads);
+    return;
+  }
   for (Arg* a : {&c, &vc}) {
     std::swap(a->shape[1], a->shape[2]);
     std::swap(a->strides[1], a->strides[2]);
@@ -536,7 +588,7 @@ struct PreparedStore {
     const nb::object ksc = scale_arg(k_scale_, "k_scale"), vsc = scale_arg(v_scale_, "v_scale");
     import_array(cache, kv_cache, value_cache_.is_none() ? "kv_cache" : "key_cache", true);
     import_optional(value_cache, value_cache_, "value_cache", true);
-    orient_sides(cache, kv_cache, value_cache, value_cache_, orient);
+    orient_sides(cache, kv_cache, value_cache, value_cache_, orient, HeadsTell::kEqual);
     import_scale(k_scale, ksc, "k_scale");
     import_scale(v_scale, vsc, "v_scale");
     import_optional(workspace, workspace_, "workspace", true);
@@ -653,7 +705,7 @@ void decode_attention(nb::handle query, nb::handle kv_cache, nb::handle value_ca
   import_array(q, query, "query", false);
   import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
   import_optional(vc, value_cache, "value_cache", false);
-  orient_sides(c, kv_cache, vc, value_cache, orient);
+  orient_sides(c, kv_cache, vc, value_cache, orient, HeadsTell::kGroup, q.t.ndim == 3 ? q.shape[1] : 0);
   import_array(bt, block_table, "block_table", false);
   import_array(sl, seq_lens, "seq_lens", false);
   import_scale(ks, ksc, "k_scale");

@@ -269,6 +269,52 @@ def test_halves_of_a_packed_view_are_not_recognised_and_vllm_scales_refuse_them(
     assert "kv_layout" not in str(e.value)
 
 
+def test_sides_whose_origin_cannot_tell_are_warned_about_where_the_heads_cannot_either():
+    """vLLM's halves of its packed cache viewed over a raw buffer, (N, H, T, F) bytes that are
+    also NHD sides with H and T exchanged: decode with a query whose head count both readings
+    take read them transposed, silently (an integrator's review: relative error 1.45). Now a
+    UserWarning names kv_layout; with it the result is right. No warning where the call's head
+    count tells (the store's key where H != T, a query only one reading divides), where the
+    sides' origin tells (the library's own 5-D cache), or with kv_layout."""
+    import warnings
+
+    N, H, T, Hq = 2, 4, 16, 16  # 16 query heads: a group of 4 over H, of 1 over T
+    raw = torch.zeros(N * 2 * H * T * F, dtype=torch.int8)
+    kv = raw.view(torch.uint8).view(N, 2 * H, T, F)  # vLLM: a view of a raw buffer
+    key, value = inputs(20, H, seed=3)
+    nv.store(key, value, kv, torch.arange(20), 0.04, 0.06, scale_layout="linear")
+    k, v = kv.split(H, dim=1)
+    q = torch.randn(1, Hq, D).to(torch.bfloat16)
+    args = (torch.tensor([[0, 1]]), torch.tensor([20]), 0.04, 0.06)
+    want = nv.decode_attention(q, kv, *args, scale_layout="linear")
+    with pytest.warns(UserWarning, match=r"key_cache, value_cache: .*split\(4, dim=1\).*kv_layout='NHD' or 'HND'"):
+        nv.decode_attention(q, k, *args, value_cache=v, scale_layout="linear")
+    with pytest.warns(UserWarning, match="kv_layout"):
+        nv.dequantize(k, 0.04, 0.06, value_cache=v, scale_layout="linear")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = nv.decode_attention(q, k, *args, value_cache=v, scale_layout="linear", kv_layout="HND")
+        assert torch.equal(got, want)
+        # A query of 8 heads: a multiple of H (4), not of T (16); the C ABI reads T heads and refuses.
+        with pytest.raises(ValueError, match="query heads"):
+            nv.decode_attention(q[:, :8], k, *args, value_cache=v, scale_layout="linear")
+        # The store's key has H heads, not T: the heads check refuses, nothing to warn about.
+        with pytest.raises(ValueError):
+            nv.store(key, value, k, torch.arange(20), 0.04, 0.06, value_cache=v, scale_layout="linear")
+        # The library's own NHD cache: its sides' origin is the 5-D cache.
+        own = nv.allocate_kv_cache(nv.KVCacheSpec(block_size=T, num_kv_heads=H, head_size=D), N, layout="NHD")
+        nv.store(key, value, own, torch.arange(20), 0.04, 0.06, scale_layout="linear")
+        ko, vo = own.unbind(1)
+        nv.decode_attention(q, ko, *args, value_cache=vo, scale_layout="linear")
+        nv.dequantize(ko, 0.04, 0.06, value_cache=vo, scale_layout="linear")
+    # Where H == T the store's key fits both readings too.
+    raw2 = torch.zeros(N * 2 * T * T * F, dtype=torch.int8)
+    k2, v2 = raw2.view(torch.uint8).view(N, 2 * T, T, F).split(T, dim=1)
+    key2, value2 = inputs(3, T, seed=4)
+    with pytest.warns(UserWarning, match="kv_layout"):
+        nv.store(key2, value2, k2, torch.arange(3), 0.04, 0.06, value_cache=v2, scale_layout="linear")
+
+
 # ---- kv_layout: the caller names the memory order ----------------------------------------------
 def packed_view(N, H, T, seed):
     """A packed cache that is itself a view, as vLLM allocates it (of a raw int8 buffer): its
