@@ -89,10 +89,16 @@ def scale_tensor(x) -> torch.Tensor:
     return torch.zeros((), dtype=torch.float32) + float(x)
 
 
+# The binding's origin rule without its warning about sides whose origin cannot tell (ext.cpp,
+# orient_sides): inductor hands the ops views rebuilt from storage, without their origin, after
+# the traced Python call has oriented the sides (ops._sides, kv_layout included).
+_QUIET_ORIGIN = -2
+
+
 def _store_impl(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cache=None, recipe="nvfp4",
                 scale_layout="vllm", workspace=None):
     _C.store(key, value, kv_cache, slot_mapping, k_scale, v_scale, value_cache, recipe, scale_layout, None,
-             workspace)
+             workspace, _QUIET_ORIGIN)
 
 
 def _reshape_and_cache_flash_impl(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
@@ -101,25 +107,26 @@ def _reshape_and_cache_flash_impl(key, value, key_cache, value_cache, slot_mappi
 
     _check_flash_args(kv_cache_dtype, value_cache)
     _C.store(key, value, key_cache, slot_mapping, k_scale, v_scale, value_cache, kv_cache_dtype, scale_layout, None,
-             workspace)
+             workspace, _QUIET_ORIGIN)
 
 
 def _dequantize_impl(kv_cache, k_scale, v_scale, key_out, value_out, value_cache=None, pages=None,
                      scale_layout="vllm"):
-    _C.dequantize(kv_cache, value_cache, pages, k_scale, v_scale, scale_layout, key_out, value_out, None)
+    _C.dequantize(kv_cache, value_cache, pages, k_scale, v_scale, scale_layout, key_out, value_out, None,
+                  _QUIET_ORIGIN)
 
 
 def _gather_dequant_impl(kv_cache, block_table, seq_lens, cu_seqlens, k_scale, v_scale, key_out, value_out,
                          value_cache=None, scale_layout="vllm"):
     _C.gather_dequant(kv_cache, value_cache, block_table, seq_lens, cu_seqlens, k_scale, v_scale, scale_layout,
-                      key_out, value_out, None)
+                      key_out, value_out, None, _QUIET_ORIGIN)
 
 
 def _decode_attention_impl(query, kv_cache, block_table, seq_lens, k_scale, v_scale, out, sm_scale, lse=None,
                            value_cache=None, scale_layout="vllm", logits_soft_cap=0.0, window_left=-1, q_len=1,
                            workspace=None):
     _C.decode_attention(query, kv_cache, value_cache, block_table, seq_lens, k_scale, v_scale, scale_layout, q_len,
-                        sm_scale, logits_soft_cap, window_left, out, lse, workspace, None)
+                        sm_scale, logits_soft_cap, window_left, out, lse, workspace, None, _QUIET_ORIGIN)
 
 
 def _amax_impl(x, out, accumulate=False):

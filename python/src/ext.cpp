@@ -479,7 +479,9 @@ nb::object scale_arg(nb::handle x, const char* name) {
 // call's head count (the store's key, the reads' outputs) is checked against the cache's own
 // (design notes: "Split halves of a packed cache: oriented in the binding"). Where the caller
 // names the memory order (kv_layout), the Python API decides by the strides instead and passes
-// `orient` (api._orientation): 0 as given, 1 exchanged; -1 is the rule above.
+// `orient` (api._orientation): 0 as given, 1 exchanged; -1 is the rule above, and -2 the same
+// without warn_if_ambiguous (the torch ops: under torch.compile inductor hands them views rebuilt
+// without their origin, after the traced call has oriented the sides, kv_layout included).
 bool split_half(nb::handle obj, const Arg& a) {
   const TorchInfo* info = torch_info();
   if (!info || !PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(info->tensor_type))) return false;
@@ -548,7 +550,7 @@ void orient_sides(Arg& c, nb::handle c_obj, Arg& vc, nb::handle vc_obj, int orie
                   HeadsTell tell = HeadsTell::kNone, int64_t heads = 0) {
   if (!vc.present || c.t.ndim != 4 || vc.t.ndim != 4 || orient == 0) return;
   if (orient < 0 && (!split_half(c_obj, c) || !split_half(vc_obj, vc))) {
-    warn_if_ambiguous(c, c_obj, vc, tell, heads);
+    if (orient == -1) warn_if_ambiguous(c, c_obj, vc, tell, heads);
     return;
   }
   for (Arg* a : {&c, &vc}) {

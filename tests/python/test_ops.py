@@ -68,6 +68,33 @@ def test_compile_fullgraph_equals_eager(backend):
     assert same(got, want)
 
 
+def test_compiled_sides_of_the_library_cache_do_not_warn():
+    """Inductor hands the ops views rebuilt from storage, without the origin that tells the
+    library's own NHD sides from a packed cache's halves: the ops take the origin rule without the
+    binding's warning about sides whose origin cannot tell (ext.cpp, orient_sides), which would
+    flag every compiled call on these sides. The result is eager's."""
+    import warnings
+
+    kv = nvfp4kv.allocate_kv_cache(nvfp4kv.KVCacheSpec(block_size=16, num_kv_heads=4, head_size=64), 2,
+                                   layout="NHD")
+    key = torch.randn(20, 4, 64).to(torch.bfloat16)
+    nvfp4kv.store(key, key, kv, torch.arange(20), 0.03, 0.05, scale_layout="linear")
+    q = torch.randn(1, 16, 64).to(torch.bfloat16)
+    bt, sl = torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([20], dtype=torch.int32)
+
+    def f(q, kv):
+        k, v = kv.unbind(1)
+        return nvfp4kv.decode_attention(q, k, bt, sl, 0.03, 0.05, value_cache=v, scale_layout="linear")
+
+    want = f(q, kv)
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = torch.compile(f, fullgraph=True)(q, kv)
+    assert not [w for w in seen if "kv_layout" in str(w.message)], [str(w.message) for w in seen]
+    assert torch.equal(got, want)
+
+
 def test_compile_calls_the_ops_directly():
     c = case()
     want = c["kv"].clone()
