@@ -269,7 +269,7 @@ ScaleArg resolve_scale(const DLTensor* scale, const char* name, DLDevice data_de
     if (!global_scale_valid(r.value))
       fail(NVFP4KV_ERROR_INVALID_VALUE,
            "%s: %.9g received; a global scale must be finite and > 0 with a finite reciprocal "
-           "(the decode scale, usually amax / 448)",
+           "(about 2.9388e-39 to 3.4028235e+38; the decode scale, usually amax / 448)",
            name, static_cast<double>(r.value));
     return r;
   }

@@ -392,8 +392,8 @@ void import_scale(Arg& a, nb::handle obj, const char* name) {
       if (text.size() > 40)  // a huge int: its first digits and its length
         text = text.substr(0, 20) + "... (" + std::to_string(text.size() - (text[0] == '-')) + " digits)";
       throw nb::value_error((std::string(name) + ": " + text +
-                             " received; a global scale must be a finite float32 > 0 (float32 holds 1.4e-45 "
-                             "to 3.4028235e+38)")
+                             " received; a global scale must be a finite float32 > 0 with a finite reciprocal "
+                             "(about 2.9388e-39 to 3.4028235e+38)")
                                 .c_str());
     }
     a.t.data = &a.scalar;

@@ -296,6 +296,12 @@ def test_scale_messages_name_the_number(nv, which):
     assert_rejected(nv, s, s.store(**{which: 2**1100}), ValueError, f"{which}: 1358298529.*332 digits")
     for g in (np.str_("0.01"), np.array("0.01"), np.complex64(0.01 + 5j), np.array(0.01 + 5j)):
         assert_rejected(nv, s, s.store(**{which: g}), TypeError, f"{which}: a numpy")
+    # The range stated is the one taken: a scale whose reciprocal is not finite (below about
+    # 2.9388e-39) is refused too, whether float32 can hold it or not (an integrator's review: the
+    # message said "float32 holds 1.4e-45 to 3.4028235e+38" for 1e-46, and 1e-44 was then refused).
+    for g in (1e-46, 1e-44, np.float32(1e-40), np.array([1e-40], np.float32)):
+        assert_rejected(nv, s, s.store(**{which: g}), ValueError, r"finite reciprocal \(about 2\.9388e-39 to")
+    s.store(**{which: 2.9388e-39})(nv)  # the bound as printed is taken
 
 
 @pytest.mark.parametrize("which", ["k_scale", "v_scale"])

@@ -305,6 +305,36 @@ def test_tracker_load_state_dict_names_what_is_wrong():
     assert tr.k_amax().tolist() == [float("inf"), 1.0]  # an inf amax is one (data held an inf)
 
 
+def test_tracker_state_dict_survives_numpy_savez_and_meta_is_named():
+    """An integrator's review: np.savez / np.load give `layers` back as a 0-d integer array (a
+    count) or a string array (names), and the tracker refused its own state with "layers array(2)
+    do not match this tracker's 2"; a state loaded onto meta gave torch's RuntimeError from
+    Tensor.item(). Now the first loads and the second is a ValueError naming the entry."""
+    import io
+
+    for layers in (2, ["q0", "q1"]):
+        tr = nvfp4kv.ScaleTracker(layers)  # NumPy storage: its first update's framework
+        tr.update(1, np.array([3.0], np.float32), np.array([-5.0], np.float32))
+        buf = io.BytesIO()
+        np.savez(buf, **{k: np.asarray(v) for k, v in tr.state_dict().items()})
+        buf.seek(0)
+        with np.load(buf) as z:
+            state = {k: z[k] for k in z.files}
+        back = nvfp4kv.ScaleTracker(layers)
+        back.load_state_dict(state)
+        assert np.asarray(back.k_amax()).tolist() == [0.0, 3.0] and np.asarray(back.v_amax()).tolist() == [0.0, 5.0]
+        with pytest.raises(ValueError, match="do not match"):  # other names, or another count, still refused
+            nvfp4kv.ScaleTracker(3 if layers == 2 else ["q0", "x"]).load_state_dict(state)
+    if torch is None:
+        return
+    tr = nvfp4kv.ScaleTracker(2, device="cpu")
+    tr.update(0, torch.tensor([2.0]))
+    meta = torch.zeros(2, device="meta")
+    with pytest.raises(ValueError, match="^state_dict: k_amax is a meta tensor"):
+        tr.load_state_dict({"layers": 2, "k_amax": meta, "v_amax": torch.zeros(2)})
+    assert tr.k_amax().tolist() == [2.0, 0.0]
+
+
 @needs_torch
 def test_tracker_load_state_dict_of_narrow_or_grad_arrays():
     """Found by review: a float16 NumPy state warned of an overflow (NumPy cast the float32 bound
