@@ -111,3 +111,28 @@ def test_example_prints_what_the_docs_say(code, cpu_out):
     assert len(printed) == len(want), (printed, want)
     for line, w in zip(printed, want):
         assert matches(line, w), (line, w)
+
+
+@pytest.mark.skipif(not have_pages(), reason="needs the source tree's docs/")
+def test_c_api_example_prints_what_the_docs_say(tmp_path):
+    """docs/c-api.md's complete C program (the ```c block with main) compiles against the installed
+    header and library and prints the lines the page shows after it ("prints"), its error message
+    included (an integrator's review ran it by hand; a message changed since would have gone
+    unnoticed)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("cc") is None:
+        pytest.skip("needs a C compiler")
+    text = open(os.path.join(ROOT, "docs/c-api.md"), encoding="utf-8").read()
+    program = next(b for b in re.findall(r"```c\n(.*?)```", text, re.S) if "int main(void)" in b)
+    shown = re.search(r"\nprints\n\n```\n(.*?)```", text[text.index(program):], re.S).group(1).splitlines()
+    src = tmp_path / "example.c"
+    src.write_text(program)
+    lib = nvfp4kv.get_library()
+    exe = tmp_path / "example"
+    subprocess.run(["cc", "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-I", nvfp4kv.get_include(),
+                    str(src), lib, f"-Wl,-rpath,{os.path.dirname(lib)}", "-o", str(exe)], check=True)
+    got = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
+    want = [line.replace("0.1.0", nvfp4kv.__version__) for line in shown]
+    assert got == want
