@@ -501,12 +501,13 @@ bool split_half(nb::handle obj, const Arg& a) {
 // Whether `base` (an array's `_base` or `base`) is the 5-D (N, 2, A, B, F) cache whose [:, 0]
 // and [:, 1] the sides (N, A, B, F) are.
 bool sides_of_5d(nb::handle base, const Arg& a) {
-  if (base.is_none() || !nb::hasattr(base, "shape") || !nb::hasattr(base, "ndim")) return false;
-  nb::object shape = base.attr("shape");
-  if (nb::len(shape) != 5 || nb::cast<int64_t>(shape[1]) != 2) return false;
-  for (int i = 0; i < 4; ++i)
-    if (nb::cast<int64_t>(shape[i < 1 ? 0 : i + 1]) != a.shape[i]) return false;
-  return true;
+  if (base.is_none()) return false;
+  nb::object shape = nb::getattr(base, "shape", nb::none());
+  if (!PyTuple_Check(shape.ptr()) || PyTuple_GET_SIZE(shape.ptr()) != 5) return false;  // torch.Size too
+  int64_t d[5];
+  for (int i = 0; i < 5; ++i)
+    if (!nb::try_cast(nb::handle(PyTuple_GET_ITEM(shape.ptr(), i)), d[i], false)) return false;
+  return d[1] == 2 && d[0] == a.shape[0] && d[2] == a.shape[1] && d[3] == a.shape[2] && d[4] == a.shape[3];
 }
 
 // What of a call's own head count can tell the two readings of ambiguous sides apart (below).
@@ -518,12 +519,17 @@ enum class HeadsTell { kEqual, kGroup, kNone };
 // Sides the origin rule reads as NHD sides (N, T, H, F) whose bytes are also those of the
 // (N, H, T, F) halves of a packed HND cache: both rows of a side contiguous ((page, B F, F, 1)),
 // V one side after K in the same pages. Where their origin names neither a packed cache
-// (split_half) nor a 5-D one (sides_of_5d), as for views of a view (vLLM views a raw buffer, and
-// torch keeps only the root in `_base`), nothing tells which was meant, and a misread is silent
+// (split_half) nor a 5-D one (sides_of_5d: read in the 5-D cache's own convention, (N, 2, T, H,
+// F)), as for views of a view (vLLM views a raw buffer, and torch keeps only the root in `_base`)
+// or numpy's halves, nothing tells which was meant, and a misread is silent
 // where the call's head count fits both: warned, with the way to say it (found by an
 // integrator's review: vLLM's halves read transposed by decode, relative error 1.45, no error).
 void warn_if_ambiguous(const Arg& c, nb::handle c_obj, const Arg& vc, HeadsTell tell, int64_t heads) {
-  const int64_t A = c.shape[1], B = c.shape[2], F = c.shape[3], side = A * B * F;
+  const int64_t A = c.shape[1], B = c.shape[2], F = c.shape[3];
+  // Empty sides read nothing; one head and one-token pages read the same either way.
+  if (c.shape[0] <= 0 || A <= 0 || B <= 0 || F <= 0 || (A == 1 && B == 1)) return;
+  int64_t side;
+  if (__builtin_mul_overflow(A, B, &side) || __builtin_mul_overflow(side, F, &side) || side > INT64_MAX / 2) return;
   const auto fits = [heads](int64_t h) { return h > 0 && heads % h == 0 && heads / h <= 16; };
   if (tell == HeadsTell::kEqual ? A != B : tell == HeadsTell::kGroup && !(fits(A) && fits(B))) return;
   for (int i = 0; i < 4; ++i)
@@ -540,17 +546,20 @@ void warn_if_ambiguous(const Arg& c, nb::handle c_obj, const Arg& vc, HeadsTell 
       "block size " + std::to_string(A) + ", " + std::to_string(B) + " KV heads. The same bytes are the halves of a " +
       "packed HND cache (N, " + std::to_string(2 * A) + ", " + std::to_string(B) + ", F) taken with split(" +
       std::to_string(A) + ", dim=1) (" + std::to_string(A) + " KV heads, block size " + std::to_string(B) +
-      "), and their origin does not say which (a view of a view). Pass kv_layout='NHD' or 'HND' (the memory "
+      "), and their origin does not say which. Pass kv_layout='NHD' or 'HND' (the memory "
       "order), or the packed cache itself";
   // stacklevel 2: the caller of the Python API function (api.py) that called the binding.
   if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 2) != 0) throw nb::python_error();
 }
 
-void orient_sides(Arg& c, nb::handle c_obj, Arg& vc, nb::handle vc_obj, int orient,
+// `profile`: the call's scale layout; "vllm" interleaves V scales, defined for HND only, so the C
+// ABI refuses the NHD reading of such sides and nothing is silent.
+void orient_sides(Arg& c, nb::handle c_obj, Arg& vc, nb::handle vc_obj, int orient, int profile,
                   HeadsTell tell = HeadsTell::kNone, int64_t heads = 0) {
   if (!vc.present || c.t.ndim != 4 || vc.t.ndim != 4 || orient == 0) return;
   if (orient < 0 && (!split_half(c_obj, c) || !split_half(vc_obj, vc))) {
-    if (orient == -1) warn_if_ambiguous(c, c_obj, vc, tell, heads);
+    if (orient == -1 && static_cast<nvfp4kv_scale_profile>(profile) != NVFP4KV_SCALES_VLLM)
+      warn_if_ambiguous(c, c_obj, vc, tell, heads);
     return;
   }
   for (Arg* a : {&c, &vc}) {
@@ -590,7 +599,7 @@ struct PreparedStore {
     const nb::object ksc = scale_arg(k_scale_, "k_scale"), vsc = scale_arg(v_scale_, "v_scale");
     import_array(cache, kv_cache, value_cache_.is_none() ? "kv_cache" : "key_cache", true);
     import_optional(value_cache, value_cache_, "value_cache", true);
-    orient_sides(cache, kv_cache, value_cache, value_cache_, orient, HeadsTell::kEqual);
+    orient_sides(cache, kv_cache, value_cache, value_cache_, orient, profile, HeadsTell::kEqual);
     import_scale(k_scale, ksc, "k_scale");
     import_scale(v_scale, vsc, "v_scale");
     import_optional(workspace, workspace_, "workspace", true);
@@ -635,7 +644,7 @@ void dequantize(nb::handle kv_cache, nb::handle value_cache, nb::handle pages, n
   import_scale(vs, vsc, "v_scale");
   import_array(ko, key_out, "key_out", true);
   import_array(vo, value_out, "value_out", true);
-  orient_sides(c, kv_cache, vc, value_cache, orient);
+  orient_sides(c, kv_cache, vc, value_cache, orient, profile);
   const uintptr_t st_handle = stream_handle(stream, kv_cache, c);
   nvfp4kv_status st;
   {
@@ -668,7 +677,7 @@ void gather_dequant(nb::handle kv_cache, nb::handle value_cache, nb::handle bloc
   import_scale(vs, vsc, "v_scale");
   import_array(ko, key_out, "key_out", true);
   import_array(vo, value_out, "value_out", true);
-  orient_sides(c, kv_cache, vc, value_cache, orient);
+  orient_sides(c, kv_cache, vc, value_cache, orient, profile);
   const uintptr_t st_handle = stream_handle(stream, kv_cache, c);
   nvfp4kv_status st;
   {
@@ -707,7 +716,7 @@ void decode_attention(nb::handle query, nb::handle kv_cache, nb::handle value_ca
   import_array(q, query, "query", false);
   import_array(c, kv_cache, value_cache.is_none() ? "kv_cache" : "key_cache", false);
   import_optional(vc, value_cache, "value_cache", false);
-  orient_sides(c, kv_cache, vc, value_cache, orient, HeadsTell::kGroup, q.t.ndim == 3 ? q.shape[1] : 0);
+  orient_sides(c, kv_cache, vc, value_cache, orient, profile, HeadsTell::kGroup, q.t.ndim == 3 ? q.shape[1] : 0);
   import_array(bt, block_table, "block_table", false);
   import_array(sl, seq_lens, "seq_lens", false);
   import_scale(ks, ksc, "k_scale");

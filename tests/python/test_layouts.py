@@ -307,6 +307,14 @@ def test_sides_whose_origin_cannot_tell_are_warned_about_where_the_heads_cannot_
         ko, vo = own.unbind(1)
         nv.decode_attention(q, ko, *args, value_cache=vo, scale_layout="linear")
         nv.dequantize(ko, 0.04, 0.06, value_cache=vo, scale_layout="linear")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # The default "vllm" scales are HND only: the C ABI refuses the NHD reading, no warning first.
+        with pytest.raises(ValueError, match="HND"):
+            nv.decode_attention(q, k, *args, value_cache=v)
+        # One head and one-token pages: both readings are one geometry.
+        one = torch.zeros(N * 2 * F, dtype=torch.int8).view(torch.uint8).view(N, 2, 1, F)
+        nv.dequantize(*one.split(1, dim=1)[:1], 0.04, 0.06, value_cache=one.split(1, dim=1)[1], scale_layout="linear")
     # Where H == T the store's key fits both readings too.
     raw2 = torch.zeros(N * 2 * T * T * F, dtype=torch.int8)
     k2, v2 = raw2.view(torch.uint8).view(N, 2 * T, T, F).split(T, dim=1)
