@@ -503,10 +503,10 @@ bool split_half(nb::handle obj, const Arg& a) {
 bool sides_of_5d(nb::handle base, const Arg& a) {
   if (base.is_none()) return false;
   nb::object shape = nb::getattr(base, "shape", nb::none());
-  if (!PyTuple_Check(shape.ptr()) || PyTuple_GET_SIZE(shape.ptr()) != 5) return false;  // torch.Size too
+  if (!PyTuple_Check(shape.ptr()) || PyTuple_Size(shape.ptr()) != 5) return false;  // torch.Size too; limited API
   int64_t d[5];
   for (int i = 0; i < 5; ++i)
-    if (!nb::try_cast(nb::handle(PyTuple_GET_ITEM(shape.ptr(), i)), d[i], false)) return false;
+    if (!nb::try_cast(nb::handle(PyTuple_GetItem(shape.ptr(), i)), d[i], false)) return false;
   return d[1] == 2 && d[0] == a.shape[0] && d[2] == a.shape[1] && d[3] == a.shape[2] && d[4] == a.shape[3];
 }
 
