@@ -157,6 +157,9 @@ struct DecodeParams {
   int64_t workspace_floats;
 };
 
+// Query heads per KV head that decode takes (GQA groups 1 to 16).
+constexpr int kDecodeMaxGroup = 16;
+
 // Split-KV of the CUDA decode (flash-decoding): the number of splits of each sequence's tokens,
 // a function of the geometry alone (so a workspace sized once serves every call of that
 // geometry, and a CUDA graph replays the same grid): enough (sequence, KV head, split) blocks to

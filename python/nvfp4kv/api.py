@@ -927,12 +927,12 @@ def _decode_out(query: Any, kv_cache: Any, value_cache: Any, out: Any, block_tab
     # A cache that is not uint8 first, as the C ABI checks it before the query (traced: the op's).
     _, _, h, _, dv = _cache_geometry(kv_cache, value_cache, orient, uint8=checked)
     hq = qshape[1]
-    # More than 16 query heads per KV head, refused before an output of their count is allocated;
-    # the C ABI refuses the rest (its messages say more: _refused).
-    if checked and hq > 16 * h > 0:
+    # More query heads per KV head than decode takes, refused before an output of their count is
+    # allocated; the C ABI refuses the rest (its messages say more: _refused).
+    if checked and hq > _C.DECODE_MAX_GROUP * h > 0:
         raise ValueError(f"query: {hq} query heads (shape {tuple(qshape)}) with the {h} KV heads of "
                          f"{'kv_cache' if value_cache is None else 'key_cache'}; expected a multiple of the KV "
-                         "heads, at most 16 query heads per KV head")
+                         f"heads, at most {_C.DECODE_MAX_GROUP} query heads per KV head")
     return _empty(query, (qshape[0], hq, dv), dtype)
 
 

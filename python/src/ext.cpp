@@ -17,6 +17,7 @@
 #include "nvfp4kv/format.h"
 #include "nvfp4kv/nvfp4kv.h"
 #include "float_mode.h"  // the IEEE mode for the host conversion of a scale (cpp/src/float_mode.h)
+#include "params.h"      // kDecodeMaxGroup (cpp/src/params.h)
 #include "testing.h"  // the library's test switches (cpp/src/testing.h), for _set_* below
 
 namespace nb = nanobind;
@@ -512,7 +513,7 @@ bool sides_of_5d(nb::handle base, const Arg& a) {
 
 // What of a call's own head count can tell the two readings of ambiguous sides apart (below).
 // kEqual: the store's key, whose head count must equal the cache's, so only A == B is silent;
-// kGroup: decode's query, a multiple of the cache's heads by at most 16 (the count is given);
+// kGroup: decode's query, a multiple of the cache's heads by at most kDecodeMaxGroup (the count);
 // kNone: the reads, whose outputs the Python API shapes from the sides as read.
 enum class HeadsTell { kEqual, kGroup, kNone };
 
@@ -530,7 +531,7 @@ void warn_if_ambiguous(const Arg& c, nb::handle c_obj, const Arg& vc, HeadsTell 
   if (c.shape[0] <= 0 || A <= 0 || B <= 0 || F <= 0 || (A == 1 && B == 1)) return;
   int64_t side;
   if (__builtin_mul_overflow(A, B, &side) || __builtin_mul_overflow(side, F, &side) || side > INT64_MAX / 2) return;
-  const auto fits = [heads](int64_t h) { return h > 0 && heads % h == 0 && heads / h <= 16; };
+  const auto fits = [heads](int64_t h) { return h > 0 && heads % h == 0 && heads / h <= nvfp4kv::kDecodeMaxGroup; };
   if (tell == HeadsTell::kEqual ? A != B : tell == HeadsTell::kGroup && !(fits(A) && fits(B))) return;
   for (int i = 0; i < 4; ++i)
     if (c.shape[i] != vc.shape[i] || c.strides[i] != vc.strides[i]) return;
@@ -784,6 +785,7 @@ NB_MODULE(_C, m) {
   m.attr("E2M1_MAX") = nvfp4kv::kE2M1Max;
   m.attr("E4M3_MAX") = nvfp4kv::kE4M3Max;
   m.attr("SCALE_NAN") = nvfp4kv::kScaleNaN;
+  m.attr("DECODE_MAX_GROUP") = nvfp4kv::kDecodeMaxGroup;
   m.attr("RECIPES") = nb::make_tuple(kRecipeNames[0], kRecipeNames[1]);
   m.attr("SCALE_LAYOUTS") = nb::make_tuple(kScaleLayoutNames[0], kScaleLayoutNames[1]);
   m.def("store", &store, nb::arg("key"), nb::arg("value"), nb::arg("kv_cache"),

@@ -3,8 +3,8 @@
  * Pure C (C99; it also compiles as C89 and C++98). Every function is prefixed nvfp4kv_ and never
  * lets a C++ exception escape; those that take tensors or sizes return a status (the version and
  * build queries return their value). All validation happens before any byte is written: a call
- * that returns an error has left every output untouched. On error, nvfp4kv_last_error() (thread-local) names the
- * argument, the value received and what is allowed.
+ * that returns an error has left every output untouched. On error, nvfp4kv_last_error()
+ * (thread-local) names the argument, the value received and what is allowed.
  *
  * Tensors are DLPack DLTensor views (dlpack.h); strides are in elements. Tensors in host memory
  * (kDLCPU, or pinned: kDLCUDAHost) run the CPU path, tensors on a CUDA device the CUDA kernels
