@@ -670,6 +670,11 @@ def test_plan_table_output():
     assert rows["nvfp4"][1:] == ["589,824", "36,864", "101,944", "1,631,104", "199", "3.56x"]
     assert rows["bf16"][-1] == "1.00x" and rows["fp8"][-1] == "2.00x"
     assert "56.00 GiB for the KV cache" in out
+    assert "no weights subtracted" not in out
+    # Without --weights the whole budget goes to the cache, which no model leaves: said under the
+    # budget (a CLI review: a 70B model "fit" 838,848 tokens on 80 GiB).
+    rc, out, _err = run("plan", "--model", "llama-3.1-70b")
+    assert rc == 0 and "- 0 B weights" in out and "no weights subtracted: pass --weights" in out
 
 
 def test_plan_notes_a_block_size_that_vllm_scales_cannot_take():

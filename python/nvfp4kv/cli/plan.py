@@ -136,6 +136,8 @@ def _cmd_plan(args) -> int:
         f"{_human_bytes(result['kv_budget_bytes'])} for the KV cache "
         f"({result['kv_budget_bytes']:,} B)"
     )
+    if result["weights_bytes"] == 0:  # the default: a budget that large leaves no room for a model
+        print("         (no weights subtracted: pass --weights, e.g. 2 bytes per parameter for bf16 weights)")
     print(
         f"paging:  block size {result['block_size']}, context {result['context']:,} tokens = "
         f"{result['pages_per_sequence']:,} pages per sequence"
