@@ -1006,3 +1006,34 @@ def test_subcommand_options_before_the_subcommand_are_named():
     rc, out, _ = run("--json", "-q", "plan")  # the common options still may
     assert rc == 0 and out.startswith("{")
 
+
+
+def test_plan_and_info_json_keys_are_the_documented_ones():
+    """python-api.md lists the keys of `plan --json`, `plan --list-models --json` and `info --json`
+    (a CLI review: only demo's were documented); the lists and the output agree."""
+    page = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python-api.md")
+    if not os.path.isfile(page):
+        pytest.skip("needs the source tree's docs/")
+    text = " ".join(open(page, encoding="utf-8").read().split())
+    para = re.search(r"The JSON of `plan` has the keys (.*?)\. The JSON of `info` has (.*?)\.(?: |$)", text)
+
+    def names(s):
+        return re.findall(r"`(\w+)`", s)
+
+    rc, out, _err = run("plan", "--json")
+    assert rc == 0
+    r = json.loads(out)
+    top, per_format = para.group(1).split("`formats` (per format:")
+    documented = names(top)
+    assert documented[:7] == ["command", "model", "name", "hf_id", "layers", "kv_heads", "head_size"]
+    model_keys = documented[2:8]
+    assert set(r) == {k for k in documented if k not in model_keys} | {"formats"}
+    assert list(r["model"]) == model_keys
+    fmt_keys = set(names(per_format.split("; with `--list-models`")[0])) - {"bf16"}  # "over bf16's"
+    assert set(r["formats"][0]) == fmt_keys
+    rc, out, _err = run("plan", "--list-models", "--json")
+    assert rc == 0 and set(json.loads(out)) == {"command", "models"}
+    assert list(json.loads(out)["models"][0]) == model_keys
+    rc, out, _err = run("info", "--json")
+    assert rc == 0
+    assert set(json.loads(out)) == set(names(para.group(2))) - {"build_info"}
