@@ -313,8 +313,8 @@ def test_sides_whose_origin_cannot_tell_are_warned_about_where_the_heads_cannot_
         with pytest.raises(ValueError, match="HND"):
             nv.decode_attention(q, k, *args, value_cache=v)
         # One head and one-token pages: both readings are one geometry.
-        one = torch.zeros(N * 2 * F, dtype=torch.int8).view(torch.uint8).view(N, 2, 1, F)
-        nv.dequantize(*one.split(1, dim=1)[:1], 0.04, 0.06, value_cache=one.split(1, dim=1)[1], scale_layout="linear")
+        k1, v1 = torch.zeros(N * 2 * F, dtype=torch.int8).view(torch.uint8).view(N, 2, 1, F).split(1, dim=1)
+        nv.dequantize(k1, 0.04, 0.06, value_cache=v1, scale_layout="linear")
     # Where H == T the store's key fits both readings too.
     raw2 = torch.zeros(N * 2 * T * T * F, dtype=torch.int8)
     k2, v2 = raw2.view(torch.uint8).view(N, 2 * T, T, F).split(T, dim=1)
