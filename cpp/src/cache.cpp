@@ -269,8 +269,8 @@ ScaleArg resolve_scale(const DLTensor* scale, const char* name, DLDevice data_de
     if (!global_scale_valid(r.value))
       fail(NVFP4KV_ERROR_INVALID_VALUE,
            "%s: %.9g received; a global scale must be finite and > 0 with a finite reciprocal "
-           "(about 2.9388e-39 to 3.4028235e+38; the decode scale, usually amax / 448)",
-           name, static_cast<double>(r.value));
+           "(%s; the decode scale, usually amax / 448)",
+           name, static_cast<double>(r.value), kGlobalScaleRange);
     return r;
   }
   if (host_readable(data_device) || !same_device(s.device(), data_device))

@@ -473,7 +473,7 @@ int64_t decode_workspace_bytes(int64_t B, int64_t q_len, int64_t Hq, int64_t H, 
   if (B < 0) fail(NVFP4KV_ERROR_INVALID_VALUE, "num_seqs: %lld received; expected >= 0", static_cast<long long>(B));
   check_q_len(q_len);
   if (H <= 0) fail(NVFP4KV_ERROR_INVALID_VALUE, "num_kv_heads: %lld received; expected > 0", static_cast<long long>(H));
-  if (Hq <= 0 || Hq % H != 0 || Hq / H > kDecodeMaxGroup)
+  if (!decode_heads_ok(Hq, H))
     fail(NVFP4KV_ERROR_INVALID_VALUE,
          "num_qo_heads: %lld received with %lld KV heads; expected a multiple of the KV heads, at most %d "
          "query heads per KV head",
@@ -551,7 +551,7 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
     fail(NVFP4KV_ERROR_INVALID_VALUE, "query: stride along head_size is %lld; expected 1",
          static_cast<long long>(query.stride(2)));
   const int64_t Hq = query.size(1);
-  if (Hq <= 0 || Hq % c.H != 0 || Hq / c.H > kDecodeMaxGroup)
+  if (!decode_heads_ok(Hq, c.H))
     fail(NVFP4KV_ERROR_INVALID_VALUE,
          "query: %lld query heads (shape %s) with the %lld KV heads of %s; expected a multiple of the KV "
          "heads, at most %d query heads per KV head",

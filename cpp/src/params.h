@@ -157,8 +157,15 @@ struct DecodeParams {
   int64_t workspace_floats;
 };
 
-// Query heads per KV head that decode takes (GQA groups 1 to 16).
+// Query heads per KV head that decode takes (GQA groups 1 to 16): Hq a multiple of H, at most
+// kDecodeMaxGroup times it. The C ABI's check, and the binding's guess of what it would refuse.
 constexpr int kDecodeMaxGroup = 16;
+inline bool decode_heads_ok(int64_t Hq, int64_t H) {
+  return H > 0 && Hq > 0 && Hq % H == 0 && Hq / H <= kDecodeMaxGroup;
+}
+
+// The global scales format.h's global_scale_valid takes (finite reciprocal), as messages state them.
+constexpr char kGlobalScaleRange[] = "about 2.9388e-39 to 3.4028235e+38";
 
 // Split-KV of the CUDA decode (flash-decoding): the number of splits of each sequence's tokens,
 // a function of the geometry alone (so a workspace sized once serves every call of that

@@ -17,7 +17,7 @@
 #include "nvfp4kv/format.h"
 #include "nvfp4kv/nvfp4kv.h"
 #include "float_mode.h"  // the IEEE mode for the host conversion of a scale (cpp/src/float_mode.h)
-#include "params.h"      // kDecodeMaxGroup (cpp/src/params.h)
+#include "params.h"      // decode_heads_ok, kGlobalScaleRange (cpp/src/params.h)
 #include "testing.h"  // the library's test switches (cpp/src/testing.h), for _set_* below
 
 namespace nb = nanobind;
@@ -393,8 +393,8 @@ void import_scale(Arg& a, nb::handle obj, const char* name) {
       if (text.size() > 40)  // a huge int: its first digits and its length
         text = text.substr(0, 20) + "... (" + std::to_string(text.size() - (text[0] == '-')) + " digits)";
       throw nb::value_error((std::string(name) + ": " + text +
-                             " received; a global scale must be a finite float32 > 0 with a finite reciprocal "
-                             "(about 2.9388e-39 to 3.4028235e+38)")
+                             " received; a global scale must be a finite float32 > 0 with a finite reciprocal (" +
+                             nvfp4kv::kGlobalScaleRange + ")")
                                 .c_str());
     }
     a.t.data = &a.scalar;
@@ -513,7 +513,7 @@ bool sides_of_5d(nb::handle base, const Arg& a) {
 
 // What of a call's own head count can tell the two readings of ambiguous sides apart (below).
 // kEqual: the store's key, whose head count must equal the cache's, so only A == B is silent;
-// kGroup: decode's query, a multiple of the cache's heads by at most kDecodeMaxGroup (the count);
+// kGroup: decode's query, whose count must pass decode_heads_ok with the cache's heads;
 // kNone: the reads, whose outputs the Python API shapes from the sides as read.
 enum class HeadsTell { kEqual, kGroup, kNone };
 
@@ -531,12 +531,14 @@ void warn_if_ambiguous(const Arg& c, nb::handle c_obj, const Arg& vc, HeadsTell 
   if (c.shape[0] <= 0 || A <= 0 || B <= 0 || F <= 0 || (A == 1 && B == 1)) return;
   int64_t side;
   if (__builtin_mul_overflow(A, B, &side) || __builtin_mul_overflow(side, F, &side) || side > INT64_MAX / 2) return;
-  const auto fits = [heads](int64_t h) { return h > 0 && heads % h == 0 && heads / h <= nvfp4kv::kDecodeMaxGroup; };
-  if (tell == HeadsTell::kEqual ? A != B : tell == HeadsTell::kGroup && !(fits(A) && fits(B))) return;
+  if (tell == HeadsTell::kEqual ? A != B
+                                : tell == HeadsTell::kGroup &&
+                                      !(nvfp4kv::decode_heads_ok(heads, A) && nvfp4kv::decode_heads_ok(heads, B)))
+    return;
   for (int i = 0; i < 4; ++i)
     if (c.shape[i] != vc.shape[i] || c.strides[i] != vc.strides[i]) return;
   if (c.t.dtype.code != kDLUInt || c.t.dtype.bits != 8 || c.strides[3] != 1 || c.strides[2] != F ||
-      c.strides[1] != B * F || c.strides[0] < 2 * side || side == 0 ||
+      c.strides[1] != B * F || c.strides[0] < 2 * side ||
       static_cast<const uint8_t*>(vc.t.data) - static_cast<const uint8_t*>(c.t.data) != side)
     return;
   const char* attr = nb::hasattr(c_obj, "_base") ? "_base" : "base";
