@@ -706,8 +706,11 @@ _INT32_MAX = 2**31 - 1
 def _prefix_sums(seq_lens: Any) -> Any:
     """int64 ``[B + 1]`` prefix sums of ``seq_lens`` in its framework and device (no host sync).
 
-    Summed in int64, so nothing wraps (int32 sums of [2**32, 16] would give [0, 0, 16]); a length
-    < 0 counts as 0, as the gather reads it (such a sequence gathers nothing).
+    Summed in int64 (int32 sums of [2**32, 16] would give [0, 0, 16]); a length < 0 counts as 0,
+    as the gather reads it (such a sequence gathers nothing), and one above (2**63 - 1) // B as
+    that, so that the sums never wrap (lengths of 2**62 wrapped the int64 sums to negative
+    totals: review), with no host read. No output holds that many rows: an allocation is
+    refused by the total (_gather_outputs), and a given output bounds the rows written.
     """
     shape = _shape(seq_lens, "seq_lens")
     fw = _framework(seq_lens)
@@ -717,15 +720,16 @@ def _prefix_sums(seq_lens: Any) -> Any:
     _host_readable_index(seq_lens, "seq_lens")  # as the C ABI: type, then shape
     if len(shape) != 1:
         raise ValueError(f"seq_lens: shape {shape} received; expected an int32 or int64 array [B]")
+    cap = (2**63 - 1) // max(int(shape[0]), 1)
     if fw == "torch":
         import torch
 
         cu = torch.zeros(shape[0] + 1, dtype=torch.int64, device=seq_lens.device)
-        torch.cumsum(seq_lens.clamp(min=0), 0, dtype=torch.int64, out=cu[1:])
+        torch.cumsum(seq_lens.to(torch.int64).clamp(0, cap), 0, out=cu[1:])
         return cu
     xp = __import__("cupy") if fw == "cupy" else __import__("numpy")
     cu = xp.zeros(shape[0] + 1, dtype=xp.int64)
-    xp.cumsum(xp.maximum(seq_lens, 0), dtype=xp.int64, out=cu[1:])
+    xp.cumsum(xp.clip(seq_lens.astype(xp.int64), 0, cap), out=cu[1:])
     return cu
 
 

@@ -178,6 +178,28 @@ def test_default_cu_seqlens_numpy_does_not_wrap_past_int32():
     assert_floats_identical(ko, expected_rows(kref, bt[0], 4, 16))
 
 
+@pytest.mark.parametrize("backend", ["torch", "numpy"])  # each computes its own sums
+def test_default_cu_seqlens_does_not_wrap_past_int64(backend):
+    # Found by review (fuzzing): lengths of 2**62 wrapped the int64 sums to negative totals, so an
+    # allocation met torch's or numpy's error (naming no argument) instead of the size check, and
+    # given outputs came back with a cu_seqlens of negative entries. A length counts as at most
+    # (2**63 - 1) // B: the sums stay monotone and the size check names seq_lens.
+    cache, kref, _ = gather_setup()
+    bt = torch.tensor([[0, 1, 1, 0], [1, 1, 0, 0], [0, 1, 0, 1]])
+    lens = torch.tensor([2**62, 2**62, 2**62])
+    ko, vo = torch.full((16, 2, 64), 7.0), torch.full((16, 2, 64), 7.0)
+    args = (cache.kv_cache, bt, lens)
+    if backend == "numpy":
+        args, ko, vo = tuple(x.numpy() for x in args), ko.numpy(), vo.numpy()
+    with pytest.raises(ValueError, match="seq_lens: .* rows in all received"):
+        nv.gather_dequant(*args, **LINEAR)
+    with watchdog():
+        _, _, cu = nv.gather_dequant(*args, key_out=ko, value_out=vo, **LINEAR)
+    cap = (2**63 - 1) // 3
+    assert [int(x) for x in cu] == [0, cap, 2 * cap, 3 * cap]
+    assert_floats_identical(np.asarray(ko), expected_rows(kref, bt[0], 4, 16))  # sequence 0's first tokens
+
+
 @pytest.mark.parametrize("backend", ["torch", "numpy"])  # each computes its own sums (mutation testing)
 def test_default_cu_seqlens_counts_a_negative_length_as_zero(backend):
     # The gather reads a length < 0 as an empty sequence; the default prefix sums agree, so the
