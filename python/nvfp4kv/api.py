@@ -227,6 +227,7 @@ def _refused(error: ValueError, kv_cache: Any, value_cache: Any, orient: int) ->
     speaks of heads or of an NHD side (review, 2026-12-06). Asked only after a refusal."""
     msg = str(error)
     if (orient != -1 or value_cache is None or ("key_cache" not in msg and "value_cache" not in msg)
+            or "a view of part of the pages" in msg  # the binding's refusal of cut views: no reading helps
             or len(getattr(kv_cache, "shape", ())) != 4 or len(getattr(value_cache, "shape", ())) != 4
             or _split_halves(kv_cache, value_cache) is not None):
         return error

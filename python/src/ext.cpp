@@ -555,10 +555,49 @@ void warn_if_ambiguous(const Arg& c, nb::handle c_obj, const Arg& vc, HeadsTell 
   if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 2) != 0) throw nb::python_error();
 }
 
+// A 4-D cache argument cut from part of the pages of a cache: its origin (`_base`, `base`) a
+// uint8 5-D cache (N, 2, X, Y, F) or 4-D one (N, X, Y, F) of the same F whose pages hold other
+// rows than the argument's (one head of several, the first tokens of each page), as a side
+// (with a value_cache) or a packed cache. A page side holds the codes of all its heads and tokens
+// before their scales (FORMAT.md §4), so such a view is no cache: its "scales" are other heads'
+// codes, and a store through it wrote into heads it never named (found by review: fuzzing). The
+// shapes and strides alone match a cache of fewer heads in padded pages; origins of other ranks
+// (vLLM views a flat buffer) say nothing and pass.
+void refuse_part_of_pages(nb::handle obj, const Arg& a, bool side, const char* name) {
+  if (a.t.ndim != 4) return;
+  nb::object base = nb::getattr(obj, nb::hasattr(obj, "_base") ? "_base" : "base", nb::none());
+  if (base.is_none()) return;
+  nb::object shape = nb::getattr(base, "shape", nb::none());
+  if (!PyTuple_Check(shape.ptr())) return;  // torch.Size too; limited API
+  const Py_ssize_t n = PyTuple_Size(shape.ptr());
+  int64_t d[5], itemsize = 0;
+  if ((n != 4 && n != 5) || !nb::try_cast(nb::getattr(base, "itemsize", nb::none()), itemsize, false) || itemsize != 1)
+    return;
+  for (Py_ssize_t i = 0; i < n; ++i)
+    if (!nb::try_cast(nb::handle(PyTuple_GetItem(shape.ptr(), i)), d[i], false)) return;
+  if (d[n - 1] != a.shape[3] || (n == 5 && d[1] != 2)) return;
+  const int64_t rows = a.shape[1] * a.shape[2];  // of a page side (packed: of a page)
+  const int64_t root = n == 5 ? 2 * d[2] * d[3] : d[1] * d[2];  // of the origin's page
+  // A side: half of the origin's page (a 5-D cache's [:, i], a packed cache's split halves) or a
+  // view of a side (n == 4); a packed cache: the origin's whole page.
+  if (side ? rows * 2 == root || (n == 4 && rows == root) : rows == root) return;
+  std::string dims;
+  for (Py_ssize_t i = 0; i < n; ++i) dims += (i ? ", " : "") + std::to_string(d[i]);
+  throw nb::value_error((std::string(name) + ": a view of part of the pages of the cache it was taken from (shape (" +
+                         dims + ")): " + std::to_string(a.shape[1]) + " x " +
+                         std::to_string(a.shape[2]) + " rows of F bytes a page" + (side ? " side" : "") +
+                         ". A page side holds the codes of all its heads and tokens before their scales " +
+                         "(FORMAT.md §4), so part of one is not a cache: pass the whole cache (its [:, 0] and " +
+                         "[:, 1] as the sides)")
+                            .c_str());
+}
+
 // `profile`: the call's scale layout; "vllm" interleaves V scales, defined for HND only, so the C
 // ABI refuses the NHD reading of such sides and nothing is silent.
 void orient_sides(Arg& c, nb::handle c_obj, Arg& vc, nb::handle vc_obj, int orient, int profile,
                   HeadsTell tell = HeadsTell::kNone, int64_t heads = 0) {
+  refuse_part_of_pages(c_obj, c, vc.present, vc.present ? "key_cache" : "kv_cache");
+  if (vc.present) refuse_part_of_pages(vc_obj, vc, true, "value_cache");
   if (!vc.present || c.t.ndim != 4 || vc.t.ndim != 4 || orient == 0) return;
   if (orient < 0 && (!split_half(c_obj, c) || !split_half(vc_obj, vc))) {
     if (orient == -1 && static_cast<nvfp4kv_scale_profile>(profile) != NVFP4KV_SCALES_VLLM)

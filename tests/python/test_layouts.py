@@ -620,3 +620,42 @@ def test_kv_layout_where_the_strides_cannot_tell():
         nv.store(key[:3], value[:3], k, torch.arange(3), 0.04, 0.06, value_cache=v, scale_layout="linear",
                  kv_layout="HND")
     assert torch.equal(view, before)
+
+
+def test_views_of_part_of_the_pages_are_refused():
+    """Found by review (fuzzing): head 0 of a 2-head 5-D cache taken as two sides, or the first 8
+    tokens of NHD pages, passed as a cache of fewer heads or a smaller block size, and a store
+    through them wrote its scale bytes into the other head's codes. Their origin (the cache they
+    were cut from) shows them: every call refuses them with a ValueError that says so and
+    writes nothing; whole sides, sides of the first pages and packed halves still pass."""
+    kv = torch.randint(0, 64, (4, 2, 2, 16, F), dtype=torch.uint8).permute(0, 1, 3, 2, 4)  # HND, (N, 2, T, H, F)
+    before = kv.clone()
+    x = torch.randn(1, 1, D)
+    bt, sl, q = torch.tensor([[0, 1]]), torch.tensor([20]), torch.randn(1, 4, D).to(torch.bfloat16)
+    nhd = torch.zeros(2, 2, 16, 2, F, dtype=torch.uint8)
+    flat = torch.zeros(4, 4, 16, F, dtype=torch.uint8)  # a packed cache of 2 heads: (N, 2H, T, F)
+    cut = {
+        "one head of two (HND)": kv[:, :, :, :1].unbind(1),
+        "the first 8 tokens of NHD pages": nhd[:, :, :8].unbind(1),
+        "numpy: one head of two (HND)": tuple(np.zeros((4, 2, 2, 16, F), np.uint8)[:, i, :1].transpose(0, 2, 1, 3)
+                                              for i in (0, 1)),
+        "half a packed cache's K side": (flat[:, :1], flat[:, 1:2]),
+    }
+    for name, (kc, vc) in cut.items():
+        calls = [
+            lambda: nv.store(x, x, kc, torch.tensor([0]), 1.0, 1.0, value_cache=vc, scale_layout="linear"),
+            lambda: nv.prepare_store(kc, 1.0, 1.0, value_cache=vc, scale_layout="linear"),
+            lambda: nv.dequantize(kc, value_cache=vc, scale_layout="linear"),
+            lambda: nv.gather_dequant(kc, bt, sl, value_cache=vc, scale_layout="linear"),
+            lambda: nv.decode_attention(q, kc, bt, sl, 1.0, 1.0, value_cache=vc, scale_layout="linear"),
+        ]
+        for call in calls:
+            with pytest.raises(ValueError, match=r"a view of part of the pages of the cache it was taken from"):
+                call()
+    assert torch.equal(kv, before) and not nhd.any() and not flat.any()
+    with pytest.raises(ValueError, match=r"kv_cache: a view of part of the pages"):
+        nv.dequantize(flat[:, :2], scale_layout="linear")  # a packed cache of one head cut from one of two
+    # Whole sides, sides of the first pages, packed halves and a packed view of the 5-D cache read.
+    for kc, vc in (kv.unbind(1), kv[:2].unbind(1), flat.split(2, dim=1), (kv[:, 0].numpy(), kv[:, 1].numpy())):
+        nv.dequantize(kc, value_cache=vc, scale_layout="linear", kv_layout="HND")
+    nv.dequantize(kv.permute(0, 1, 3, 2, 4).reshape(4, 4, 16, F), scale_layout="linear")
