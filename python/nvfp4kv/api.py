@@ -251,12 +251,27 @@ def prepare_store(
     The same operation and checks as :func:`store` with these arguments, but the cache, the two
     global scales and the workspace are imported once, here, instead of at every call: a
     decode step's store of a few tokens costs mostly this host work. The object keeps the tensors
-    alive and reads them at each call (so in-place updates of a scale tensor are seen; scales
-    given as Python or numpy numbers are taken by value, here); do not resize or reallocate
-    them. Arguments are validated at each call, as by :func:`store`.
+    and their memory alive and reads that memory at each call (so in-place updates of a scale
+    tensor are seen; scales given as Python or numpy numbers are taken by value, here). A tensor
+    given new memory afterwards (torch's ``set_``, ``.data = ...``) is not followed: prepare again
+    after that; never ``resize_`` one (a growing resize frees its memory in place). Arguments are
+    validated at each call, as by :func:`store`.
     """
     orient = _orientation(kv_cache, value_cache, kv_layout)
-    return _C.PreparedStore(kv_cache, k_scale, v_scale, value_cache, recipe, scale_layout, workspace, orient)
+    # The torch storages too: a tensor given new memory (set_, .data =) would otherwise free the
+    # memory imported here while this object still writes or reads it (found by review: fuzzing).
+    memory = tuple(_storage(x) for x in (kv_cache, value_cache, k_scale, v_scale, workspace)
+                   if _framework(x) == "torch")
+    return _C.PreparedStore(kv_cache, k_scale, v_scale, value_cache, recipe, scale_layout, workspace, orient, memory)
+
+
+def _storage(tensor: Any) -> Any:
+    """A torch tensor's storage, or None where it has none to give (sparse layouts: the
+    extension refuses them with its own error)."""
+    try:
+        return tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def store_workspace_bytes(num_blocks: int, block_size: int) -> int:

@@ -633,9 +633,11 @@ struct PreparedStore {
   Arg cache, value_cache, k_scale, v_scale, workspace;
   int recipe = 0, profile = 0;
   nb::object cache_obj;
+  nb::object memory;  // what keeps the imported memory itself alive (api.prepare_store: torch storages)
 
   PreparedStore(nb::handle kv_cache, nb::handle k_scale_, nb::handle v_scale_, nb::handle value_cache_,
-                nb::handle recipe_, nb::handle scale_layout, nb::handle workspace_, int orient) {
+                nb::handle recipe_, nb::handle scale_layout, nb::handle workspace_, int orient,
+                nb::handle memory_ = nb::none()) {
     recipe = choice(recipe_, kRecipeNames, 2, "_RECIPES", "recipe");
     profile = choice(scale_layout, kScaleLayoutNames, 2, "_SCALE_LAYOUTS", "scale_layout");
     const nb::object ksc = scale_arg(k_scale_, "k_scale"), vsc = scale_arg(v_scale_, "v_scale");
@@ -646,6 +648,7 @@ struct PreparedStore {
     import_scale(v_scale, vsc, "v_scale");
     import_optional(workspace, workspace_, "workspace", true);
     cache_obj = nb::borrow(kv_cache);
+    memory = nb::borrow(memory_);
   }
   PreparedStore(const PreparedStore&) = delete;
   PreparedStore& operator=(const PreparedStore&) = delete;
@@ -836,10 +839,11 @@ NB_MODULE(_C, m) {
   nb::class_<PreparedStore>(m, "PreparedStore",
                             "One layer's store, made by nvfp4kv.prepare_store: call it as "
                             "prepared(key, value, slot_mapping, stream=None).")
-      .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, int>(),
+      .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, int,
+                    nb::handle>(),
            nb::arg("kv_cache"), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
            nb::arg("value_cache").none(), nb::arg("recipe").none(), nb::arg("scale_layout").none(),
-           nb::arg("workspace").none(), nb::arg("orient") = -1)
+           nb::arg("workspace").none(), nb::arg("orient") = -1, nb::arg("memory").none() = nb::none())
       .def("__call__", &PreparedStore::operator(), nb::arg("key"), nb::arg("value"),
            nb::arg("slot_mapping"), nb::arg("stream").none() = nb::none(),
            "Store key and value [tokens, H, D] at slot_mapping, as nvfp4kv.store with the prepared "

@@ -380,6 +380,29 @@ def test_prepared_store_keeps_its_tensors_and_sees_scale_updates(nv):
         assert_bytes_equal(cache.snapshot(), want, cache)
 
 
+def test_prepared_store_keeps_its_memory_when_a_tensor_gets_new_memory(nv):
+    # Found by review (fuzzing): a scale tensor given new memory after preparation (set_, .data =)
+    # freed the memory the prepared store had imported, and it then read freed memory. The object
+    # keeps that memory alive and goes on with it (documented: prepare again after such a change).
+    import gc
+
+    rng = np.random.default_rng(36)
+    N, T, H, D = 2, 4, 2, 64
+    cache = make_cache(N, T, H, D, "5d", "HND", "torch", seed=14)
+    ks, vs = torch.tensor([0.25]), torch.tensor([0.5])
+    prepared = nv.prepare_store(cache.kv_cache, ks, vs)
+    ks.set_(torch.tensor([-1.0]))
+    vs.data = torch.tensor([float("nan")])
+    gc.collect()
+    torch.full((1 << 16,), -3.0)  # memory the allocator may hand out again
+    k = mixed_tokens(rng, 3, H, D)
+    key, value, k32, v32 = make_kv(k, k, "float32", "torch")
+    slots = make_slots([0, 5, 7], backend="torch")
+    want = expected_store(cache, cache.snapshot(), k32, v32, slots, 0.25, 0.5)
+    prepared(key, value, slots)
+    assert_bytes_equal(cache.snapshot(), want, cache)
+
+
 def test_prepared_store_errors(nv):
     N, T, H, D = 2, 4, 2, 64
     cache = make_cache(N, T, H, D, "5d", "HND", "torch", seed=14)
