@@ -22,8 +22,9 @@ Two tables (issue #23, point 4):
 - main cases: Hq 32, Hkv 8, D 128, T 16, bf16, q_len 1, HND at each B×L of CASES; the small ones
   also inside a CUDA graph (µs per call, ours and SDPA's);
 - variants (VARIANTS): one thing changed from 16×4096 each (q_len, GQA group, head size, fp16,
-  NHD, block sizes 8, 12 and 1), 1×1024 timed inside a CUDA graph, a window of 4096 tokens at
-  16×32768 (its bytes and SDPA's K/V: the window's), 1×1024 (graph) and 16×4096 in a block
+  NHD, block sizes 8, 12 and 1, one KV head at T 16 and T 1: a rank of an 8-KV-head model at
+  tensor parallelism 8, whose T 1 page sides of 72 bytes are not 16-byte aligned), 1×1024 timed
+  inside a CUDA graph, a window of 4096 tokens at 16×32768 (its bytes and SDPA's K/V: the window's), 1×1024 (graph) and 16×4096 in a block
   table 131072 tokens wide (an engine's table of its longest context), and in that table 16
   lengths from 256 to 7936 (a served batch: its mean and bytes those of 16×4096; SDPA's K/V are
   16×4096's, its best case), and 1×1024 (graph) given a view of that table's first 64 columns (an
@@ -86,6 +87,8 @@ VARIANTS = {
     "t8": ("T 8", dict(T=8)),
     "t12": ("T 12", dict(T=12)),
     "t1": ("T 1 (linear scales)", dict(T=1)),
+    "h1": ("one KV head (Hq 8: 8 KV heads at TP 8)", dict(Hq=8, H=1)),
+    "h1t1": ("one KV head (Hq 8), T 1 (linear scales)", dict(Hq=8, H=1, T=1)),
     "graph": ("1x1024 in a CUDA graph", dict(B=1, L=1024, graph=True)),
     "w4096": ("window 4096 at 16x32768", dict(L=32768, window=4095)),
     "wide": ("1x1024 in a 131072-token table, graph", dict(B=1, L=1024, width=131072, graph=True)),

@@ -9,11 +9,12 @@
 // splits (merge_cluster). The same inputs give the same bits on every run. The global scales
 // are applied to the logits (k_scale * sm_scale) and to the output (v_scale), so K and V are
 // read as e2m1 x e4m3.
-// - decode_mma_kernel, the tensor-core reader, for every block size (below).
-// - decode_kernel, the lane-per-token reader in fp32, for cache sides whose start or page stride
-//   is not a multiple of 16 bytes and caches beyond 32-bit offsets (select_decode_kernel): for
-//   the logits each lane takes one token, for the output each lane takes Dv/32 elements of every
-//   token.
+// - decode_mma_kernel, the tensor-core reader, for every block size (below), with 16-byte copies,
+//   or 8- and 4-byte ones where block sizes that are not multiples of 16 leave the sides so.
+// - decode_kernel, the lane-per-token reader in fp32, for the other cache sides whose start or
+//   page stride is not a multiple of 16 bytes and caches beyond 32-bit offsets
+//   (select_decode_kernel): for the logits each lane takes one token, for the output each lane
+//   takes Dv/32 elements of every token.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -701,9 +702,12 @@ constexpr int mma_min_blocks() {
 // kByLength: the launch's splits follow the lengths (DecodeLaunch::by_length); a kernel of its
 // own, since the split's code cost launches that do not use it 0.18 us at 1 x 1024 even when
 // skipped (design notes: "Decode attention: splits from the lengths").
-template <int kD, int kTiles, int kN, bool kCapped, bool kPerToken, bool kByLength>
+// kCopy: the bytes of one code-row copy, 16, or where kPerToken pages leave the sides only 8- or
+// 4-byte aligned, decode_narrow_copy(kD) (design notes: "Decode attention: narrow copies").
+template <int kD, int kTiles, int kN, bool kCapped, bool kPerToken, bool kByLength, int kCopy>
 __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) decode_mma_kernel(
     const __grid_constant__ DecodeLaunch L) {
+  static_assert(kCopy == 16 || (kPerToken && (kCopy == 8 || kCopy == 4)), "narrow copies: per-token pages");
   using St = MmaStage<kD, kTiles>;
   constexpr int kRows = kMmaRowsPerTile * kN;
   constexpr int kStep = St::kStep;
@@ -941,17 +945,18 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
   uint32_t valid = 0;  // bit st * kTiles + u: tile u of the step in stage st has a valid page
   uint64_t tok_valid = 0;  // kPerToken: bit 32 st + e, token e of the step in stage st has a valid page
 
-  // The lane's share of a tile's code rows: 16-byte chunk `ch` of rows e_l + i * kRowStep
+  // The lane's share of a tile's code rows: kCopy-byte chunk `ch` of rows e_l + i * kRowStep
   // (i < kPerLane), at page-relative offsets that move by a constant per row (K and V have the
   // same geometry: one data_pos). Each copy instruction of the warp reads whole rows, 32
   // neighbouring chunks where rows are contiguous.
-  constexpr int kChunks = kD / 32;         // 16-byte chunks of a code row
+  constexpr int kChunks = kD / 2 / kCopy;  // chunks of a code row
+  static_assert(kChunks >= 2 && kChunks <= 16, "lanes 0-15 (the K scales' copies) are whole rows");
   constexpr int kRowStep = 32 / kChunks;   // rows between a lane's chunks
   constexpr int kPerLane = 16 / kRowStep;  // chunks of a lane per tile and side
   const int ch = lane % kChunks, e_l = lane / kChunks;
-  const uint32_t lane_src = (kPerToken ? 0u : e_l * kat.data_pos) + 16 * ch;  // kPerToken: each row's own
+  const uint32_t lane_src = (kPerToken ? 0u : e_l * kat.data_pos) + kCopy * ch;  // kPerToken: each row's own
   const uint64_t k_from = addr(p.k.base) + kat.data0 + lane_src;
-  const uint32_t k_dst = stages + St::kK + e_l * St::kKRow + 16 * ch;  // V: at St::kV, rows of kVRow
+  const uint32_t k_dst = stages + St::kK + e_l * St::kKRow + kCopy * ch;  // V: at St::kV, rows of kVRow
   // Scale bytes: one copy instruction for both sides, K on lanes 0-15 and V on 16-31, kS bytes
   // each. A tile's (pos0 % 16 == 0) K scales, linear, are kS bytes per token at a stride of
   // scale_pos; its interleaved V scales are one run of 16 kS bytes (FORMAT.md §4: blocks of 4
@@ -1020,8 +1025,10 @@ __global__ void __launch_bounds__(kDecodeThreads, (mma_min_blocks<kD, kN>())) de
           const uint32_t page = __shfl_sync(0xffffffffu, mine, 16 * u + r);
           const bool ok = page != kNoPage && static_cast<int32_t>(r) < rem - 16 * u;
           const uint32_t off = __shfl_sync(0xffffffffu, next_pos[0], 16 * u + r) * data_pos;
-          cp_async<16, true>(kd + (16 * u + kRowStep * i) * St::kKRow, page_at(k_base, ok ? page : 0u, k_page, off), ok);
-          cp_async<16, true>(vd + (16 * u + kRowStep * i) * St::kVRow, page_at(v_base, ok ? page : 0u, v_page, off), ok);
+          cp_async<kCopy, true>(kd + (16 * u + kRowStep * i) * St::kKRow, page_at(k_base, ok ? page : 0u, k_page, off),
+                                ok);
+          cp_async<kCopy, true>(vd + (16 * u + kRowStep * i) * St::kVRow, page_at(v_base, ok ? page : 0u, v_page, off),
+                                ok);
         }
         // The scale lane's bytes lie in the page of its token stok (an interleaved block of 4
         // tokens lies in one page: T % 4 == 0, and a tile starts at a multiple of 4 in its
@@ -1521,11 +1528,11 @@ bool cluster_fits(int device, int size) {
   return fits;
 }
 
-template <int kD, int kN, bool kCapped, bool kPerToken, bool kByLength>
+template <int kD, int kN, bool kCapped, bool kPerToken, bool kByLength, int kCopy>
 cudaError_t launch_mma_kernel(DecodeLaunch& L, dim3 grid, int device, cudaStream_t stream) {
   // Two tiles per step halve the per-step overhead; D 256 has the registers for one.
   constexpr int kTiles = kD >= 256 ? 1 : 2;
-  constexpr auto kernel = decode_mma_kernel<kD, kTiles, kN, kCapped, kPerToken, kByLength>;
+  constexpr auto kernel = decode_mma_kernel<kD, kTiles, kN, kCapped, kPerToken, kByLength, kCopy>;
   constexpr size_t smem = mma_smem_bytes<kD, kTiles, kN>();
   const cudaError_t err = allow_shared_memory<kernel, smem>(device);
   if (err != cudaSuccess) return err;
@@ -1537,26 +1544,27 @@ cudaError_t launch_mma_kernel(DecodeLaunch& L, dim3 grid, int device, cudaStream
   // of this launch's 65535 sequences: every launch of a call must decide alike, since the second
   // kernel runs once for all of them.
   const int64_t blocks = int64_t{L.splits} * L.p.H * L.chunks.d * L.p.B;
-  L.cluster = decode_cluster_merge(DecodeKernel::kMma, L.splits, blocks, device_info(device)) &&
+  L.cluster = decode_cluster_merge(kCopy == 16 ? DecodeKernel::kMma : DecodeKernel::kMmaNarrow, L.splits, blocks,
+                                   device_info(device)) &&
               cluster_fits<kernel, smem>(device, L.splits);
   return launch_pdl(kernel, grid, dim3(kDecodeThreads), device, stream, L, smem, L.cluster ? L.splits : 1);
 }
 
-template <int kD, int kN, bool kCapped, bool kPerToken>
+template <int kD, int kN, bool kCapped, bool kPerToken, int kCopy>
 cudaError_t launch_mma(DecodeLaunch& L, dim3 grid, int device, cudaStream_t stream) {
-  return L.by_length ? launch_mma_kernel<kD, kN, kCapped, kPerToken, true>(L, grid, device, stream)
-                     : launch_mma_kernel<kD, kN, kCapped, kPerToken, false>(L, grid, device, stream);
+  return L.by_length ? launch_mma_kernel<kD, kN, kCapped, kPerToken, true, kCopy>(L, grid, device, stream)
+                     : launch_mma_kernel<kD, kN, kCapped, kPerToken, false, kCopy>(L, grid, device, stream);
 }
 
 // The tensor-core reader's kernel for the block's query rows and the soft cap.
-template <int kD, bool kPerToken>
+template <int kD, bool kPerToken, int kCopy = 16>
 cudaError_t launch_mma_rows(DecodeLaunch& L, int rows, dim3 grid, int device, cudaStream_t stream) {
   const bool capped = L.p.soft_cap > 0.0f;
   if (mma_row_tiles(kD, rows) == 2)
-    return capped ? launch_mma<kD, kD <= 128 ? 2 : 1, true, kPerToken>(L, grid, device, stream)
-                  : launch_mma<kD, kD <= 128 ? 2 : 1, false, kPerToken>(L, grid, device, stream);
-  return capped ? launch_mma<kD, 1, true, kPerToken>(L, grid, device, stream)
-                : launch_mma<kD, 1, false, kPerToken>(L, grid, device, stream);
+    return capped ? launch_mma<kD, kD <= 128 ? 2 : 1, true, kPerToken, kCopy>(L, grid, device, stream)
+                  : launch_mma<kD, kD <= 128 ? 2 : 1, false, kPerToken, kCopy>(L, grid, device, stream);
+  return capped ? launch_mma<kD, 1, true, kPerToken, kCopy>(L, grid, device, stream)
+                : launch_mma<kD, 1, false, kPerToken, kCopy>(L, grid, device, stream);
 }
 
 template <DType kDType, int kD>
@@ -1575,6 +1583,8 @@ cudaError_t launch_decode(DecodeLaunch& L, DecodeKernel kind, int device, cudaSt
     if (kind == DecodeKernel::kMma)
       err = decode_per_token_pages(p.T) ? launch_mma_rows<kD, true>(L, rows, grid, device, stream)
                                         : launch_mma_rows<kD, false>(L, rows, grid, device, stream);
+    else if (kind == DecodeKernel::kMmaNarrow)  // per-token pages (select_decode_kernel); never at D 256
+      err = launch_mma_rows<kD, true, decode_narrow_copy(kD)>(L, rows, grid, device, stream);
     else
       err = launch_pdl(lanes, grid, dim3(kDecodeThreads), device, stream, L);
     if (err != cudaSuccess) return err;
@@ -1635,13 +1645,15 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
   L.q_vec = aligned(16, p.query, {p.q_stride[0] * 2, p.q_stride[1] * 2});
   constexpr double k2G = 2147483648.0, k4G = 4294967296.0;
   const auto d = [](int64_t x) { return static_cast<double>(x); };
+  const auto align = [&](int64_t to) {
+    return aligned(to, p.k.base, {p.k.page_stride}) && aligned(to, p.v.base, {p.v.page_stride});
+  };
   const DecodeKernel kind = select_decode_kernel(
-      {p.T, p.k.D, aligned(16, p.k.base, {p.k.page_stride}) && aligned(16, p.v.base, {p.v.page_stride}),
-       p.k.interleaved != 0,
+      {p.T, p.k.D, align(16) ? 16 : align(8) ? 8 : align(4) ? 4 : 1, p.k.interleaved != 0,
        d(p.N) < k2G && d(p.k.page_stride) < k4G && d(p.v.page_stride) < k4G && p.bt_stride[1] >= 0 &&
            d(p.max_blocks) * d(p.bt_stride[1]) * 8.0 < k4G && d(L.cols_per_split) * d(p.T) < k2G});
   const int rows = p.group * p.q_len;
-  const int per_block = kind == DecodeKernel::kMma ? kMmaRowsPerTile * mma_row_tiles(p.k.D, rows)
+  const int per_block = decode_mma(kind) ? kMmaRowsPerTile * mma_row_tiles(p.k.D, rows)
                         : rows <= 1                ? 1
                         : rows <= 2                ? 2
                         : rows <= 4                ? 4

@@ -121,7 +121,7 @@ int64_t gather_pages_blocks_per_seq(const GatherShape& s, const PagesPlan& pages
 }
 
 bool decode_cluster_merge(DecodeKernel kind, int64_t splits, int64_t blocks, const DeviceInfo& d) {
-  return kind == DecodeKernel::kMma && splits > 1 && splits <= kMaxClusterSplits && blocks <= d.sm_count &&
+  return decode_mma(kind) && splits > 1 && splits <= kMaxClusterSplits && blocks <= d.sm_count &&
          d.cc_major >= 9;
 }
 
@@ -134,7 +134,14 @@ bool decode_by_length(const DecodeSplit& split, int32_t T, bool window) {
 DecodeKernel select_decode_kernel(const DecodeShape& s) {
   // Every block size: a tile lies in one page, or (decode_per_token_pages) in its tokens' pages.
   const bool head_ok = s.D == 64 || s.D == 128 || s.D == 256;
-  return head_ok && s.aligned16 && !s.k_interleaved && s.small_pages ? DecodeKernel::kMma : DecodeKernel::kLanes;
+  if (!head_ok || s.k_interleaved || !s.small_pages) return DecodeKernel::kLanes;
+  if (s.align >= 16) return DecodeKernel::kMma;
+  // Narrow copies only where the block size leaves the sides so: with T % 16 == 0 a page side is
+  // a multiple of 16 bytes, and only a view moved off 16 bytes, which the lane reader still takes,
+  // misaligns it (design notes: "Decode attention: narrow copies").
+  return decode_per_token_pages(s.T) && s.align >= decode_narrow_copy(s.D) && decode_narrow_copy(s.D) < 16
+             ? DecodeKernel::kMmaNarrow
+             : DecodeKernel::kLanes;
 }
 
 int64_t decode_span_cols(int64_t max_blocks, int32_t T, int32_t q_len, int64_t window_left) {

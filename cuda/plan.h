@@ -110,16 +110,23 @@ int64_t gather_pages_blocks_per_seq(const GatherShape& s, const PagesPlan& pages
 // ---- Decode attention --------------------------------------------------------------------------
 // "Decode attention: the tensor-core reader": it copies 16-token tiles, of one page or, where T
 // is not a multiple of 16, of the pages of their tokens ("pages shorter than a tile"), with
-// 16-byte asynchronous copies; other head sizes or alignments, and larger caches, take the
-// lane-per-token reader.
+// 16-byte asynchronous copies, or where the pages of such block sizes leave the sides 8- or 4-byte
+// aligned, with copies of decode_narrow_copy(D) bytes ("narrow copies"); other head
+// sizes or alignments, and larger caches, take the lane-per-token reader.
 enum class DecodeKernel {
-  kMma,   // decode_mma_kernel: mma.sync tiles of 16 tokens (of one page, or of their tokens' pages)
-  kLanes  // decode_kernel: one lane per token, fp32 products
+  kMma,        // decode_mma_kernel: mma.sync tiles of 16 tokens (of one page, or of their tokens' pages)
+  kMmaNarrow,  // the same over their tokens' pages, with copies of decode_narrow_copy(D) bytes
+  kLanes       // decode_kernel: one lane per token, fp32 products
 };
+constexpr bool decode_mma(DecodeKernel k) { return k != DecodeKernel::kLanes; }
+
+// The narrow copies' bytes: a token's page side of one head is D/2 + D/16 bytes, 72 at D 128 and
+// 36 at D 64, so sides of any H and T are multiples of 8 or 4 bytes (D 256's 144: of 16).
+constexpr int decode_narrow_copy(int D) { return D == 64 ? 4 : D == 128 ? 8 : 16; }
 
 struct DecodeShape {
   int32_t T, D;
-  bool aligned16;      // both sides' base and page stride 16-byte aligned
+  int32_t align;       // the largest of 16, 8, 4 and 1 bytes that divides both sides' base and page stride
   bool k_interleaved;  // K scales token-4 interleaved (no scale profile does this; the reader
                        // copies a token's K scale bytes as one piece)
   bool small_pages;    // fewer than 2^31 pages and tokens per split, page strides and

@@ -241,17 +241,36 @@ static void test_gather() {
 void test_decode() {
   // The tensor-core reader takes 16-token tiles of one page, or of whole short pages, with
   // vector loads.
-  CHECK(select_decode_kernel({16, 128, true, false, true}) == DecodeKernel::kMma, "T 16");
-  CHECK(select_decode_kernel({64, 64, true, false, true}) == DecodeKernel::kMma, "T 64, D 64");
-  CHECK(select_decode_kernel({32, 256, true, false, true}) == DecodeKernel::kMma, "T 32, D 256");
+  CHECK(select_decode_kernel({16, 128, 16, false, true}) == DecodeKernel::kMma, "T 16");
+  CHECK(select_decode_kernel({64, 64, 16, false, true}) == DecodeKernel::kMma, "T 64, D 64");
+  CHECK(select_decode_kernel({32, 256, 16, false, true}) == DecodeKernel::kMma, "T 32, D 256");
   for (int T : {1, 2, 3, 4, 8, 12, 24, 40})  // every block size: a tile in its tokens' pages
-    CHECK(select_decode_kernel({T, 128, true, false, true}) == DecodeKernel::kMma, "T %d", T);
-  CHECK(select_decode_kernel({3, 64, true, false, true}) == DecodeKernel::kMma, "T 3, D 64");
+    CHECK(select_decode_kernel({T, 128, 16, false, true}) == DecodeKernel::kMma, "T %d", T);
+  CHECK(select_decode_kernel({3, 64, 16, false, true}) == DecodeKernel::kMma, "T 3, D 64");
   for (int T : {1, 2, 3, 4, 8, 12, 15, 17, 24, 40})  // a 16-token tile may cross pages
     CHECK(decode_per_token_pages(T), "T %d: per-token pages", T);
   for (int T : {16, 32, 48, 64, 256})
     CHECK(!decode_per_token_pages(T), "T %d: a tile in one page", T);
-  CHECK(select_decode_kernel({12, 128, false, false, true}) == DecodeKernel::kLanes, "T 12, unaligned sides");
+  CHECK(select_decode_kernel({12, 128, 4, false, true}) == DecodeKernel::kLanes, "T 12, sides on 4 bytes at D 128");
+  // Narrow copies where a block size that is not a multiple of 16 leaves the sides on 8 bytes (D
+  // 128: 72 bytes a token and head) or 4 (D 64: 36); D 256's sides (144) and those of T 16k are on
+  // 16 unless a view moved them, which the lane reader takes.
+  for (int T : {1, 3, 12})
+    CHECK(select_decode_kernel({T, 128, 8, false, true}) == DecodeKernel::kMmaNarrow, "T %d, D 128 on 8 bytes", T);
+  for (int T : {1, 3, 8}) {
+    CHECK(select_decode_kernel({T, 64, 4, false, true}) == DecodeKernel::kMmaNarrow, "T %d, D 64 on 4 bytes", T);
+    CHECK(select_decode_kernel({T, 64, 8, false, true}) == DecodeKernel::kMmaNarrow, "T %d, D 64 on 8 bytes", T);
+    CHECK(select_decode_kernel({T, 64, 1, false, true}) == DecodeKernel::kLanes, "T %d, D 64 on 1 byte", T);
+  }
+  CHECK(select_decode_kernel({1, 256, 8, false, true}) == DecodeKernel::kLanes, "T 1, D 256 on 8 bytes");
+  CHECK(select_decode_kernel({16, 128, 8, false, true}) == DecodeKernel::kLanes, "T 16 on 8 bytes");
+  CHECK(select_decode_kernel({1, 128, 8, true, true}) == DecodeKernel::kLanes, "narrow, K scales interleaved");
+  CHECK(select_decode_kernel({1, 128, 8, false, false}) == DecodeKernel::kLanes, "narrow, large pages");
+  CHECK(decode_narrow_copy(64) == 4 && decode_narrow_copy(128) == 8 && decode_narrow_copy(256) == 16, "copy bytes");
+  for (int D : {64, 128, 256})  // a token's page side of one head is a multiple of the copy
+    CHECK((D / 2 + D / 16) % decode_narrow_copy(D) == 0, "D %d", D);
+  CHECK(decode_mma(DecodeKernel::kMma) && decode_mma(DecodeKernel::kMmaNarrow) && !decode_mma(DecodeKernel::kLanes),
+        "decode_mma");
   for (int T = 1; T <= 64; ++T)  // the unit: the fewest whole pages that make a multiple of 16 tokens
     for (int64_t c = 1; c <= decode_unit_cols(T); ++c)
       CHECK(((c * T) % 16 == 0) == (c == decode_unit_cols(T)), "T %d, %lld columns", T, (long long)c);
@@ -265,10 +284,10 @@ void test_decode() {
   CHECK(decode_query_exp(0x1p127f) == -114 && decode_query_exp(0x1p-113f) == 126 && decode_query_exp(0x1p-120f) == 126,
         "the ends");
   CHECK(decode_query_exp(0.0f) == 0 && decode_query_exp(INFINITY) == 0 && decode_query_exp(NAN) == 0, "0, inf, NaN");
-  CHECK(select_decode_kernel({16, 128, false, false, true}) == DecodeKernel::kLanes, "unaligned sides");
-  CHECK(select_decode_kernel({16, 96, true, false, true}) == DecodeKernel::kLanes, "D 96");
-  CHECK(select_decode_kernel({16, 128, true, true, true}) == DecodeKernel::kLanes, "K scales interleaved");
-  CHECK(select_decode_kernel({16, 128, true, false, false}) == DecodeKernel::kLanes, "2^31 pages or more, or larger strides");
+  CHECK(select_decode_kernel({16, 128, 4, false, true}) == DecodeKernel::kLanes, "unaligned sides");
+  CHECK(select_decode_kernel({16, 96, 16, false, true}) == DecodeKernel::kLanes, "D 96");
+  CHECK(select_decode_kernel({16, 128, 16, true, true}) == DecodeKernel::kLanes, "K scales interleaved");
+  CHECK(select_decode_kernel({16, 128, 16, false, false}) == DecodeKernel::kLanes, "2^31 pages or more, or larger strides");
 
   // Splits: T 16 as decode_splits; short pages counted in 16-token columns, each split a whole
   // number of them, never more splits than the workspace (decode_splits over the columns) holds.
@@ -391,6 +410,7 @@ void test_decode() {
 
   // 1 x 1024 (Hkv 8, 64 columns): 8 splits, 64 blocks; 16 x 4096: 4 splits, 512 blocks.
   CHECK(decode_cluster_merge(DecodeKernel::kMma, 8, 64, kH200), "8 splits, 64 blocks merge in their clusters on sm_90");
+  CHECK(decode_cluster_merge(DecodeKernel::kMmaNarrow, 8, 64, kH200), "the narrow copies too");
   CHECK(decode_cluster_merge(DecodeKernel::kMma, 2, 132, kH200), "one block per SM");
   CHECK(!decode_cluster_merge(DecodeKernel::kMma, 4, 512, kH200), "a full grid merges in the second kernel");
   CHECK(!decode_cluster_merge(DecodeKernel::kMma, 1, 8, kH200), "one split: nothing to merge");

@@ -70,7 +70,7 @@ def test_variants_change_one_thing(bd):
     for label, s in bd.variant_specs(list(bd.VARIANTS)):
         changed = {f for f in bd.Spec.__dataclass_fields__ if getattr(s, f) != getattr(base, f)}
         several = ({"B", "L", "graph"}, {"L", "window"}, {"B", "L", "width", "graph"}, {"width", "ragged"},
-                   {"B", "L", "width", "cut", "graph"})
+                   {"B", "L", "width", "cut", "graph"}, {"Hq", "H"}, {"Hq", "H", "T"})
         assert changed and (len(changed) == 1 or changed in several), (label, changed)
         assert s.Hq % s.H == 0 and 1 <= s.q_len <= 8 and s.D in (64, 128, 256)
     # Interleaved V scales need HND rows; the NHD variant reads linear scales.

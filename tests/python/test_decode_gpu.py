@@ -106,7 +106,7 @@ def test_huge_queries_against_small_key_scales(shift):
     (2, 70, 1, 2, 128, 16, 8),
     (2, 77, 2, 4, 128, 12, 1),  # T not a multiple of 16: tiles across their tokens' pages
     (2, 100, 2, 4, 128, 24, 1),
-    (2, 50, 1, 4, 64, 3, 2),    # pages of 216 bytes (H T odd at D 64: not 16-byte strides): the lane reader
+    (2, 50, 1, 4, 64, 3, 2),    # pages of 216 bytes (H T odd at D 64: not 16-byte strides): narrow copies
     (3, 90, 2, 4, 64, 8, 2),    # T 8, 4, 2, 1: 16 / T pages per tile
     (2, 300, 2, 4, 128, 4, 1),
     (2, 45, 1, 8, 256, 2, 2),
@@ -572,16 +572,46 @@ def on_cuda(t, shift=0):
     return base.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
-@pytest.mark.parametrize("T,D,q_len,bad", [(16, 128, 1, False), (12, 128, 2, True), (8, 64, 1, True), (32, 256, 1, False)])
+@pytest.mark.parametrize("T,D,q_len,bad", [(16, 128, 1, False), (12, 128, 2, True), (48, 64, 1, True), (32, 256, 1, False)])
 def test_cuda_lane_reader_equals_cpu(T, D, q_len, bad):
-    """Sides whose start is not 16-byte aligned take the lane-per-token reader (every block
-    size), with masked entries and a split sequence: equal to the CPU path."""
+    """Sides 4 bytes past a 16-byte boundary take the lane-per-token reader where the narrow
+    copies do not (D 128, block sizes that are multiples of 16, D 256), with masked entries and a
+    split sequence: equal to the CPU path."""
     kv, bt, sl, q = make(2, 700, 2, 4, D, T, q_len=q_len, seed=T + D, bad_entries=bad, lens=[700, 333])
     layout = "vllm" if T % 4 == 0 else "linear"
     want, want_lse = run(kv, bt, sl, q, "cpu", q_len=q_len, scale_layout=layout)
     got, got_lse = run(kv, bt, sl, q, "cuda", shift=4, q_len=q_len, scale_layout=layout)
     assert close(got, want) <= REL_L2
     assert torch.allclose(got_lse, want_lse, atol=1e-4, rtol=0)
+
+
+def side_alignment(kv):
+    """The largest power of two up to 16 that divides both sides' start and the page stride of a
+    5-D cache view (N, 2, ...)."""
+    bits = kv.data_ptr() | (kv.data_ptr() + kv.stride(1)) | kv.stride(0) | 16
+    return bits & -bits
+
+
+@pytest.mark.parametrize("T,D,H,shift", [
+    (1, 128, 1, 0),   # sides of 72 bytes: one KV head (8 at tensor parallelism 8), pages of one token
+    (3, 128, 1, 8),   # sides 8 bytes past a 16-byte boundary
+    (12, 128, 2, 8),
+    (1, 64, 1, 0),    # sides of 36 bytes
+    (3, 64, 1, 4),
+    (8, 64, 2, 4),
+])
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_cuda_narrow_copies_equal_cpu(T, D, H, shift, q_len):
+    """Block sizes that are not a multiple of 16 can leave the page sides on 8 bytes (D 128) or 4
+    (D 64), not 16: the tensor-core reader then copies 8 or 4 bytes at a time (design notes:
+    "Decode attention: narrow copies"). Masked entries, a sequence that splits, a short and an
+    empty one; a window, a soft cap and an sm_scale: against the CPU path."""
+    kv, bt, sl, q = make(4, 1500, H, 4, D, T, q_len=q_len, seed=T * D + H + q_len, bad_entries=True,
+                         lens=[1500, 0, 37, 900])
+    assert side_alignment(on_cuda(kv, shift=shift)) == (8 if D == 128 else 4)
+    layout = "vllm" if T % 4 == 0 else "linear"
+    for kw in ({}, {"window_left": 40}, {"logits_soft_cap": 30.0}, {"sm_scale": 0.3}):
+        check_against_cpu(kv, bt, sl, q, shift=shift, q_len=q_len, scale_layout=layout, **kw)
 
 
 @pytest.mark.parametrize("shift", [0, 4], ids=["tensor-core cache", "lane cache"])
