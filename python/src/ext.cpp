@@ -555,37 +555,40 @@ void warn_if_ambiguous(const Arg& c, nb::handle c_obj, const Arg& vc, HeadsTell 
   if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 2) != 0) throw nb::python_error();
 }
 
-// A 4-D cache argument cut from part of the pages of a cache: its origin (`_base`, `base`) a
-// uint8 5-D cache (N, 2, X, Y, F) or 4-D one (N, X, Y, F) of the same F whose pages hold other
-// rows than the argument's (one head of several, the first tokens of each page), as a side
-// (with a value_cache) or a packed cache. A page side holds the codes of all its heads and tokens
-// before their scales (FORMAT.md §4), so such a view is no cache: its "scales" are other heads'
-// codes, and a store through it wrote into heads it never named (found by review: fuzzing). The
-// shapes and strides alone match a cache of fewer heads in padded pages; origins of other ranks
-// (vLLM views a flat buffer) say nothing and pass.
+// A 4-D cache argument cut from part of the page sides of a 5-D cache: its origin (`_base`,
+// `base`) a uint8 (N, 2, X, Y, F) array of the same F and page stride whose sides hold other rows
+// than the argument's (one head of several, the first tokens of each page), as a side (with a
+// value_cache) or a packed cache. A page side holds the codes of all its heads and tokens before
+// their scales (FORMAT.md §4), so such a view is no cache: its "scales" are other heads' codes,
+// and a store through it wrote into heads it never named (found by review: fuzzing). The shapes
+// and strides alone match a cache of fewer heads in padded pages. Only 5-D origins whose first
+// dimension is this cache's pages say so: a 4-D origin may hold several layers' caches in each
+// page (a review found (N, L 2H, T, F) pools refused), and vLLM views a flat buffer.
 void refuse_part_of_pages(nb::handle obj, const Arg& a, bool side, const char* name) {
   if (a.t.ndim != 4) return;
   nb::object base = nb::getattr(obj, nb::hasattr(obj, "_base") ? "_base" : "base", nb::none());
   if (base.is_none()) return;
   nb::object shape = nb::getattr(base, "shape", nb::none());
-  if (!PyTuple_Check(shape.ptr())) return;  // torch.Size too; limited API
-  const Py_ssize_t n = PyTuple_Size(shape.ptr());
-  int64_t d[5], itemsize = 0;
-  if ((n != 4 && n != 5) || !nb::try_cast(nb::getattr(base, "itemsize", nb::none()), itemsize, false) || itemsize != 1)
-    return;
-  for (Py_ssize_t i = 0; i < n; ++i)
+  if (!PyTuple_Check(shape.ptr()) || PyTuple_Size(shape.ptr()) != 5) return;  // torch.Size too; limited API
+  int64_t d[5], itemsize = 0, stride0 = 0;
+  if (!nb::try_cast(nb::getattr(base, "itemsize", nb::none()), itemsize, false) || itemsize != 1) return;
+  for (Py_ssize_t i = 0; i < 5; ++i)
     if (!nb::try_cast(nb::handle(PyTuple_GetItem(shape.ptr(), i)), d[i], false)) return;
-  if (d[n - 1] != a.shape[3] || (n == 5 && d[1] != 2)) return;
-  const int64_t rows = a.shape[1] * a.shape[2];  // of a page side (packed: of a page)
-  const int64_t root = n == 5 ? 2 * d[2] * d[3] : d[1] * d[2];  // of the origin's page
-  // A side: half of the origin's page (a 5-D cache's [:, i], a packed cache's split halves) or a
-  // view of a side (n == 4); a packed cache: the origin's whole page.
-  if (side ? rows * 2 == root || (n == 4 && rows == root) : rows == root) return;
-  std::string dims;
-  for (Py_ssize_t i = 0; i < n; ++i) dims += (i ? ", " : "") + std::to_string(d[i]);
+  // Its page stride in bytes: torch's stride() and numpy's strides agree for one-byte elements.
+  nb::object strides = nb::getattr(base, "strides", nb::none());
+  if (strides.is_none() && nb::hasattr(base, "stride")) strides = base.attr("stride")();
+  if (!PyTuple_Check(strides.ptr()) || PyTuple_Size(strides.ptr()) != 5 ||
+      !nb::try_cast(nb::handle(PyTuple_GetItem(strides.ptr(), 0)), stride0, false))
+    return;
+  if (d[1] != 2 || d[4] != a.shape[3] || stride0 != a.strides[0]) return;
+  // A side is one of the origin's two sides ([:, 0], [:, 1]); a packed cache, the whole page.
+  const int64_t rows = a.shape[1] * a.shape[2], sides = d[2] * d[3];
+  if (side ? rows == sides : rows == 2 * sides) return;
+  const std::string dims = std::to_string(d[0]) + ", 2, " + std::to_string(d[2]) + ", " + std::to_string(d[3]) +
+                           ", " + std::to_string(d[4]);
   throw nb::value_error((std::string(name) + ": a view of part of the pages of the cache it was taken from (shape (" +
-                         dims + ")): " + std::to_string(a.shape[1]) + " x " +
-                         std::to_string(a.shape[2]) + " rows of F bytes a page" + (side ? " side" : "") +
+                         dims + ")): " + std::to_string(a.shape[1]) + " x " + std::to_string(a.shape[2]) +
+                         " rows of F bytes a page" + (side ? " side" : "") +
                          ". A page side holds the codes of all its heads and tokens before their scales " +
                          "(FORMAT.md §4), so part of one is not a cache: pass the whole cache (its [:, 0] and " +
                          "[:, 1] as the sides)")

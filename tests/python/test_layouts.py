@@ -625,21 +625,20 @@ def test_kv_layout_where_the_strides_cannot_tell():
 def test_views_of_part_of_the_pages_are_refused():
     """Found by review (fuzzing): head 0 of a 2-head 5-D cache taken as two sides, or the first 8
     tokens of NHD pages, passed as a cache of fewer heads or a smaller block size, and a store
-    through them wrote its scale bytes into the other head's codes. Their origin (the cache they
-    were cut from) shows them: every call refuses them with a ValueError that says so and
-    writes nothing; whole sides, sides of the first pages and packed halves still pass."""
+    through them wrote its scale bytes into the other head's codes. Their origin (the 5-D cache
+    they were cut from, pages along its first dimension) shows them: every call refuses them with
+    a ValueError that says so and writes nothing. Whole sides, sides of the first pages, and caches
+    carved from buffers that hold several layers (a later review found those refused) still pass."""
     kv = torch.randint(0, 64, (4, 2, 2, 16, F), dtype=torch.uint8).permute(0, 1, 3, 2, 4)  # HND, (N, 2, T, H, F)
     before = kv.clone()
     x = torch.randn(1, 1, D)
     bt, sl, q = torch.tensor([[0, 1]]), torch.tensor([20]), torch.randn(1, 4, D).to(torch.bfloat16)
     nhd = torch.zeros(2, 2, 16, 2, F, dtype=torch.uint8)
-    flat = torch.zeros(4, 4, 16, F, dtype=torch.uint8)  # a packed cache of 2 heads: (N, 2H, T, F)
     cut = {
         "one head of two (HND)": kv[:, :, :, :1].unbind(1),
         "the first 8 tokens of NHD pages": nhd[:, :, :8].unbind(1),
         "numpy: one head of two (HND)": tuple(np.zeros((4, 2, 2, 16, F), np.uint8)[:, i, :1].transpose(0, 2, 1, 3)
                                               for i in (0, 1)),
-        "half a packed cache's K side": (flat[:, :1], flat[:, 1:2]),
     }
     for name, (kc, vc) in cut.items():
         calls = [
@@ -652,10 +651,16 @@ def test_views_of_part_of_the_pages_are_refused():
         for call in calls:
             with pytest.raises(ValueError, match=r"a view of part of the pages of the cache it was taken from"):
                 call()
-    assert torch.equal(kv, before) and not nhd.any() and not flat.any()
-    with pytest.raises(ValueError, match=r"kv_cache: a view of part of the pages"):
-        nv.dequantize(flat[:, :2], scale_layout="linear")  # a packed cache of one head cut from one of two
-    # Whole sides, sides of the first pages, packed halves and a packed view of the 5-D cache read.
-    for kc, vc in (kv.unbind(1), kv[:2].unbind(1), flat.split(2, dim=1), (kv[:, 0].numpy(), kv[:, 1].numpy())):
+    assert torch.equal(kv, before) and not nhd.any()
+    # Whole sides, sides of the first pages, packed halves, and caches carved from buffers of
+    # several layers: a pool (L, S, H, F) of one-token pages, a page of every layer's packed
+    # cache (N, L 2H, T, F), per-layer sides (L, 2, S, H, F).
+    flat = torch.zeros(4, 4, 16, F, dtype=torch.uint8)
+    pool, pages, per_layer = (torch.zeros(3, 8, 2, F, dtype=torch.uint8), torch.zeros(4, 3 * 4, 16, F, dtype=torch.uint8),
+                              torch.zeros(3, 2, 8, 2, F, dtype=torch.uint8))
+    for kc, vc in (kv.unbind(1), kv[:2].unbind(1), flat.split(2, dim=1), (kv[:, 0].numpy(), kv[:, 1].numpy()),
+                   (pool[1].unsqueeze(1), pool[2].unsqueeze(1)), (per_layer[1, 0].unsqueeze(1), per_layer[1, 1].unsqueeze(1))):
         nv.dequantize(kc, value_cache=vc, scale_layout="linear", kv_layout="HND")
-    nv.dequantize(kv.permute(0, 1, 3, 2, 4).reshape(4, 4, 16, F), scale_layout="linear")
+    nv.dequantize(pages[:, 4:8], scale_layout="linear")
+    nv.store(x.expand(1, 2, D), x.expand(1, 2, D), pool[0].unsqueeze(1), torch.tensor([3]), 1.0, 1.0,
+             value_cache=pool[1].unsqueeze(1), scale_layout="linear")
