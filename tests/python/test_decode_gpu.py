@@ -4,6 +4,7 @@ path's, lse within 1e-4; determinism (the same bits on every run), CUDA graphs w
 lengths changing between replays, and the workspace requirement of split-KV."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -612,6 +613,53 @@ def test_cuda_narrow_copies_equal_cpu(T, D, H, shift, q_len):
     layout = "vllm" if T % 4 == 0 else "linear"
     for kw in ({}, {"window_left": 40}, {"logits_soft_cap": 30.0}, {"sm_scale": 0.3}):
         check_against_cpu(kv, bt, sl, q, shift=shift, q_len=q_len, scale_layout=layout, **kw)
+
+
+def decode_kernels(call):
+    """The names of the decode kernels one call launches (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA" and "decode" in e.name]
+
+
+@pytest.mark.parametrize("D", [128, 64])
+def test_cuda_token_pool_sides_take_the_narrow_copies(D):
+    """A token pool's sides (SGLang's form: separate K and V buffers of one-token pages, one KV head,
+    page strides of 72 or 36 bytes on 16-byte aligned bases): equal to the CPU path, and read by
+    the tensor-core reader with 8- or 4-byte copies (its kernel's last template argument), where
+    the same sides 4 bytes past 16 at D 128 go to the lane reader (review: the 5-D caches of the
+    test above leave only their V side off 16 bytes, never the page stride)."""
+    F = nv.nvfp4_kv_cache_full_dim(D)
+    g = torch.Generator().manual_seed(D)
+    S, B, L = 3000, 3, 900
+    bufs = [torch.randint(0, 256, (S, 1, 1, F), generator=g, dtype=torch.uint8) for _ in range(2)]
+    for b in bufs:
+        b[..., D // 2:] &= 0x3F  # scale bytes of real data (no NaN groups)
+    bt = torch.randperm(S, generator=g)[: B * L].reshape(B, L).to(torch.int32)
+    bt[1, 5::7] = -1  # masked tokens
+    sl = torch.tensor([L, 1, 400], dtype=torch.int32)
+    q = torch.randn(B, 8, D, generator=g).to(torch.bfloat16)
+    kw = {"scale_layout": "linear"}
+    want, want_lse = run(bufs[0], bt, sl, q, "cpu", value_cache=bufs[1], **kw)
+    kc, vc = bufs[0].cuda(), bufs[1].cuda()
+    assert kc.stride(0) % 16 != 0 and kc.data_ptr() % 16 == 0 and vc.data_ptr() % 16 == 0
+    args = (q.cuda(), kc, bt.cuda(), sl.cuda(), torch.tensor([0.03], device="cuda"), torch.tensor([0.05], device="cuda"))
+    lse = torch.empty(B, 8, device="cuda")
+    ws = nv.decode_workspace(kc, args[0], args[2], value_cache=vc)
+    out = nv.decode_attention(*args, value_cache=vc, lse=lse, workspace=ws, **kw)
+    assert close(out.float().cpu(), want) <= REL_L2
+    assert torch.allclose(lse.cpu(), want_lse, atol=1e-4, rtol=0)
+    names = decode_kernels(lambda: nv.decode_attention(*args, value_cache=vc, workspace=ws, **kw))
+    copies = [m.group(1).split(",")[-1].strip() for n in names for m in [re.search(r"decode_mma_kernel<([^>]*)>", n)] if m]
+    assert copies == [{128: "8", 64: "4"}[D]] and not any("decode_kernel<" in n for n in names), names
+    if D == 128:  # 4 bytes past 16: the lane reader
+        kc4, vc4 = on_cuda(bufs[0], shift=4), on_cuda(bufs[1], shift=4)
+        names = decode_kernels(lambda: nv.decode_attention(args[0], kc4, *args[2:], value_cache=vc4, workspace=ws, **kw))
+        assert any("decode_kernel<" in n for n in names) and not any("decode_mma_kernel" in n for n in names), names
 
 
 @pytest.mark.parametrize("shift", [0, 4], ids=["tensor-core cache", "lane cache"])
