@@ -571,19 +571,22 @@ void refuse_part_of_pages(nb::handle obj, const Arg& a, bool side, const char* n
   nb::object shape = nb::getattr(base, "shape", nb::none());
   if (!PyTuple_Check(shape.ptr()) || PyTuple_Size(shape.ptr()) != 5) return;  // torch.Size too; limited API
   int64_t d[5], itemsize = 0, stride0 = 0;
-  if (!nb::try_cast(nb::getattr(base, "itemsize", nb::none()), itemsize, false) || itemsize != 1) return;
   for (Py_ssize_t i = 0; i < 5; ++i)
     if (!nb::try_cast(nb::handle(PyTuple_GetItem(shape.ptr(), i)), d[i], false)) return;
-  // Its page stride in bytes: torch's stride() and numpy's strides agree for one-byte elements.
-  nb::object strides = nb::getattr(base, "strides", nb::none());
-  if (strides.is_none() && nb::hasattr(base, "stride")) strides = base.attr("stride")();
-  if (!PyTuple_Check(strides.ptr()) || PyTuple_Size(strides.ptr()) != 5 ||
-      !nb::try_cast(nb::handle(PyTuple_GetItem(strides.ptr(), 0)), stride0, false))
-    return;
-  if (d[1] != 2 || d[4] != a.shape[3] || stride0 != a.strides[0]) return;
-  // A side is one of the origin's two sides ([:, 0], [:, 1]); a packed cache, the whole page.
+  // A side is one of the origin's two sides ([:, 0], [:, 1]); a packed cache, the whole page (the
+  // common case, decided without more attribute reads: stores of a few tokens are host-bound).
   const int64_t rows = a.shape[1] * a.shape[2], sides = d[2] * d[3];
-  if (side ? rows == sides : rows == 2 * sides) return;
+  if (d[1] != 2 || d[4] != a.shape[3] || (side ? rows == sides : rows == 2 * sides)) return;
+  // Its elements bytes and its page stride the argument's: torch's stride() and numpy's strides
+  // agree for one-byte elements.
+  if (!nb::try_cast(nb::getattr(base, "itemsize", nb::none()), itemsize, false) || itemsize != 1) return;
+  const TorchInfo* info = torch_info();
+  const bool torch_base =
+      info && PyObject_TypeCheck(base.ptr(), reinterpret_cast<PyTypeObject*>(info->tensor_type));
+  nb::object strides = torch_base ? base.attr("stride")() : nb::getattr(base, "strides", nb::none());
+  if (!PyTuple_Check(strides.ptr()) || PyTuple_Size(strides.ptr()) != 5 ||
+      !nb::try_cast(nb::handle(PyTuple_GetItem(strides.ptr(), 0)), stride0, false) || stride0 != a.strides[0])
+    return;
   const std::string dims = std::to_string(d[0]) + ", 2, " + std::to_string(d[2]) + ", " + std::to_string(d[3]) +
                            ", " + std::to_string(d[4]);
   throw nb::value_error((std::string(name) + ": a view of part of the pages of the cache it was taken from (shape (" +
