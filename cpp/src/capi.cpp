@@ -493,10 +493,10 @@ int64_t decode_workspace_bytes(int64_t B, int64_t q_len, int64_t Hq, int64_t H, 
 }
 
 // The decode workspace, checked: float32 or uint8, contiguous, on the cache's device; where the
-// call uses it (`need` > 0), also 16-byte aligned and at least `need` bytes. A workspace given to
-// a call that needs none (every CPU call) is still checked for dtype, contiguity and device (and,
-// by the caller, overlap), so that an engine's CPU runs refuse what its GPU runs would; not for
-// its size or alignment, which depend on the device's split plan (c-api.md).
+// geometry may split (`need` > 0: the GPU's split plan, which the CPU call applies too), also
+// 16-byte aligned and at least `need` bytes. A workspace given to a call that needs none is still
+// checked for dtype, contiguity and device (and, by the caller, overlap), so that an engine's CPU
+// runs refuse what its GPU runs would (c-api.md).
 float* decode_workspace(const Tensor& w, const Tensor& cache_ref, int64_t need) {
   expect_same_device(w, cache_ref);
   const bool f32 = is_dtype(w.t->dtype, kDLFloat, 32);
@@ -623,18 +623,22 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
          "decode_attention on the GPU needs cache sides whose start and page stride are multiples of 4 bytes "
          "(the CPU path takes any)");
 
-  // The workspace: read by the CUDA path only, and only where it splits the sequences.
+  // The workspace: read by the CUDA path only, and only where it splits the sequences. One given
+  // to a CPU call is held to the GPU's rules all the same (size and alignment too), so that an
+  // engine's CPU runs refuse what its GPU runs would (review: a CPU-only test could not catch an
+  // undersized workspace); a CPU call without one needs none.
   const int64_t max_blocks = bt.size(1);
   const int64_t splits = decode_splits(B, c.H, max_blocks);
   // An empty batch splits nothing and needs none, as nvfp4kv_decode_workspace_size says (0 bytes).
-  const int64_t need = on_cuda && splits > 1
+  const int64_t need = (on_cuda || workspace) && splits > 1
                            ? decode_workspace_bytes(B, q_len, Hq, c.H, c.v.D, max_blocks)
                            : 0;
-  const bool use_workspace = need > 0;
+  const bool use_workspace = on_cuda && need > 0;
   float* ws_ptr = nullptr;
   int64_t ws_floats = 0;
   const Tensor ws = workspace ? Tensor(workspace, "workspace") : cache_ref;
   if (workspace) ws_ptr = decode_workspace(ws, cache_ref, need);
+  if (!use_workspace) ws_ptr = nullptr;
   if (use_workspace) {
     if (!workspace)
       fail(NVFP4KV_ERROR_INVALID_VALUE,

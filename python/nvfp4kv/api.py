@@ -1067,7 +1067,8 @@ def decode_attention(
     workspace : optional
         From :func:`decode_workspace`: needed by CUDA calls whose geometry splits the sequences
         (:func:`decode_workspace_bytes` > 0), which use it; other calls, the CPU's among them,
-        only check a workspace given (its dtype, contiguity and device).
+        only check a workspace given, as a CUDA call would (dtype, contiguity, device, overlap,
+        and where the geometry may split, alignment and size).
 
     Returns
     -------

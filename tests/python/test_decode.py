@@ -677,20 +677,50 @@ def test_wrong_query_heads_or_cache_dtype_before_allocating(monkeypatch):
 
 def test_empty_workspace_of_any_shape():
     """Found by review: a workspace with a zero extent and another above 1 was called not
-    contiguous (an empty array is); a CPU call takes any empty workspace."""
+    contiguous (an empty array is). A call whose geometry never splits (one block-table column)
+    takes any empty workspace; one whose geometry may split on the GPU refuses it as too small,
+    on the CPU as on the GPU (test_cpu_workspace_is_held_to_the_gpu_rules)."""
     cache, q, bt, sl = setup(N=60, seed=1)
-    want = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03)
+    one, sl1 = bt[:, :1], sl.clamp(max=16)
+    assert nvfp4kv.decode_workspace_bytes(3, 1, 8, 2, 128, 1) == 0
+    want = nvfp4kv.decode_attention(q, cache.kv_cache, one, sl1, 0.02, 0.03)
     for ws in (torch.empty(0, dtype=torch.uint8), torch.empty(2, 0, dtype=torch.uint8),
                torch.empty(0, 4, dtype=torch.float32), torch.empty(3, 0, 5, dtype=torch.uint8)):
-        got = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03, workspace=ws)
+        got = nvfp4kv.decode_attention(q, cache.kv_cache, one, sl1, 0.02, 0.03, workspace=ws)
         assert torch.equal(bits(got), bits(want)), tuple(ws.shape)
+        with pytest.raises(ValueError, match="workspace: 0 bytes, but this call needs"):
+            nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03, workspace=ws)
+
+
+def test_cpu_workspace_is_held_to_the_gpu_rules():
+    """Carried from a C ABI review: a workspace given to a CPU call, which does not use it, was
+    checked for dtype, contiguity, device and overlap but not for size or alignment, so an engine
+    tested on the CPU with an undersized workspace met the error only on the GPU. Now the same
+    rules hold on both: too small or not 16-byte aligned is a ValueError that writes nothing; the
+    size decode_workspace gives passes, and no workspace at all is still fine on the CPU."""
+    cache, q, bt, sl = setup(N=60, seed=1)
+    need = nvfp4kv.decode_workspace_bytes(3, 1, 8, 2, 128, bt.shape[1])
+    assert need > 0 and nvfp4kv.decode_workspace(cache.kv_cache, q, bt).numel() == need
+    out = torch.full(q.shape, 7.0, dtype=q.dtype)
+    buf = torch.zeros(need + 32, dtype=torch.uint8)
+    at = (-buf.data_ptr()) % 16  # a 16-byte aligned start inside buf
+    for ws, msg in ((buf[at:at + need - 4], f"workspace: {need - 4} bytes, but this call needs {need}"),
+                    (buf[at + 4:at + 4 + need], "workspace: address not a multiple of 16 bytes")):
+        with pytest.raises(ValueError, match=msg):
+            nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03, out=out, workspace=ws)
+        assert bool((out == 7.0).all())
+    want = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03)
+    got = nvfp4kv.decode_attention(q, cache.kv_cache, bt, sl, 0.02, 0.03, workspace=buf[at:at + need])
+    assert torch.equal(bits(got), bits(want))
 
 
 def test_cpu_workspace_sharing_memory_is_refused():
     """A workspace given to a CPU call, which does not use it, must still be memory of its own, as
     on the GPU: an engine tested on the CPU meets the GPU's refusal there (C ABI review). Nothing
-    is written."""
+    is written. One block-table column: a geometry that never splits, so that the size rule
+    (test_cpu_workspace_is_held_to_the_gpu_rules) does not answer first."""
     cache, q, bt, sl = setup(N=60, seed=1)
+    bt, sl = bt[:, :1], sl.clamp(max=16)
     out = torch.full(q.shape, 7.0, dtype=q.dtype)
     before = cache.kv_cache.clone()
     for ws, name in ((out.view(torch.uint8).view(-1), "out"), (cache.kv_cache.as_strided((64,), (1,)), "kv_cache")):

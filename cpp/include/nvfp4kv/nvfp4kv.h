@@ -263,7 +263,8 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_gather_dequant(const DLTensor* kv_cache,
  *               float32 or uint8, contiguous, 16-byte aligned, at least that size, on the cache's
  *               device, sharing no byte with any other argument; its contents need no
  *               initialization. Unused otherwise (and always on the CPU: NULL is fine), where
- *               one given is still checked for dtype, contiguity and device, not for size.
+ *               one given is still checked by the same rules (the size and alignment where the
+ *               geometry may split), so that CPU runs refuse what GPU runs would.
  * stream:       cudaStream_t for CUDA tensors; ignored on the CPU.
  *
  * K and V are read as e2m1 * e4m3 (exact in fp32); logit = (q . k) * (k_scale * sm_scale),
