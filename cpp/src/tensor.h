@@ -43,7 +43,11 @@ class Tensor {
   int64_t size(int i) const { return t->shape[i]; }
   int64_t stride(int i) const { return stride_[i]; }
   int64_t numel() const { return numel_; }
-  uint8_t* ptr() const { return static_cast<uint8_t*>(t->data) + t->byte_offset; }
+  // In integers: an empty tensor's byte_offset is not checked (nothing is addressed) and may pass
+  // the address space, where pointer arithmetic would be undefined (found by a C ABI fuzzer).
+  uint8_t* ptr() const {
+    return reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(t->data) + static_cast<uintptr_t>(t->byte_offset));
+  }
   DLDevice device() const { return t->device; }
   std::string shape_str() const;
   std::string strides_str() const;
