@@ -207,6 +207,11 @@ int main() {
                        NVFP4KV_SCALES_LINEAR, nullptr);
     CHECK(st == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "value: NULL data pointer"),
           "%s", nvfp4kv_last_error());
+    // A NULL K side beside a value_cache is named as the messages name that side (C ABI fuzzing).
+    st = nvfp4kv_store(&k.t, &v.t, nullptr, &c.t, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4,
+                       NVFP4KV_SCALES_LINEAR, nullptr);
+    CHECK(st == NVFP4KV_ERROR_INVALID_VALUE && strstr(nvfp4kv_last_error(), "key_cache: NULL tensor"), "%s",
+          nvfp4kv_last_error());
     for (int r : {-1, 2}) {  // a C caller's out-of-range enum: well defined (the enums are int in C++)
       st = nvfp4kv_store(&k.t, &v.t, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, static_cast<nvfp4kv_recipe>(r),
                          NVFP4KV_SCALES_LINEAR, nullptr);
