@@ -499,16 +499,24 @@ bool split_half(nb::handle obj, const Arg& a) {
   return true;
 }
 
-// Whether `base` (an array's `_base` or `base`) is the 5-D (N, 2, A, B, F) cache whose [:, 0]
-// and [:, 1] the sides (N, A, B, F) are.
-bool sides_of_5d(nb::handle base, const Arg& a) {
-  if (base.is_none()) return false;
+// An array's origin (torch's `_base`, numpy's and cupy's `base`) where it is 5-D with integer
+// extents, which go to `d`; else None.
+nb::object origin_5d(nb::handle obj, int64_t (&d)[5]) {
+  nb::object base = nb::getattr(obj, nb::hasattr(obj, "_base") ? "_base" : "base", nb::none());
+  if (base.is_none()) return base;
   nb::object shape = nb::getattr(base, "shape", nb::none());
-  if (!PyTuple_Check(shape.ptr()) || PyTuple_Size(shape.ptr()) != 5) return false;  // torch.Size too; limited API
+  if (!PyTuple_Check(shape.ptr()) || PyTuple_Size(shape.ptr()) != 5) return nb::none();  // torch.Size too; limited API
+  for (Py_ssize_t i = 0; i < 5; ++i)
+    if (!nb::try_cast(nb::handle(PyTuple_GetItem(shape.ptr(), i)), d[i], false)) return nb::none();
+  return base;
+}
+
+// Whether the sides (N, A, B, F) `a` of array `obj` are [:, 0] or [:, 1] of their origin, a 5-D
+// (N, 2, A, B, F) cache.
+bool sides_of_5d(nb::handle obj, const Arg& a) {
   int64_t d[5];
-  for (int i = 0; i < 5; ++i)
-    if (!nb::try_cast(nb::handle(PyTuple_GetItem(shape.ptr(), i)), d[i], false)) return false;
-  return d[1] == 2 && d[0] == a.shape[0] && d[2] == a.shape[1] && d[3] == a.shape[2] && d[4] == a.shape[3];
+  return !origin_5d(obj, d).is_none() && d[1] == 2 && d[0] == a.shape[0] && d[2] == a.shape[1] &&
+         d[3] == a.shape[2] && d[4] == a.shape[3];
 }
 
 // What of a call's own head count can tell the two readings of ambiguous sides apart (below).
@@ -541,8 +549,7 @@ void warn_if_ambiguous(const Arg& c, nb::handle c_obj, const Arg& vc, HeadsTell 
       c.strides[1] != B * F || c.strides[0] < 2 * side ||
       static_cast<const uint8_t*>(vc.t.data) - static_cast<const uint8_t*>(c.t.data) != side)
     return;
-  const char* attr = nb::hasattr(c_obj, "_base") ? "_base" : "base";
-  if (sides_of_5d(nb::getattr(c_obj, attr, nb::none()), c)) return;
+  if (sides_of_5d(c_obj, c)) return;
   const std::string msg =
       "key_cache, value_cache: two sides of shape (" + std::to_string(c.shape[0]) + ", " + std::to_string(A) + ", " +
       std::to_string(B) + ", " + std::to_string(F) + "), V one side after K in each page, are read as NHD sides: " +
@@ -566,13 +573,9 @@ void warn_if_ambiguous(const Arg& c, nb::handle c_obj, const Arg& vc, HeadsTell 
 // page (a review found (N, L 2H, T, F) pools refused), and vLLM views a flat buffer.
 void refuse_part_of_pages(nb::handle obj, const Arg& a, bool side, const char* name) {
   if (a.t.ndim != 4) return;
-  nb::object base = nb::getattr(obj, nb::hasattr(obj, "_base") ? "_base" : "base", nb::none());
-  if (base.is_none()) return;
-  nb::object shape = nb::getattr(base, "shape", nb::none());
-  if (!PyTuple_Check(shape.ptr()) || PyTuple_Size(shape.ptr()) != 5) return;  // torch.Size too; limited API
   int64_t d[5], itemsize = 0, stride0 = 0;
-  for (Py_ssize_t i = 0; i < 5; ++i)
-    if (!nb::try_cast(nb::handle(PyTuple_GetItem(shape.ptr(), i)), d[i], false)) return;
+  const nb::object base = origin_5d(obj, d);
+  if (base.is_none()) return;
   // A side is one of the origin's two sides ([:, 0], [:, 1]); a packed cache, the whole page (the
   // common case, decided without more attribute reads: stores of a few tokens are host-bound).
   const int64_t rows = a.shape[1] * a.shape[2], sides = d[2] * d[3];
