@@ -637,8 +637,10 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
   float* ws_ptr = nullptr;
   int64_t ws_floats = 0;
   const Tensor ws = workspace ? Tensor(workspace, "workspace") : cache_ref;
-  if (workspace) ws_ptr = decode_workspace(ws, cache_ref, need);
-  if (!use_workspace) ws_ptr = nullptr;
+  if (workspace) {
+    float* const checked = decode_workspace(ws, cache_ref, need);  // on every call, used or not
+    if (use_workspace) ws_ptr = checked;
+  }
   if (use_workspace) {
     if (!workspace)
       fail(NVFP4KV_ERROR_INVALID_VALUE,
