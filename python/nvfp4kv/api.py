@@ -252,7 +252,8 @@ def prepare_store(
     global scales and the workspace are imported once, here, instead of at every call: a
     decode step's store of a few tokens costs mostly this host work. The object keeps the tensors
     and their memory alive and reads that memory at each call (so in-place updates of a scale
-    tensor are seen; scales given as Python or numpy numbers are taken by value, here). A tensor
+    tensor are seen; scales given as Python or numpy numbers are taken by value, and checked,
+    here). A tensor
     given new memory afterwards (torch's ``set_``, ``.data = ...``) is not followed: prepare again
     after that; never ``resize_`` one (a growing resize frees its memory in place). Arguments are
     validated at each call, as by :func:`store`.

@@ -375,6 +375,29 @@ float to_float32(double x, bool* lost) {
   return f;
 }
 
+[[noreturn]] void refuse_scale_number(nb::handle obj, const char* name) {
+  std::string text = nb::repr(obj).c_str();
+  if (text.size() > 40)  // a huge int: its first digits and its length
+    text = text.substr(0, 20) + "... (" + std::to_string(text.size() - (text[0] == '-')) + " digits)";
+  throw nb::value_error((std::string(name) + ": " + text +
+                         " received; a global scale must be a finite float32 > 0 with a finite reciprocal (" +
+                         nvfp4kv::kGlobalScaleRange + "; the decode scale, usually amax / 448)")
+                            .c_str());
+}
+
+// A scale imported from a Python number (import_scale: a host float32 scalar) that the C ABI
+// would refuse, refused now. Checked in the ABI's floating-point mode: the caller's flush must
+// not refuse a subnormal scale.
+void refuse_invalid_number(const Arg& a, nb::handle obj, const char* name) {
+  if (!nb::isinstance<nb::float_>(obj) && !nb::isinstance<nb::int_>(obj)) return;
+  bool valid;
+  {
+    const nvfp4kv::FloatModeGuard ieee;
+    valid = nvfp4kv::global_scale_valid(a.scalar);
+  }
+  if (!valid) refuse_scale_number(obj, name);
+}
+
 // A global scale: a Python number becomes a host float32 scalar, anything else an array.
 void import_scale(Arg& a, nb::handle obj, const char* name) {
   if (PyBool_Check(obj.ptr()))
@@ -388,15 +411,7 @@ void import_scale(Arg& a, nb::handle obj, const char* name) {
     a.scalar = to_float32(v, &lost);
     // A number the C ABI's float cannot hold is named here: the ABI would report the inf or the 0
     // it became.
-    if (past_double || lost) {
-      std::string text = nb::repr(obj).c_str();
-      if (text.size() > 40)  // a huge int: its first digits and its length
-        text = text.substr(0, 20) + "... (" + std::to_string(text.size() - (text[0] == '-')) + " digits)";
-      throw nb::value_error((std::string(name) + ": " + text +
-                             " received; a global scale must be a finite float32 > 0 with a finite reciprocal (" +
-                             nvfp4kv::kGlobalScaleRange + ")")
-                                .c_str());
-    }
+    if (past_double || lost) refuse_scale_number(obj, name);
     a.t.data = &a.scalar;
     a.t.device = DLDevice{kDLCPU, 0};
     a.t.ndim = 0;
@@ -646,7 +661,7 @@ struct PreparedStore {
 
   PreparedStore(nb::handle kv_cache, nb::handle k_scale_, nb::handle v_scale_, nb::handle value_cache_,
                 nb::handle recipe_, nb::handle scale_layout, nb::handle workspace_, int orient,
-                nb::handle memory_ = nb::none()) {
+                nb::handle memory_ = nb::none(), bool prepared = false) {
     recipe = choice(recipe_, kRecipeNames, 2, "_RECIPES", "recipe");
     profile = choice(scale_layout, kScaleLayoutNames, 2, "_SCALE_LAYOUTS", "scale_layout");
     const nb::object ksc = scale_arg(k_scale_, "k_scale"), vsc = scale_arg(v_scale_, "v_scale");
@@ -655,6 +670,12 @@ struct PreparedStore {
     orient_sides(cache, kv_cache, value_cache, value_cache_, orient, profile, HeadsTell::kEqual);
     import_scale(k_scale, ksc, "k_scale");
     import_scale(v_scale, vsc, "v_scale");
+    // Numbers are taken by value: prepare_store refuses an invalid one here, once, where every
+    // call would refuse it. store() leaves it to the C ABI's checks, in their order.
+    if (prepared) {
+      refuse_invalid_number(k_scale, ksc, "k_scale");
+      refuse_invalid_number(v_scale, vsc, "v_scale");
+    }
     import_optional(workspace, workspace_, "workspace", true);
     cache_obj = nb::borrow(kv_cache);
     memory = nb::borrow(memory_);
@@ -849,10 +870,11 @@ NB_MODULE(_C, m) {
                             "One layer's store, made by nvfp4kv.prepare_store: call it as "
                             "prepared(key, value, slot_mapping, stream=None).")
       .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, nb::handle, int,
-                    nb::handle>(),
+                    nb::handle, bool>(),
            nb::arg("kv_cache"), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
            nb::arg("value_cache").none(), nb::arg("recipe").none(), nb::arg("scale_layout").none(),
-           nb::arg("workspace").none(), nb::arg("orient") = -1, nb::arg("memory").none() = nb::none())
+           nb::arg("workspace").none(), nb::arg("orient") = -1, nb::arg("memory").none() = nb::none(),
+           nb::arg("prepared") = true)
       .def("__call__", &PreparedStore::operator(), nb::arg("key"), nb::arg("value"),
            nb::arg("slot_mapping"), nb::arg("stream").none() = nb::none(),
            "Store key and value [tokens, H, D] at slot_mapping, as nvfp4kv.store with the prepared "

@@ -822,6 +822,11 @@ def test_flush_denormal_keeps_a_subnormal_numpy_scale(kind):
     nv.store(key, key, slot_mapping=slots, k_scale=float(np.float32(g)), v_scale=float(np.float32(g)),
              **reference.kwargs(), **LINEAR)
     assert np.array_equal(caches[0], reference.snapshot())
+    # prepare_store checks a number at preparation, in the same mode (2026-12-07).
+    prepared = make_cache(N, T, H, D, "5d", "HND", "torch", seed=13)
+    with flush_denormal():
+        nv.prepare_store(prepared.kv_cache, scale, scale, **LINEAR)(key, key, slots)
+    assert np.array_equal(prepared.snapshot(), reference.snapshot())
 
 
 # ------------------------------------------------- 11. the spec takes what the operations take

@@ -410,6 +410,12 @@ def test_prepared_store_errors(nv):
         nv.prepare_store(cache.kv_cache, 1.0, 1.0, recipe="fp8")
     with pytest.raises(TypeError, match="kv_cache"):
         nv.prepare_store([1, 2, 3], 1.0, 1.0)
+    # A scale given as a number is taken by value, so an invalid one is refused at preparation
+    # (it used to be taken, then refused by every call).
+    for bad in (-1.0, 0.0, float("nan"), float("inf"), 1e-44, np.float32(-2.0), np.array(0.0)):
+        for which in ("k_scale", "v_scale"):
+            with pytest.raises(ValueError, match=f"{which}: .*finite reciprocal"):
+                nv.prepare_store(cache.kv_cache, **{"k_scale": 1.0, "v_scale": 1.0, which: bad})
     prepared = nv.prepare_store(cache.kv_cache, 1.0, 1.0)
     before = cache.snapshot()
     key = torch.zeros(2, H, D, dtype=torch.float64)
