@@ -74,6 +74,11 @@ def test_version(argv):
     assert out.strip() == f"nvfp4kv {nvfp4kv.__version__}"
 
 
+def test_plan_reads_a_utilization_percentage():
+    assert run_json("plan", "--utilization", "90%") == run_json("plan", "--utilization", "0.9")
+    assert run_json("plan", "--utilization", "12.5%")["utilization"] == 0.125
+
+
 # ------------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize(
     "argv, needle",
@@ -85,6 +90,8 @@ def test_version(argv):
         (["plan", "--memory", "80 parsecs"], "unknown unit"),
         (["plan", "--utilization", "1.5"], "not in (0, 1]"),
         (["plan", "--utilization", "0"], "not in (0, 1]"),
+        (["plan", "--utilization", "150%"], "150% is not in (0, 1]"),
+        (["plan", "--utilization", "%"], "not a number"),
         (["plan", "--model", "gpt-9"], "unknown model 'gpt-9'"),
         (["plan", "--block-size", "-16"], "not a positive integer"),
         (["plan", "--context", "many"], "not an integer"),

@@ -126,8 +126,10 @@ def _fraction_arg(text: str) -> Fraction:
         _check_text(text, "a number")
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+    # "90%" reads as 0.9 (a percentage is how memory utilization is often said).
+    number, percent = (text.strip()[:-1], True) if text.strip().endswith("%") else (text, False)
     try:
-        value = Fraction(_plain(text))
+        value = Fraction(_plain(number)) / (100 if percent else 1)
     except (ValueError, ZeroDivisionError):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not 0 < value <= 1:

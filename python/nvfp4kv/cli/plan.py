@@ -211,7 +211,7 @@ def add_parser(sub, common) -> None:
         "--utilization",
         type=_fraction_arg,
         default=Fraction(9, 10),
-        help="fraction of --memory the engine may use, in (0, 1] (default 0.9)",
+        help="fraction of --memory the engine may use, in (0, 1], or a percentage: 0.9 or 90%% (default 0.9)",
     )
     p.add_argument(
         "--weights",
