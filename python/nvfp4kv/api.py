@@ -253,10 +253,9 @@ def prepare_store(
     decode step's store of a few tokens costs mostly this host work. The object keeps the tensors
     and their memory alive and reads that memory at each call (so in-place updates of a scale
     tensor are seen; scales given as Python or numpy numbers are taken by value, and checked,
-    here). A tensor
-    given new memory afterwards (torch's ``set_``, ``.data = ...``) is not followed: prepare again
-    after that; never ``resize_`` one (a growing resize frees its memory in place). Arguments are
-    validated at each call, as by :func:`store`.
+    here). A tensor given new memory afterwards (torch's ``set_``, ``.data = ...``) is not
+    followed: prepare again after that; never ``resize_`` one (a growing resize frees its memory in
+    place). The other arguments are validated at each call, as by :func:`store`.
     """
     orient = _orientation(kv_cache, value_cache, kv_layout)
     # The torch storages too: a tensor given new memory (set_, .data =) would otherwise free the
