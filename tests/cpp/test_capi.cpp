@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +40,113 @@ struct View {
 
 static const DLDataType kF32{kDLFloat, 32, 1}, kU8{kDLUInt, 8, 1}, kI64{kDLInt, 64, 1},
     kF64{kDLFloat, 64, 1};
+
+// Concurrent callers: several application threads (an engine's workers) call the ABI at once,
+// each on its own buffers, while another thread changes the process-wide CPU thread count. Every
+// call must give the bytes that the same call gives alone, and each thread's nvfp4kv_last_error()
+// must be its own refused call's message. CI runs this under ThreadSanitizer too.
+namespace caller_shape {  // a store of n tokens large enough for 8 CPU threads; B sequences
+constexpr int64_t N = 256, T = 16, H = 2, D = 64, F = 36, n = 4096, B = 2, Hq = 8, cols = 8;
+}
+
+struct CallerWork {
+  std::vector<float> key, value;
+  std::vector<int64_t> slots;
+  std::vector<int32_t> table, lens;
+  std::vector<uint16_t> query, out;  // bf16
+  std::vector<uint8_t> cache;
+  std::vector<float> lse;
+};
+
+static CallerWork caller_work(int id) {
+  using namespace caller_shape;
+  CallerWork w;
+  uint32_t state = 2654435761u * static_cast<uint32_t>(id + 1);
+  const auto next = [&state] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(static_cast<int32_t>(state)) * 4.6566e-10f;  // [-1, 1)
+  };
+  w.key.resize(n * H * D);
+  w.value.resize(n * H * D);
+  for (size_t i = 0; i < w.key.size(); ++i) {
+    w.key[i] = 3.0f * next();
+    w.value[i] = next();
+  }
+  w.slots.resize(n);
+  for (int64_t i = 0; i < n; ++i) w.slots[i] = (i * 389 + 17 * id) % (N * T);  // a permutation of the slots
+  w.cache.assign(N * 2 * T * H * F, 0);
+  w.table.resize(B * cols);
+  for (int64_t i = 0; i < B * cols; ++i) w.table[i] = static_cast<int32_t>((i * 7 + id) % N);
+  w.lens = {100 + id, 128};
+  w.query.resize(B * Hq * D);
+  for (uint16_t& q : w.query) {
+    const float f = next();
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    q = static_cast<uint16_t>(bits >> 16);  // bf16 by truncation: any bf16 will do
+  }
+  w.out.assign(B * Hq * D, 0xFFFF);
+  w.lse.assign(B * Hq, 7.0f);
+  return w;
+}
+
+// The caller's calls: a store, a decode over the stored pages, and a store refused for a scale
+// of -(id + 1), whose message must name that scale. Returns what went wrong, or "".
+static std::string caller_calls(CallerWork& w, int id) {
+  using namespace caller_shape;
+  const DLDataType kBF16{kDLBfloat, 16, 1}, kI32{kDLInt, 32, 1};
+  float ks = 0.02f, vs = 0.01f, bad = -static_cast<float>(id + 1);
+  View k(w.key.data(), kF32, {n, H, D}), v(w.value.data(), kF32, {n, H, D}), c(w.cache.data(), kU8, {N, 2, T, H, F}),
+      s(w.slots.data(), kI64, {n}), kscale(&ks, kF32, {1}), vscale(&vs, kF32, {1}), bscale(&bad, kF32, {1}),
+      bt(w.table.data(), kI32, {B, cols}), sl(w.lens.data(), kI32, {B}), q(w.query.data(), kBF16, {B, Hq, D}),
+      o(w.out.data(), kBF16, {B, Hq, D}), l(w.lse.data(), kF32, {B, Hq});
+  if (nvfp4kv_store(&k.t, &v.t, &c.t, nullptr, &s.t, &kscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4, NVFP4KV_SCALES_LINEAR,
+                    nullptr) != NVFP4KV_SUCCESS)
+    return std::string("store: ") + nvfp4kv_last_error();
+  if (nvfp4kv_decode_attention(&q.t, &c.t, nullptr, &bt.t, &sl.t, &kscale.t, &vscale.t, NVFP4KV_SCALES_LINEAR, 1, 0.125f,
+                               0.0f, -1, &o.t, &l.t, nullptr, nullptr) != NVFP4KV_SUCCESS)
+    return std::string("decode: ") + nvfp4kv_last_error();
+  if (nvfp4kv_store(&k.t, &v.t, &c.t, nullptr, &s.t, &bscale.t, &vscale.t, NVFP4KV_RECIPE_NVFP4, NVFP4KV_SCALES_LINEAR,
+                    nullptr) != NVFP4KV_ERROR_INVALID_VALUE)
+    return "a negative k_scale was taken";
+  const std::string want = "k_scale: " + std::to_string(-(id + 1)) + " received";
+  if (!strstr(nvfp4kv_last_error(), want.c_str()))
+    return "last_error is another call's: " + std::string(nvfp4kv_last_error()) + " (expected " + want + ")";
+  return "";
+}
+
+static void concurrent_callers() {
+  constexpr int kCallers = 4, kRounds = 3;
+  std::vector<CallerWork> alone;
+  for (int id = 0; id < kCallers; ++id) {  // each caller's calls on this thread, one at a time
+    alone.push_back(caller_work(id));
+    const std::string e = caller_calls(alone.back(), id);
+    CHECK(e.empty(), "caller %d alone: %s", id, e.c_str());
+  }
+  std::atomic<bool> stop{false};
+  std::thread toggler([&stop] {  // the thread count never changes a byte (test_decode.py, above)
+    for (int i = 0; !stop.load(); ++i) {
+      nvfp4kv_set_cpu_threads(i % 3 == 0 ? 1 : i % 3 == 1 ? 8 : 0);
+      std::this_thread::yield();
+    }
+  });
+  std::vector<std::string> errors(kCallers);
+  std::vector<std::thread> callers;
+  for (int id = 0; id < kCallers; ++id)
+    callers.emplace_back([&, id] {
+      for (int r = 0; r < kRounds && errors[id].empty(); ++r) {
+        CallerWork w = caller_work(id);
+        errors[id] = caller_calls(w, id);
+        if (errors[id].empty() && (w.cache != alone[id].cache || w.out != alone[id].out || w.lse != alone[id].lse))
+          errors[id] = "round " + std::to_string(r) + ": other bytes than the same calls alone";
+      }
+    });
+  for (std::thread& t : callers) t.join();
+  stop = true;
+  toggler.join();
+  for (int id = 0; id < kCallers; ++id) CHECK(errors[id].empty(), "concurrent caller %d: %s", id, errors[id].c_str());
+  CHECK(nvfp4kv_set_cpu_threads(0) == NVFP4KV_SUCCESS, "threads auto");
+}
 
 int main() {
   CHECK(nvfp4kv_version() == NVFP4KV_VERSION, "header and library versions differ");
@@ -587,6 +695,8 @@ int main() {
               strstr(nvfp4kv_last_error(), "cuda_managed") && a == -1.0f,
           "managed amax %g: %s", a, nvfp4kv_last_error());
   }
+
+  concurrent_callers();
 
   if (g_failures) {
     fprintf(stderr, "test_capi: %d failures\n", g_failures);
