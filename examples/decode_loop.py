@@ -15,7 +15,8 @@ The same loop runs over a bf16 cache: one contiguous ``[B, H, longest, D]`` buff
 with a length mask (no gather). SDPA attends every sequence's ``longest`` positions, masked ones
 included, where ``decode_attention`` reads each sequence's own length: with the prompt lengths
 drawn here (from half of ``--prompt-len`` up to it) the bf16 loop does about 1.2-1.3 times the
-attention work. On CUDA each loop's
+attention work; ``--same-lengths`` gives every sequence the same length, and both loops the same
+work. On CUDA each loop's
 step is captured once in a CUDA graph and replayed at every step, after the step's inputs (query,
 key, value, slot mapping, sequence lengths) have been copied into the captured tensors; on the CPU
 the steps run eagerly. The example prints each loop's tokens/s and the relative L2 error of the
@@ -58,6 +59,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=200,
                    help="longest prompt; each sequence's prompt length is drawn from "
                         "[prompt-len / 2, prompt-len] (default: %(default)s)")
+    p.add_argument("--same-lengths", action="store_true",
+                   help="every prompt prompt-len tokens long: the bf16 loop then attends no "
+                        "masked positions, and both loops do the same attention work")
     p.add_argument("--heads", type=int, default=8, help="query heads (default: %(default)s)")
     p.add_argument("--kv-heads", type=int, default=2,
                    help="KV heads; heads must be 1 to 16 times as many (GQA) "
@@ -170,7 +174,7 @@ def main(argv: Optional[Sequence[str]] = None, *, keep_tensors: bool = False) ->
     # Host-side choices (lengths, pages) from a CPU generator, the data from one on the device.
     host_gen = torch.Generator().manual_seed(args.seed)
     data_gen = torch.Generator(device=dev).manual_seed(args.seed)
-    low = (args.prompt_len + 1) // 2
+    low = args.prompt_len if args.same_lengths else (args.prompt_len + 1) // 2
     prompt_lens = torch.randint(low, args.prompt_len + 1, (B,), generator=host_gen)
     final_lens = prompt_lens + steps
     keys, values, queries = make_data(B, int(final_lens.max()), steps, Hq, H, D, data_gen, dev)

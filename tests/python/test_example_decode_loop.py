@@ -154,6 +154,16 @@ def test_cpu_other_geometry(example, capsys):
     check_against_references(result["tensors"])
 
 
+def test_cpu_same_lengths(example, capsys):
+    # Every prompt --prompt-len long: the bf16 loop's buffer holds no masked position.
+    argv = ["--device", "cpu", "--batch", "3", "--steps", "2", "--prompt-len", "40", "--heads", "4",
+            "--kv-heads", "2", "--head-size", "64", "--repeats", "1", "--same-lengths"]
+    result = example.main(argv, keep_tensors=True)
+    check_printed(result, capsys.readouterr().out)
+    assert result["config"]["prompt_lens"] == [40, 40, 40]
+    check_against_references(result["tensors"])
+
+
 def test_command_line():
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     argv = ["--device", "cpu", "--batch", "2", "--steps", "2", "--prompt-len", "20",
