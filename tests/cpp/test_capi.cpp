@@ -124,7 +124,9 @@ static void concurrent_callers() {
     CHECK(e.empty(), "caller %d alone: %s", id, e.c_str());
   }
   std::atomic<bool> stop{false};
-  std::thread toggler([&stop] {  // the thread count never changes a byte (test_decode.py, above)
+  // The CPU thread count never changes a byte (main's "CPU threads" block; test_decode.py's
+  // test_same_bytes_for_every_thread_count), so the calls may meet any count.
+  std::thread toggler([&stop] {
     for (int i = 0; !stop.load(); ++i) {
       nvfp4kv_set_cpu_threads(i % 3 == 0 ? 1 : i % 3 == 1 ? 8 : 0);
       std::this_thread::yield();
