@@ -111,10 +111,15 @@ void check_orientation(const Tensor& c, int h_dim, int t_dim, int64_t heads, con
 
 }  // namespace
 
+void expect_cache_given(const DLTensor* kv_cache, const DLTensor* value_cache) {
+  if (!kv_cache) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: NULL tensor", cache_name(value_cache));
+}
+
 Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache, int64_t heads, const char* heads_arg) {
   Cache r{};
+  r.k_name = cache_name(value_cache);
   if (value_cache) {
-    Tensor kc(kv_cache, "key_cache"), vc(value_cache, "value_cache");
+    Tensor kc(kv_cache, r.k_name), vc(value_cache, "value_cache");
     // A 5-D cache holds both sides: given with value_cache, the error says which to drop.
     kc.expect_ndim(4, kc.ndim() == 5 ? "(num_blocks, block_size, num_kv_heads, F), the K side, since value_cache is "
                                        "given; a 5-D cache holds both sides: pass it without value_cache (NULL, "
@@ -154,16 +159,15 @@ Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache, int64
       fail(NVFP4KV_ERROR_INVALID_VALUE,
            "value_cache: shares memory with key_cache; the two sides of a cache must not overlap");
     r.device = kc.device();
-    r.k_name = "key_cache";
     r.v_name = "value_cache";
     return r;
   }
 
-  Tensor c(kv_cache, "kv_cache");
+  Tensor c(kv_cache, r.k_name);
   expect_uint8(c);
   r.layout_unseen = c.stand_in_strides();
   r.device = c.device();
-  r.k_name = r.v_name = "kv_cache";
+  r.v_name = r.k_name;
   if (c.ndim() == 5) {  // (N, 2, T, H, F)
     if (c.size(1) != 2)
       fail(NVFP4KV_ERROR_INVALID_VALUE,

@@ -24,6 +24,10 @@ struct Cache {
 // and positions are swapped (vLLM's kv_cache.split(H, dim=1) halves), which strides alone cannot
 // tell from an NHD side.
 Cache resolve_cache(const DLTensor* kv_cache, const DLTensor* value_cache, int64_t heads, const char* heads_arg);
+// The kv_cache argument's name in messages: key_cache beside a value_cache, else kv_cache.
+inline const char* cache_name(const DLTensor* value_cache) { return value_cache ? "key_cache" : "kv_cache"; }
+// A NULL kv_cache refused under that name, before an entry point reads its other arguments.
+void expect_cache_given(const DLTensor* kv_cache, const DLTensor* value_cache);
 // The scale profile's interleaving of V scales, checked against the geometry.
 void apply_profile(Cache& c, nvfp4kv_scale_profile profile);
 // A global scale: a host float (checked now) or a device pointer on the cache's device.

@@ -179,7 +179,7 @@ void store(const DLTensor* key_t, const DLTensor* value_t, const DLTensor* kv_ca
            const DLTensor* v_scale, nvfp4kv_recipe recipe, nvfp4kv_scale_profile profile,
            const DLTensor* workspace, void* stream) {
   Tensor key(key_t, "key"), value(value_t, "value"), slots(slot_t, "slot_mapping");
-  if (!kv_cache) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: NULL tensor", value_cache ? "key_cache" : "kv_cache");
+  expect_cache_given(kv_cache, value_cache);
   Cache c = resolve_cache(kv_cache, value_cache, key.ndim() == 3 ? key.size(1) : -1, "key");
   const Tensor cache_ref(kv_cache, c.k_name);
 
@@ -274,7 +274,7 @@ DType check_outputs(const Tensor& ko, const Tensor& vo, const Tensor& cache_ref,
 void dequantize(const DLTensor* kv_cache, const DLTensor* value_cache, const DLTensor* pages,
                 const DLTensor* k_scale, const DLTensor* v_scale, nvfp4kv_scale_profile profile,
                 DLTensor* key_out_t, DLTensor* value_out_t, void* stream) {
-  if (!kv_cache) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: NULL tensor", value_cache ? "key_cache" : "kv_cache");
+  expect_cache_given(kv_cache, value_cache);
   const Tensor ko(key_out_t, "key_out"), vo(value_out_t, "value_out");
   Cache c = resolve_cache(kv_cache, value_cache, ko.ndim() == 4 ? ko.size(2) : -1, "key_out");
   apply_profile(c, profile);
@@ -328,7 +328,7 @@ void gather(const DLTensor* kv_cache, const DLTensor* value_cache, const DLTenso
             const DLTensor* seq_lens, const DLTensor* cu_seqlens, const DLTensor* k_scale,
             const DLTensor* v_scale, nvfp4kv_scale_profile profile, DLTensor* key_out_t,
             DLTensor* value_out_t, void* stream) {
-  if (!kv_cache) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: NULL tensor", value_cache ? "key_cache" : "kv_cache");
+  expect_cache_given(kv_cache, value_cache);
   const Tensor ko(key_out_t, "key_out"), vo(value_out_t, "value_out");
   Cache c = resolve_cache(kv_cache, value_cache, ko.ndim() == 3 ? ko.size(1) : -1, "key_out");
   apply_profile(c, profile);
@@ -527,7 +527,7 @@ void decode(const DLTensor* query_t, const DLTensor* kv_cache, const DLTensor* v
             const DLTensor* v_scale, nvfp4kv_scale_profile profile, int32_t q_len, float sm_scale,
             float soft_cap, int64_t window_left, DLTensor* out_t, DLTensor* lse_t,
             const DLTensor* workspace, void* stream) {
-  if (!kv_cache) fail(NVFP4KV_ERROR_INVALID_VALUE, "%s: NULL tensor", value_cache ? "key_cache" : "kv_cache");
+  expect_cache_given(kv_cache, value_cache);
   const Tensor query(query_t, "query"), out(out_t, "out"), bt(block_table_t, "block_table");
   // The query has Hq = group * H heads: no heads hint for the cache's orientation check.
   Cache c = resolve_cache(kv_cache, value_cache, -1, "query");

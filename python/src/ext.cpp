@@ -385,11 +385,11 @@ float to_float32(double x, bool* lost) {
                             .c_str());
 }
 
-// A scale imported from a Python number (import_scale: a host float32 scalar) that the C ABI
-// would refuse, refused now. Checked in the ABI's floating-point mode: the caller's flush must
-// not refuse a subnormal scale.
+// A scale imported from a Python number (import_scale: a host float32 scalar in `a.scalar`) that
+// the C ABI would refuse, refused now. Checked in the ABI's floating-point mode: the caller's
+// flush must not refuse a subnormal scale.
 void refuse_invalid_number(const Arg& a, nb::handle obj, const char* name) {
-  if (!nb::isinstance<nb::float_>(obj) && !nb::isinstance<nb::int_>(obj)) return;
+  if (a.t.data != &a.scalar) return;  // an array: read at each call
   bool valid;
   {
     const nvfp4kv::FloatModeGuard ieee;
