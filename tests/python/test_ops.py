@@ -68,6 +68,26 @@ def test_compile_fullgraph_equals_eager(backend):
     assert same(got, want)
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_compile_with_tensors_made_under_inference_mode(backend):
+    """A cache and inputs made under torch.inference_mode() (as engines allocate): compiled calls
+    under inference mode write eager's bytes on every backend, and outside it on eager and
+    inductor; aot_eager outside inference mode raises torch's error for an in-place update of an
+    inference tensor, as any in-place torch op would there (integration.md §5)."""
+    with torch.inference_mode():
+        want = run_all(**case())
+        c = case()
+        torch._dynamo.reset()
+        assert same(torch.compile(run_all, fullgraph=True, backend=backend)(**c), want)
+        c = case()
+    torch._dynamo.reset()
+    if backend == "aot_eager":
+        with pytest.raises(RuntimeError, match="inference tensor"):
+            torch.compile(run_all, fullgraph=True, backend=backend)(**c)
+    else:
+        assert same(torch.compile(run_all, fullgraph=True, backend=backend)(**c), want)
+
+
 def test_compiled_sides_of_the_library_cache_do_not_warn():
     """Inductor hands the ops views rebuilt from storage, without the origin that tells the
     library's own NHD sides from a packed cache's halves: the ops take the origin rule without the
