@@ -4,6 +4,7 @@
 #include "cpu/shares.h"
 #include "float_mode.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <sched.h>
@@ -49,12 +50,15 @@ int usable_cpus() {
 }
 
 // A value of NVFP4KV_CPU_THREADS that is not a whole number in [0, kMaxCpuThreads] is ignored (auto).
+// Blanks around it are not: a shell line `NVFP4KV_CPU_THREADS="4 "` means 4 (review).
 int env_threads() {
   const char* v = getenv("NVFP4KV_CPU_THREADS");
   if (!v || !*v) return 0;
   char* end = nullptr;
   errno = 0;
   const long n = strtol(v, &end, 10);
+  if (end == v) return 0;  // no digits
+  while (isspace(static_cast<unsigned char>(*end))) ++end;
   return errno == 0 && *end == '\0' && n >= 0 && n <= kMaxCpuThreads ? static_cast<int>(n) : 0;
 }
 
