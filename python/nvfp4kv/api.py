@@ -97,7 +97,12 @@ def _float32_value(x: Any) -> float:
 def _scale(x: Any, arg: str = "k_scale") -> Any:
     # Python and numpy scalars go to the ABI as host floats; tensors (CPU or GPU) pass through so a
     # device scale is read by the kernel, never on the host. A bool is no scale (True would read
-    # as 1.0), whatever its type; a number past the float range is a ValueError naming `arg`.
+    # as 1.0), whatever its type; a number past the float range is a ValueError naming `arg`. None
+    # is no scale either, though other libraries read it as 1.0 (SGLang leaves unset scales None):
+    # the message says what to pass.
+    if x is None:
+        raise TypeError(f"{arg}: None received; expected a float (the decode scale) or a 1-element float32 "
+                        "tensor (pass 1.0 for a cache stored without a global scale)")
     if isinstance(x, bool) or getattr(getattr(x, "dtype", None), "kind", None) == "b":
         raise TypeError(f"{arg}: a bool received ({x!r}); expected a float (the decode scale) or a "
                         "1-element float32 tensor")

@@ -58,8 +58,8 @@ _SCHEMAS = {
 }
 
 
-def _not_a_scale(what: str) -> TypeError:
-    return TypeError(f"k_scale/v_scale: {what} received; expected a float or a 1-element float32 tensor")
+def _not_a_scale(what: str, hint: str = "") -> TypeError:
+    return TypeError(f"k_scale/v_scale: {what} received; expected a float or a 1-element float32 tensor{hint}")
 
 
 def scale_tensor(x) -> torch.Tensor:
@@ -69,6 +69,8 @@ def scale_tensor(x) -> torch.Tensor:
     call stored with np.True_ as 1.0). api._scale itself does not trace (numpy dtypes)."""
     if isinstance(x, torch.Tensor):
         return x
+    if x is None:
+        raise _not_a_scale("None", " (pass 1.0 for a cache stored without a global scale)")
     if isinstance(x, bool):
         raise _not_a_scale("a bool")
     if isinstance(x, (str, bytes)):

@@ -465,16 +465,17 @@ def test_option_string_with_a_nul_is_rejected(arg, value):
 
 
 BOOL = (TypeError, "a bool")
+NONE = (TypeError, r"None received; .*pass 1\.0")  # SGLang leaves unset scales None
 ONE_ELEMENT = (ValueError, "shape .* expected exactly one element")  # untested until mutation testing
 
 
 @pytest.mark.parametrize("scale,error", [
-    (True, BOOL), (False, BOOL), (np.bool_(True), BOOL), (np.array(True), BOOL),
+    (None, NONE), (True, BOOL), (False, BOOL), (np.bool_(True), BOOL), (np.array(True), BOOL),
     (np.array([1.0, 2.0], np.float32), ONE_ELEMENT), (np.ones(3, np.float32), ONE_ELEMENT),
     (np.zeros(0, np.float32), ONE_ELEMENT), (torch.ones(2), ONE_ELEMENT), (torch.ones(1, 2), ONE_ELEMENT)],
-    ids=["True", "False", "np.bool_", "0-d bool array", "2 floats", "3 floats", "empty", "torch 2", "torch 1x2"])
+    ids=["None", "True", "False", "np.bool_", "0-d bool array", "2 floats", "3 floats", "empty", "torch 2", "torch 1x2"])
 @pytest.mark.parametrize("arg", ["k_scale", "v_scale"])
-def test_bool_or_not_one_element_scale_is_rejected(arg, scale, error):
+def test_none_bool_or_not_one_element_scale_is_rejected(arg, scale, error):
     cache, call = small_store()
     before = cache.snapshot()
     exc, text = error

@@ -372,7 +372,7 @@ def test_ops_mutation_review():
         nvfp4kv.ops.scale_tensor(2**1024)
 
 
-@pytest.mark.parametrize("scale, ok", [(np.True_, False), (np.array(True), False), ("0.01", False),
+@pytest.mark.parametrize("scale, ok", [(np.True_, False), (np.array(True), False), ("0.01", False), (None, False),
                                        (np.float32(0.03), True), (np.array(0.03), True), (0.03, True)])
 def test_compiled_scales_refused_as_eager(scale, ok):
     """Found by review: under torch.compile a numpy bool or a string was taken as a scale (np.True_
