@@ -635,6 +635,97 @@ def test_dequantize_gpu_equals_cpu(dtype, view, layout, scale_layout):
     assert torch.equal(vg.cpu().view(idt), vc.view(idt))
 
 
+# The script of test_threads_on_one_gpu_own_streams: run in a fresh process, so that the threads'
+# calls are each kernel's first in the process (the launchers' per-device answers: cluster room,
+# code version, device attributes, are asked then, by the threads at once).
+_ONE_GPU_THREADS = r"""
+import threading, torch, nvfp4kv
+from nvfp4kv import KVCacheSpec, allocate_kv_cache
+T, H, D, HQ, N, THREADS, ROUNDS = 16, 8, 128, 32, 1024, 4, 3
+# (sequences, length, table columns): one split; 8 splits merged in their cluster (sm_90+); the
+# plan's 64 splits of a wide table, 8 of them read, merged by the second kernel
+CASES = [(64, 256, 16), (1, 1024, 64), (1, 1024, 512)]
+spec = KVCacheSpec(T, H, D)
+
+def job_inputs(t):
+    g = torch.Generator().manual_seed(1000 + t)
+    n = 2048
+    key = torch.randn(n, H, D, generator=g).to(torch.bfloat16).cuda()
+    value = torch.randn(n, H, D, generator=g).to(torch.bfloat16).cuda()
+    slots = torch.randperm(N * T, generator=g)[:n].cuda()
+    calls = []
+    for b, length, cols in CASES:
+        q = torch.randn(b, HQ, D, generator=g).to(torch.bfloat16).cuda()
+        bt = torch.randint(0, N, (b, cols), generator=g, dtype=torch.int32).cuda()
+        sl = torch.full((b,), length, dtype=torch.int32).cuda()
+        calls.append((q, bt, sl))
+    return key, value, slots, calls
+
+def run(t, cache, stream, inputs, barrier=None):
+    key, value, slots, calls = inputs
+    outs = []
+    with torch.cuda.stream(stream):
+        ws = [nvfp4kv.decode_workspace(cache, q, bt) for q, bt, _ in calls]
+        kt = torch.empty(len(calls[0][1]) * 256, H, D, dtype=torch.bfloat16, device="cuda")
+        vt = torch.empty_like(kt)
+        stream.synchronize()
+        if barrier is not None:
+            barrier.wait()  # every thread's first launches at once
+        for _ in range(ROUNDS):
+            nvfp4kv.store(key, value, cache, slots, 0.02, 0.03, stream=stream)
+            got = []
+            for (q, bt, sl), w in zip(calls, ws):
+                out = torch.empty_like(q)
+                lse = torch.empty(q.shape[0], HQ, device="cuda")
+                nvfp4kv.decode_attention(q, cache, bt, sl, 0.02, 0.03, out=out, lse=lse, workspace=w, stream=stream)
+                got += [out, lse]
+            q, bt, sl = calls[0]
+            cu = torch.arange(0, (len(sl) + 1) * 256, 256, dtype=torch.int32, device="cuda")
+            nvfp4kv.gather_dequant(cache, bt, sl, 0.02, 0.03, cu_seqlens=cu, key_out=kt, value_out=vt, stream=stream)
+            got += [kt.clone(), vt.clone(), cache.clone()]
+            outs.append(got)
+    stream.synchronize()
+    return outs
+
+inputs = [job_inputs(t) for t in range(THREADS)]
+caches = [allocate_kv_cache(spec, N, device="cuda") for _ in range(THREADS)]
+streams = [torch.cuda.Stream() for _ in range(THREADS)]
+barrier = threading.Barrier(THREADS)
+results, errors = [None] * THREADS, []
+torch.cuda.synchronize()  # the caches' zeros and the inputs' copies, made on the default stream
+
+def work(t):
+    try:
+        results[t] = run(t, caches[t], streams[t], inputs[t], barrier)
+    except Exception as e:
+        errors.append(repr(e))
+
+threads = [threading.Thread(target=work, args=(t,)) for t in range(THREADS)]
+for th in threads:
+    th.start()
+for th in threads:
+    th.join()
+assert not errors, errors
+for t in range(THREADS):  # each thread's calls again, alone, on the current stream
+    alone = run(t, allocate_kv_cache(spec, N, device="cuda"), torch.cuda.current_stream(), inputs[t])[0]
+    for r in range(ROUNDS):
+        for i, (a, b) in enumerate(zip(results[t][r], alone)):
+            same = torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a.view(torch.int32) if a.dtype == torch.float32 else a,
+                               b.view(torch.int16) if b.dtype == torch.bfloat16 else b.view(torch.int32) if b.dtype == torch.float32 else b)
+            assert same, f"thread {t} round {r} output {i} differs from the same call alone"
+print("OK", torch.cuda.get_device_name())
+"""
+
+
+def test_threads_on_one_gpu_own_streams():
+    """c-api.md: every entry point may be called from several threads at once. Four threads, each
+    on its own stream with its own cache, store, decode (one split; 8 splits merged in a cluster;
+    a wide table's 64 splits merged by the second kernel) and gather, 3 rounds, starting together
+    in a fresh process; each round gives the bits of the same calls made alone."""
+    out = subprocess.run([sys.executable, "-c", _ONE_GPU_THREADS], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stdout + out.stderr[-3000:]
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_gpus_two_threads_own_streams():
     """Tensor parallelism: each GPU holds its own cache; two threads store (then gather) at once,
