@@ -169,9 +169,10 @@ def test_thread_setting_and_environment(nv):
     assert 1 <= nv.cpu_threads() <= 16
     code = "import nvfp4kv; print(nvfp4kv.cpu_threads())"
     # 256 is the largest count taken, 257 is ignored (mutation testing: the bound's edge)
-    # blanks around the number are fine (a trailing one was ignored: review)
-    for env, want in (("3", "3"), ("256", "256"), (" 05 \t", "5"), ("257", None), ("1e3", None), ("-2", None),
-                      ("99999999999", None), ("4 x", None), (" ", None)):
+    # white space around the number is fine (a trailing blank was ignored: review); counts above 16,
+    # which the automatic count never reaches, so that a wrong parse cannot pass as "auto"
+    for env, want in (("3", "3"), ("256", "256"), (" 0200 \t\n", "200"), ("257", None), ("1e3", None), ("-2", None),
+                      ("99999999999", None), ("200 x", None)):
         out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, NVFP4KV_CPU_THREADS=env),
                              capture_output=True, text=True, check=True)
         auto = subprocess.run([sys.executable, "-c", code], env={k: v for k, v in os.environ.items()

@@ -150,8 +150,8 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_store_with_workspace(
  * for one per CPU the calling thread may run on (its affinity mask, which the threads a call
  * starts inherit; read at each call), at most 16. Until it is called, the environment variable
  * NVFP4KV_CPU_THREADS sets it (read once, at the first CPU call large enough for several threads
- * or nvfp4kv_cpu_threads(); ignored unless a whole number from 0 to 256, read as strtol does:
- * blanks around it, a sign and leading zeros are fine, nothing else). Small calls use fewer
+ * or nvfp4kv_cpu_threads(); ignored unless a whole number from 0 to 256 in base 10: white space
+ * (isspace) around it, a sign and leading zeros are fine, nothing else). Small calls use fewer
  * (about 131072 elements per thread at least). Each thread takes a share of the pages (store,
  * dequantize) or of the output tokens (gather): the bytes are the same for every thread count,
  * duplicate slots included. A call whose tensors share bytes in other ways than a cache split

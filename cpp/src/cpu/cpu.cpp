@@ -50,14 +50,14 @@ int usable_cpus() {
 }
 
 // A value of NVFP4KV_CPU_THREADS that is not a whole number in [0, kMaxCpuThreads] is ignored (auto).
-// Blanks around it are not: a shell line `NVFP4KV_CPU_THREADS="4 "` means 4 (review).
+// White space around the number is read with it: `NVFP4KV_CPU_THREADS="4 "` means 4 (it was
+// ignored: review).
 int env_threads() {
   const char* v = getenv("NVFP4KV_CPU_THREADS");
   if (!v || !*v) return 0;
   char* end = nullptr;
   errno = 0;
   const long n = strtol(v, &end, 10);
-  if (end == v) return 0;  // no digits
   while (isspace(static_cast<unsigned char>(*end))) ++end;
   return errno == 0 && *end == '\0' && n >= 0 && n <= kMaxCpuThreads ? static_cast<int>(n) : 0;
 }
