@@ -102,7 +102,7 @@ def _scale(x: Any, arg: str = "k_scale") -> Any:
     # the message says what to pass.
     if x is None:
         raise TypeError(f"{arg}: None received; expected a float (the decode scale) or a 1-element float32 "
-                        "tensor (pass 1.0 for a cache stored without a global scale)")
+                        "tensor (pass 1.0 for no global scale)")
     if isinstance(x, bool) or getattr(getattr(x, "dtype", None), "kind", None) == "b":
         raise TypeError(f"{arg}: a bool received ({x!r}); expected a float (the decode scale) or a "
                         "1-element float32 tensor")

@@ -70,7 +70,7 @@ def scale_tensor(x) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x
     if x is None:
-        raise _not_a_scale("None", " (pass 1.0 for a cache stored without a global scale)")
+        raise _not_a_scale("None", " (pass 1.0 for no global scale)")
     if isinstance(x, bool):
         raise _not_a_scale("a bool")
     if isinstance(x, (str, bytes)):

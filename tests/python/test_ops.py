@@ -81,7 +81,7 @@ def test_compile_with_tensors_made_under_inference_mode(backend):
         assert same(torch.compile(run_all, fullgraph=True, backend=backend)(**c), want)
         c = case()
     torch._dynamo.reset()
-    if backend == "aot_eager":
+    if backend == "aot_eager":  # torch 2.13's rule; a torch that lifts it makes integration.md §5 stale
         with pytest.raises(RuntimeError, match="inference tensor"):
             torch.compile(run_all, fullgraph=True, backend=backend)(**c)
     else:
@@ -387,7 +387,8 @@ def test_compiled_scales_refused_as_eager(scale, ok):
     if not ok:
         with pytest.raises(TypeError):
             f(kv_e, scale)
-        with pytest.raises(Exception, match="k_scale/v_scale"):
+        with pytest.raises(Exception, match=r"k_scale/v_scale: None received.*pass 1\.0" if scale is None
+                           else "k_scale/v_scale"):
             torch.compile(f, fullgraph=True, backend="eager")(kv_c, scale)
         assert torch.equal(kv_c, c["kv"])
         return
