@@ -94,15 +94,20 @@ def _float32_value(x: Any) -> float:
     return sign * (math.ldexp(man, -149) if exp == 0 else math.ldexp(man | 0x800000, exp - 150))
 
 
+def _none_scale(arg: str) -> TypeError:
+    """A None global scale, refused here and by the ops (ops.scale_tensor). Other libraries read None
+    as 1.0 (SGLang leaves unset scales None): the message says what to pass."""
+    return TypeError(f"{arg}: None received; expected a float (the decode scale) or a 1-element float32 "
+                     "tensor (pass 1.0 for no global scale)")
+
+
 def _scale(x: Any, arg: str = "k_scale") -> Any:
     # Python and numpy scalars go to the ABI as host floats; tensors (CPU or GPU) pass through so a
     # device scale is read by the kernel, never on the host. A bool is no scale (True would read
-    # as 1.0), whatever its type; a number past the float range is a ValueError naming `arg`. None
-    # is no scale either, though other libraries read it as 1.0 (SGLang leaves unset scales None):
-    # the message says what to pass.
+    # as 1.0), whatever its type, nor is None; a number past the float range is a ValueError
+    # naming `arg`.
     if x is None:
-        raise TypeError(f"{arg}: None received; expected a float (the decode scale) or a 1-element float32 "
-                        "tensor (pass 1.0 for no global scale)")
+        raise _none_scale(arg)
     if isinstance(x, bool) or getattr(getattr(x, "dtype", None), "kind", None) == "b":
         raise TypeError(f"{arg}: a bool received ({x!r}); expected a float (the decode scale) or a "
                         "1-element float32 tensor")

@@ -58,8 +58,8 @@ _SCHEMAS = {
 }
 
 
-def _not_a_scale(what: str, hint: str = "") -> TypeError:
-    return TypeError(f"k_scale/v_scale: {what} received; expected a float or a 1-element float32 tensor{hint}")
+def _not_a_scale(what: str) -> TypeError:
+    return TypeError(f"k_scale/v_scale: {what} received; expected a float or a 1-element float32 tensor")
 
 
 def scale_tensor(x) -> torch.Tensor:
@@ -70,7 +70,7 @@ def scale_tensor(x) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x
     if x is None:
-        raise _not_a_scale("None", " (pass 1.0 for no global scale)")
+        raise _api._none_scale("k_scale/v_scale")
     if isinstance(x, bool):
         raise _not_a_scale("a bool")
     if isinstance(x, (str, bytes)):
