@@ -15,14 +15,17 @@ namespace nvfp4kv {
 namespace {
 
 // A device attribute, read once per device (devices 0..63 are kept; others are asked each time).
-// `fallback` stands in for a failed query.
+// `fallback` stands in for a failed query, for that call only: a kept fallback (an SM count of 1)
+// would shrink every later launch's grid on that device for the life of the process.
 int device_attribute(std::atomic<int> (&kept)[64], cudaDeviceAttr attr, int device, int fallback) {
   const bool keep = device >= 0 && device < 64;
   int v = keep ? kept[device].load(std::memory_order_relaxed) : 0;
-  if (v == 0) {
-    if (cudaDeviceGetAttribute(&v, attr, device) != cudaSuccess || v <= 0) v = fallback;
-    if (keep) kept[device].store(v, std::memory_order_relaxed);
+  if (v != 0) return v;
+  if (cudaDeviceGetAttribute(&v, attr, device) != cudaSuccess || v <= 0) {
+    (void)cudaGetLastError();  // the query's own error, not left for the caller's next check
+    return fallback;
   }
+  if (keep) kept[device].store(v, std::memory_order_relaxed);
   return v;
 }
 
