@@ -272,9 +272,7 @@ ScaleArg resolve_scale(const DLTensor* scale, const char* name, DLDevice data_de
     r.value = *reinterpret_cast<const float*>(s.ptr());
     if (!global_scale_valid(r.value))
       fail(NVFP4KV_ERROR_INVALID_VALUE,
-           "%s: %.9g received; a global scale must be finite and > 0 with a finite reciprocal "
-           "(%s; the decode scale, usually amax / 448)",
-           name, static_cast<double>(r.value), kGlobalScaleRange);
+           "%s: %.9g received; " NVFP4KV_GLOBAL_SCALE_RULE, name, static_cast<double>(r.value));
     return r;
   }
   if (host_readable(data_device) || !same_device(s.device(), data_device))

@@ -17,7 +17,7 @@
 #include "nvfp4kv/format.h"
 #include "nvfp4kv/nvfp4kv.h"
 #include "float_mode.h"  // the IEEE mode for the host conversion of a scale (cpp/src/float_mode.h)
-#include "params.h"      // decode_heads_ok, kGlobalScaleRange (cpp/src/params.h)
+#include "params.h"      // decode_heads_ok, kGlobalScaleRule (cpp/src/params.h)
 #include "testing.h"  // the library's test switches (cpp/src/testing.h), for _set_* below
 
 namespace nb = nanobind;
@@ -379,10 +379,7 @@ float to_float32(double x, bool* lost) {
   std::string text = nb::repr(obj).c_str();
   if (text.size() > 40)  // a huge int: its first digits and its length
     text = text.substr(0, 20) + "... (" + std::to_string(text.size() - (text[0] == '-')) + " digits)";
-  throw nb::value_error((std::string(name) + ": " + text +
-                         " received; a global scale must be a finite float32 > 0 with a finite reciprocal (" +
-                         nvfp4kv::kGlobalScaleRange + "; the decode scale, usually amax / 448)")
-                            .c_str());
+  throw nb::value_error((std::string(name) + ": " + text + " received; " + nvfp4kv::kGlobalScaleRule).c_str());
 }
 
 // A scale imported from a Python number (import_scale: a host float32 scalar in `a.scalar`) that

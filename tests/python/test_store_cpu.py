@@ -416,6 +416,13 @@ def test_prepared_store_errors(nv):
         for which in ("k_scale", "v_scale"):
             with pytest.raises(ValueError, match=f"{which}: .*finite reciprocal"):
                 nv.prepare_store(cache.kv_cache, **{"k_scale": 1.0, "v_scale": 1.0, which: bad})
+    # In the words of store()'s refusal (the C ABI's): one statement of the rule.
+    k, slots = torch.zeros(1, H, D), torch.tensor([0])
+    with pytest.raises(ValueError) as by_store:
+        nv.store(k, k, cache.kv_cache, slots, -1.0, 1.0)
+    with pytest.raises(ValueError) as by_prepare:
+        nv.prepare_store(cache.kv_cache, -1.0, 1.0)
+    assert str(by_store.value) == "nvfp4kv_store: " + str(by_prepare.value).replace("-1.0", "-1", 1)
     prepared = nv.prepare_store(cache.kv_cache, 1.0, 1.0)
     before = cache.snapshot()
     key = torch.zeros(2, H, D, dtype=torch.float64)
