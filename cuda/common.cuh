@@ -148,11 +148,14 @@ __device__ __forceinline__ float read_scale(const ScaleArg& s) {
   return s.device_ptr ? *s.device_ptr : s.value;
 }
 
-// Whether a pointer and every byte stride are multiples of `to` (vector loads and stores).
-inline bool aligned(int64_t to, const void* ptr, std::initializer_list<int64_t> byte_strides) {
-  if (reinterpret_cast<uintptr_t>(ptr) % to != 0) return false;
-  for (const int64_t s : byte_strides)
-    if (s % to != 0) return false;
+// Whether a pointer and every stride times `esize` bytes are multiples of `to`, a power of two
+// (vector loads and stores). The products are taken modulo 2^64, a multiple of `to`, so the answer
+// is the same: a dimension of size 1 may carry any stride, and 2^62 x 4 overflows an int64.
+inline bool aligned(int64_t to, const void* ptr, std::initializer_list<int64_t> strides, int64_t esize = 1) {
+  const uint64_t m = static_cast<uint64_t>(to);
+  if (reinterpret_cast<uintptr_t>(ptr) % m != 0) return false;
+  for (const int64_t s : strides)
+    if (static_cast<uint64_t>(s) * static_cast<uint64_t>(esize) % m != 0) return false;
   return true;
 }
 

@@ -1642,7 +1642,7 @@ int cuda_decode(const DecodeParams& p, int device, void* stream_ptr, const char*
   L.off[1] = SideOffsets::make(p.v, p.layout, p.H, p.T);
   L.block_size = FastDiv(static_cast<uint32_t>(p.T));
   L.q_len = FastDiv(static_cast<uint32_t>(p.q_len));
-  L.q_vec = aligned(16, p.query, {p.q_stride[0] * 2, p.q_stride[1] * 2});
+  L.q_vec = aligned(16, p.query, {p.q_stride[0], p.q_stride[1]}, 2);
   constexpr double k2G = 2147483648.0, k4G = 4294967296.0;
   const auto d = [](int64_t x) { return static_cast<double>(x); };
   const auto align = [&](int64_t to) {

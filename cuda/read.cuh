@@ -94,8 +94,8 @@ inline bool sides_vec(const Side& k, const Side& v, int64_t esize, int nstrides)
   bool vec = true;
   for (const Side* s : {&k, &v}) {
     int64_t st[3] = {0, 0, 0};
-    for (int i = 0; i < nstrides; ++i) st[i] = s->out_stride[i] * esize;
-    vec = vec && aligned(16, s->out, {st[0], st[1], st[2]}) &&
+    for (int i = 0; i < nstrides; ++i) st[i] = s->out_stride[i];
+    vec = vec && aligned(16, s->out, {st[0], st[1], st[2]}, esize) &&
           aligned(8, s->cache.base, {s->cache.page_stride});
   }
   return vec;

@@ -141,7 +141,8 @@ struct Lane {
   __device__ __forceinline__ void init(const StoreSide& s, const SideOffsets& o, uint32_t h,
                                        uint32_t g0, int64_t esize) {
     src = static_cast<const char*>(s.src) + (h * s.head_stride + g0 * kGroupSize) * esize;
-    token_stride = s.token_stride * esize;
+    // Unsigned: one token may carry any stride (common.cuh `aligned`), and token 0 reads at 0.
+    token_stride = static_cast<int64_t>(static_cast<uint64_t>(s.token_stride) * static_cast<uint64_t>(esize));
     cache = s.cache.base;
     page_stride = s.cache.page_stride;
     at.init(o, h, g0);
@@ -520,8 +521,8 @@ int cuda_store(const StoreParams& p, int device, void* stream_ptr, const char** 
   shape.layout = p.layout;
   // Vector path: 16-byte loads of every group, 8-byte stores of every code word (D/2 is a
   // multiple of 8, so row starts keep the alignment of the side).
-  shape.vec = aligned(16, p.k.src, {p.k.token_stride * esize, p.k.head_stride * esize}) &&
-              aligned(16, p.v.src, {p.v.token_stride * esize, p.v.head_stride * esize}) &&
+  shape.vec = aligned(16, p.k.src, {p.k.token_stride, p.k.head_stride}, esize) &&
+              aligned(16, p.v.src, {p.v.token_stride, p.v.head_stride}, esize) &&
               aligned(8, p.k.cache.base, {p.k.cache.page_stride}) &&
               aligned(8, p.v.cache.base, {p.v.cache.page_stride});
   shape.cache_aligned = aligned(16, p.k.cache.base, {p.k.cache.page_stride}) &&
