@@ -10,6 +10,10 @@ that spec (not on the loader, which a zip or frozen importer shares with other m
 2026-12-07); once the module has run, the stand-in hands the spec its loader back, the finder
 removes itself and the callbacks run.
 
+A module that another thread is importing is waited for; where that thread waits in turn for an
+import this one holds (one thread imports torch, another torch._dynamo, so the ops' registration
+runs inside torch's import), a thread of its own waits and runs the callbacks.
+
 A callback that fails is a warning (dropped where warnings are errors), never a failed import:
 the module, its code run, could not be imported again. A spec taken without an import
 (``importlib.util.find_spec``) leaves the finder in place for the real one.
@@ -25,16 +29,20 @@ import warnings
 from typing import Callable, List, Tuple
 
 
+def _warn(failed: str, e: Exception) -> None:
+    try:
+        warnings.warn(f"nvfp4kv: {failed} ({type(e).__name__}: {e})", RuntimeWarning, stacklevel=3)
+    except Exception:  # warnings as errors
+        pass
+
+
 def _run(callback: Callable[[], None], failed: str) -> bool:
     """callback(); False and a warning where it raised."""
     try:
         callback()
         return True
     except Exception as e:
-        try:
-            warnings.warn(f"nvfp4kv: {failed} ({type(e).__name__}: {e})", RuntimeWarning, stacklevel=2)
-        except Exception:  # warnings as errors
-            pass
+        _warn(failed, e)
         return False
 
 
@@ -86,16 +94,40 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             pass
 
 
+# The import system's error for a wait that would close a cycle of threads (CPython's, private).
+_DEADLOCK = getattr(importlib._bootstrap, "_DeadlockError", RuntimeError)
+WAITER = "nvfp4kv-after-import"  # the name of a thread that waits for an import (after_import)
+
+
+def _wait_and_run(name: str, callback: Callable[[], None], failed: str) -> None:
+    if _run(lambda: importlib.import_module(name), failed):
+        _run(callback, failed)
+
+
 def after_import(name: str, callback: Callable[[], None], failed: str) -> None:
     """callback() now where module `name` is imported, else right after its import; if it raises,
     a warning: `failed` and the exception. A module that another thread is still importing (in
     sys.modules, its code not yet run) is waited for: its import has passed the finders (review:
-    the substitutions were skipped without a word while a thread imported torch._dynamo)."""
+    the substitutions were skipped without a word while a thread imported torch._dynamo). Where
+    that thread waits for an import this one holds, a thread named WAITER waits for it, and the
+    callback runs there once the module is imported."""
     module = sys.modules.get(name)
     if module is not None:
-        waiting = getattr(getattr(module, "__spec__", None), "_initializing", False)
-        if not waiting or _run(lambda: importlib.import_module(name), failed):  # waits on its import lock
+        if not getattr(getattr(module, "__spec__", None), "_initializing", False):
             _run(callback, failed)
+            return
+        try:
+            importlib.import_module(name)  # waits on its import lock
+        except Exception as e:
+            if not isinstance(e, _DEADLOCK):
+                _warn(failed, e)
+                return
+            # The importing thread waits for an import this thread holds (two threads importing
+            # torch and torch._dynamo at once: this callback runs inside torch's import). A thread
+            # that holds no import lock waits instead (review: the substitutions were lost).
+            threading.Thread(target=_wait_and_run, args=(name, callback, failed), name=WAITER, daemon=True).start()
+            return
+        _run(callback, failed)
         return
     finder = next((f for f in sys.meta_path if isinstance(f, _AfterImport) and f.name == name), None)
     if finder is None:

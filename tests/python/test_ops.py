@@ -674,6 +674,31 @@ def test_substitutions_wait_for_another_threads_import_of_dynamo(tmp_path):
     assert out.split() == ["True", "True"]
 
 
+def test_substitutions_when_two_threads_import_torch_and_dynamo_at_once(tmp_path):
+    """After `import nvfp4kv`, one thread imports torch while another imports torch._dynamo: the
+    ops' registration runs inside torch's import, and waiting there for torch._dynamo (whose
+    import waits for torch) closed a cycle, so the substitutions were lost with a warning (3 of 3
+    runs). Now a thread of its own waits and registers them; either way, no warning and a
+    fullgraph compile."""
+    out = _fresh_interpreter("""
+    import sys, threading, warnings
+    import nvfp4kv
+    caught = []
+    def imp(name):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            __import__(name)
+        caught.extend(str(x.message) for x in w if "nvfp4kv" in str(x.message))
+    threads = [threading.Thread(target=imp, args=(m,)) for m in ("torch", "torch._dynamo")]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    [t.join() for t in threading.enumerate() if t.name == nvfp4kv._torch_hook.WAITER]
+    import torch
+    print(caught)
+    """ + _DECODE_FULLGRAPH, tmp_path)
+    assert out.splitlines() == ["[]", "True"]
+
+
 def test_ops_registered_after_a_spec_lookup_of_torch(tmp_path):
     """A lookup without an import (importlib.util.find_spec, as availability checks do) leaves the
     hook waiting for the import itself."""
