@@ -346,5 +346,19 @@ def main(argv: Optional[Sequence[str]] = None, *, keep_tensors: bool = False) ->
     return result
 
 
+def out_of_memory(e: BaseException) -> bool:
+    """A failed allocation: torch's on CUDA (torch.cuda's name where an older torch has no top-level one), its CPU
+    allocator's RuntimeError or a size past int64 (no message type of their own), Python's."""
+    oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+    return isinstance(e, (oom, MemoryError)) or (isinstance(e, RuntimeError) and any(
+        text in str(e) for text in ("DefaultCPUAllocator", "Storage size calculation overflowed")))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except Exception as e:  # one line for a size too large for the device, not a traceback
+        if not out_of_memory(e):
+            raise
+        sys.exit(f"decode_loop.py: error: out of memory ({(str(e).splitlines() or [type(e).__name__])[0]}); "
+                 "try smaller sizes (--batch, --prompt-len, --steps)")
