@@ -556,6 +556,32 @@ def test_plan_llama_8b_hand_computed():
 
 
 
+def test_plan_tensor_parallel_size_shares_the_kv_heads():
+    """--tensor-parallel-size N: each GPU caches max(1, H // N) KV heads (vLLM's get_num_kv_heads),
+    with --memory and --weights one GPU's, so its numbers are those of that many heads; N must
+    divide H or be a multiple of it (vLLM's attention layers assert one or the other)."""
+    base = ("plan", "--model", "llama-3.1-70b", "--weights", "17.5GiB")
+    for tp, heads in ((2, 4), (8, 1), (16, 1)):  # 16 > 8 heads: each GPU keeps a copy of one
+        r = run_json(*base, "--tensor-parallel-size", str(tp))
+        assert r["tensor_parallel_size"] == tp and r["kv_heads_per_gpu"] == heads
+        assert r["model"]["kv_heads"] == 8  # the model's own
+        assert r["formats"] == run_json(*base, "--kv-heads", str(heads))["formats"]
+    # 70B at 8 GPUs: 80 layers x 16 tokens x 1 head x 2 x 72 bytes a page; 54.5 GiB of 80 x 0.9 - 17.5.
+    f = _by_name(run_json(*base, "--tensor-parallel-size", "8"))
+    assert f["nvfp4"]["page_bytes"] == 80 * 16 * 2 * 72 == 184320
+    assert f["nvfp4"]["pages"] == (72 - 17.5) * 2**30 // 184320 == 317485
+    assert run_json(*base)["tensor_parallel_size"] == 1
+    rc, out, _err = run(*base, "--tensor-parallel-size", "8")
+    assert rc == 0 and "8 KV heads (1 per GPU at tensor parallel size 8)" in out and "memory:  each GPU: " in out
+    rc, out, _err = run(*base)
+    assert rc == 0 and "per GPU" not in out and "each GPU" not in out
+    for tp in ("3", "12"):
+        rc, _out, err = run(*base, "--tensor-parallel-size", tp)
+        assert rc == 2 and f"--tensor-parallel-size {tp}: 8 KV heads cannot be shared over {tp} GPUs" in err
+    rc, _out, err = run(*base, "--tensor-parallel-size", "0")
+    assert rc == 2 and "not a positive integer" in err
+
+
 def test_plan_context_not_a_multiple_of_the_block_size():
     # 8200 tokens of 16 take 513 pages, the last partly filled (mutation testing: pages per
     # sequence rounded down passed every test, whose contexts were multiples of the block size).

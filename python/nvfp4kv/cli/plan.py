@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
@@ -33,20 +34,30 @@ def plan_capacity(
     weights_bytes: int = 0,
     block_size: int = 16,
     context: int = 8192,
+    tensor_parallel_size: int = 1,
 ) -> dict[str, Any]:
     """How many pages, tokens and sequences fit, per format (see ``nvfp4kv plan --help``).
 
     The KV budget is ``floor(memory * utilization) - weights`` bytes; every layer has its own
     cache, so a page of the model is ``KVCacheSpec.page_size_bytes * layers`` and the page count
-    is ``KVCacheSpec.num_blocks_for(budget, layers)``.
+    is ``KVCacheSpec.num_blocks_for(budget, layers)``. With tensor parallelism, memory and
+    weights are one GPU's, and each GPU caches ``max(1, kv_heads // tensor_parallel_size)`` KV
+    heads of every token (vLLM's rule; fewer heads than GPUs are replicated), so the tokens that
+    fit one GPU are the engine's.
 
     Raises
     ------
     UsageError
-        (a CLIError) if the weights do not leave any memory for the cache.
+        (a CLIError) if the weights do not leave any memory for the cache, or the KV heads cannot
+        be shared over ``tensor_parallel_size`` GPUs.
     ValueError
         From KVCacheSpec, for a geometry the format cannot store.
     """
+    heads, tp = geo.kv_heads, tensor_parallel_size
+    if tp < 1 or (heads % tp if heads >= tp else tp % heads):
+        raise UsageError(f"--tensor-parallel-size {tp}: {_count(heads, 'KV head')} cannot be shared over {tp} GPUs "
+                         "(it must divide the KV heads, or be a multiple of them: each GPU then keeps a copy of one)")
+    per_gpu = replace(geo, kv_heads=max(1, heads // tp))
     usable = int(Fraction(memory_bytes) * Fraction(utilization))
     budget = usable - weights_bytes
     if budget < 0:
@@ -61,7 +72,7 @@ def plan_capacity(
             f"{float(utilization):g} = {_human_bytes(usable)}) minus the weights is 0"
         )
     pages_per_seq = -(-context // block_size)
-    rows = _format_sizes(geo, block_size)
+    rows = _format_sizes(per_gpu, block_size)
     for r in rows:
         spec = r["spec"]
         r["pages"] = spec.num_blocks_for(budget, geo.layers)
@@ -80,6 +91,8 @@ def plan_capacity(
         "kv_budget_bytes": budget,
         "block_size": block_size,
         "context": context,
+        "tensor_parallel_size": tp,
+        "kv_heads_per_gpu": per_gpu.kv_heads,
         "pages_per_sequence": pages_per_seq,
         "formats": _strip_private(rows),
     }
@@ -117,7 +130,8 @@ def _cmd_plan(args) -> int:
         geo = custom_geometry(args.model or get_model(DEFAULT_MODEL), *explicit)
     try:
         result = plan_capacity(
-            geo, args.memory, args.utilization, args.weights, args.block_size, args.context
+            geo, args.memory, args.utilization, args.weights, args.block_size, args.context,
+            args.tensor_parallel_size,
         )
     except (ValueError, OverflowError) as e:  # KVCacheSpec or _check_page_side refuses: a bad argument
         raise UsageError(str(e)) from None
@@ -126,12 +140,14 @@ def _cmd_plan(args) -> int:
         return 0
 
     src = f" ({geo.hf_id})" if geo.hf_id else ""
+    tp = result["tensor_parallel_size"]
+    shared = f" ({result['kv_heads_per_gpu']} per GPU at tensor parallel size {tp})" if tp > 1 else ""
     print(
         f"model:   {geo.name}{src}: {_count(geo.layers, 'layer')}, "
-        f"{_count(geo.kv_heads, 'KV head')}, head size {geo.head_size}"
+        f"{_count(geo.kv_heads, 'KV head')}{shared}, head size {geo.head_size}"
     )
     print(
-        f"memory:  {_human_bytes(result['memory_bytes'])} x {result['utilization']:g} - "
+        f"memory:  {'each GPU: ' if tp > 1 else ''}{_human_bytes(result['memory_bytes'])} x {result['utilization']:g} - "
         f"{_human_bytes(result['weights_bytes'])} weights = "
         f"{_human_bytes(result['kv_budget_bytes'])} for the KV cache "
         f"({result['kv_budget_bytes']:,} B)"
@@ -227,6 +243,13 @@ def add_parser(sub, common) -> None:
         type=_positive_int,
         default=8192,
         help="tokens per sequence for the concurrency column (default 8192)",
+    )
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=_positive_int,
+        default=1,
+        help="GPUs sharing each layer's KV heads, as vLLM's option: each caches max(1, kv heads / N) "
+        "of them; --memory and --weights are then one GPU's (default 1)",
     )
     # The options --list-models ignores, with the values that leave them as if not given: (dest,
     # values, flag). --model's default is None, which reads as the default preset.
