@@ -21,10 +21,11 @@ int device_attribute(std::atomic<int> (&kept)[64], cudaDeviceAttr attr, int devi
   const bool keep = device >= 0 && device < 64;
   int v = keep ? kept[device].load(std::memory_order_relaxed) : 0;
   if (v != 0) return v;
-  if (cudaDeviceGetAttribute(&v, attr, device) != cudaSuccess || v <= 0) {
+  if (cudaDeviceGetAttribute(&v, attr, device) != cudaSuccess) {
     (void)cudaGetLastError();  // the query's own error, not left for the caller's next check
     return fallback;
   }
+  if (v <= 0) return fallback;
   if (keep) kept[device].store(v, std::memory_order_relaxed);
   return v;
 }
