@@ -125,7 +125,11 @@ def after_import(name: str, callback: Callable[[], None], failed: str) -> None:
             # The importing thread waits for an import this thread holds (two threads importing
             # torch and torch._dynamo at once: this callback runs inside torch's import). A thread
             # that holds no import lock waits instead (review: the substitutions were lost).
-            threading.Thread(target=_wait_and_run, args=(name, callback, failed), name=WAITER, daemon=True).start()
+            try:
+                threading.Thread(target=_wait_and_run, args=(name, callback, failed), name=WAITER,
+                                 daemon=True).start()
+            except RuntimeError as started:  # no thread to be had (limits, shutdown): as any failure
+                _warn(failed, started)
             return
         _run(callback, failed)
         return
