@@ -573,6 +573,8 @@ def test_plan_tensor_parallel_size_shares_the_kv_heads():
     assert run_json(*base)["tensor_parallel_size"] == 1
     rc, out, _err = run(*base, "--tensor-parallel-size", "8")
     assert rc == 0 and "8 KV heads (1 per GPU at tensor parallel size 8)" in out and "memory:  each GPU: " in out
+    rc, out, _err = run("plan", "--model", "llama-3.1-70b", "--tensor-parallel-size", "8")
+    assert rc == 0 and "2 bytes per parameter / 8 per GPU for bf16 weights" in out
     rc, out, _err = run(*base)
     assert rc == 0 and "per GPU" not in out and "each GPU" not in out
     for tp in ("3", "12"):

@@ -153,7 +153,8 @@ def _cmd_plan(args) -> int:
         f"({result['kv_budget_bytes']:,} B)"
     )
     if result["weights_bytes"] == 0:  # the default: a budget that large leaves no room for a model
-        print("         (no weights subtracted: pass --weights, e.g. 2 bytes per parameter for bf16 weights)")
+        per_gpu = f" / {tp} per GPU" if tp > 1 else ""
+        print(f"         (no weights subtracted: pass --weights, e.g. 2 bytes per parameter{per_gpu} for bf16 weights)")
     print(
         f"paging:  block size {result['block_size']}, context {result['context']:,} tokens = "
         f"{result['pages_per_sequence']:,} pages per sequence"
@@ -248,8 +249,11 @@ def add_parser(sub, common) -> None:
         "--tensor-parallel-size",
         type=_positive_int,
         default=1,
+        metavar="N",
         help="GPUs sharing each layer's KV heads, as vLLM's option: each caches max(1, kv heads / N) "
-        "of them; --memory and --weights are then one GPU's (default 1)",
+        "of them; --memory and --weights are then one GPU's. Checked: N divides the KV heads or is a "
+        "multiple of them; not checked (the presets have no query heads): vLLM's rule that N divides "
+        "the query heads too (default 1)",
     )
     # The options --list-models ignores, with the values that leave them as if not given: (dest,
     # values, flag). --model's default is None, which reads as the default preset.
