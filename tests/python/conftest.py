@@ -67,21 +67,6 @@ def load_example(path):
     return mod
 
 
-def run_example_raising(path, argv, raised):
-    """Runs the example at `path` as a script (its `__main__` block) in a new interpreter, with
-    torch.randn raising `raised` (Python source of an exception), and returns the finished
-    process: how the script reports an error its sizes cause."""
-    import subprocess
-    import sys
-
-    code = (f"import runpy, sys, torch\n"
-            f"def fail(*args, **kwargs):\n    raise {raised}\n"
-            f"torch.randn = fail\n"
-            f"sys.argv = [{str(path)!r}] + {list(argv)!r}\n"
-            f"runpy.run_path({str(path)!r}, run_name='__main__')\n")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-
-
 # --------------------------------------------------------------------------------- library access
 @pytest.fixture(scope="session")
 def nv():
