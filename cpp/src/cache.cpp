@@ -272,7 +272,7 @@ ScaleArg resolve_scale(const DLTensor* scale, const char* name, DLDevice data_de
     r.value = *reinterpret_cast<const float*>(s.ptr());
     if (!global_scale_valid(r.value))
       fail(NVFP4KV_ERROR_INVALID_VALUE,
-           "%s: %.9g received; " NVFP4KV_GLOBAL_SCALE_RULE, name, static_cast<double>(r.value));
+           "%s: %.9g received; %s", name, static_cast<double>(r.value), kGlobalScaleRule);
     return r;
   }
   if (host_readable(data_device) || !same_device(s.device(), data_device))

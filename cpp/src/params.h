@@ -166,10 +166,9 @@ inline bool decode_heads_ok(int64_t Hq, int64_t H) {
 
 // The rule of format.h's global_scale_valid as the messages state it (the C ABI's and the
 // binding's, which refuses a Python number before the ABI sees it), and the range it allows.
-#define NVFP4KV_GLOBAL_SCALE_RULE \
-  "a global scale must be a finite float32 > 0 with a finite reciprocal (about 2.9388e-39 " \
-  "to 3.4028235e+38; the decode scale, usually amax / 448)"
-constexpr char kGlobalScaleRule[] = NVFP4KV_GLOBAL_SCALE_RULE;
+constexpr char kGlobalScaleRule[] =
+    "a global scale must be a finite float32 > 0 with a finite reciprocal (about 2.9388e-39 to "
+    "3.4028235e+38; the decode scale, usually amax / 448)";
 
 // Split-KV of the CUDA decode (flash-decoding): the number of splits of each sequence's tokens,
 // a function of the geometry alone (so a workspace sized once serves every call of that
