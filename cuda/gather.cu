@@ -99,7 +99,9 @@ __global__ void __launch_bounds__(1024) gather_pairs_kernel(const __grid_constan
   const uint8_t* cache = s.cache.base;
   const int64_t page_stride = s.cache.page_stride;
   uint4* out = reinterpret_cast<uint4*>(static_cast<uint16_t*>(s.out) + h * s.out_stride[1] + 32 * unit);
-  const int64_t out_stride = s.out_stride[0] * 2 / 16;  // in uint4
+  // In uint4 (8 elements); a multiple of 8 by the output's alignment check. Divided, not scaled to
+  // bytes first: a size-1 row dimension may carry any stride, and 2 * 2^62 overflows.
+  const int64_t out_stride = s.out_stride[0] / 8;
   const IndexVec bt_row = block_table_row(p, b);
   // Codes and scale bytes of step j, or zeros (and read false) for a bad block-table entry.
   struct Step {

@@ -652,7 +652,7 @@ def job_inputs(t):
     n = N * T  # every slot: each page the calls read holds stored tokens
     key = torch.randn(n, H, D, generator=g).to(torch.bfloat16).cuda()
     value = torch.randn(n, H, D, generator=g).to(torch.bfloat16).cuda()
-    slots = torch.randperm(N * T, generator=g)[:n].cuda()
+    slots = torch.randperm(n, generator=g).cuda()
     calls = []
     for b, length, cols in CASES:
         q = torch.randn(b, HQ, D, generator=g).to(torch.bfloat16).cuda()
