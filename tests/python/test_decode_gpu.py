@@ -623,7 +623,10 @@ def decode_kernels(call):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         call()
         torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type.name == "CUDA" and "decode" in e.name]
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    if not names:  # every call launches a kernel: the profiler sees none (CUPTI taken, as under compute-sanitizer)
+        pytest.skip("torch.profiler records no CUDA kernels here")
+    return [n for n in names if "decode" in n]
 
 
 @pytest.mark.parametrize("D", [128, 64])
