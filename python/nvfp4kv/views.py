@@ -172,10 +172,25 @@ def _side_views(x, offset, N, T, H, D, page_stride, layout, scale_layout, name):
     return data, _as_scale_dtype(scale)
 
 
-def _check_interleaved(layout: str, T: int, D: int, name: str):
+def _refuse_part_of_pages(x: Any, shape, page_stride: int, side: bool, name: str):
+    """What every call refuses, refused here too: a 4-D view cut from part of the pages of a 5-D
+    cache (one head of several, the first tokens of each page), whose "scales" are other rows'
+    codes (the binding's rule, python/src/ext.cpp refuse_part_of_pages; found by review)."""
+    try:
+        from . import _C
+    except ImportError:  # this file loaded alone, without the package (the views tests can)
+        return
+    _C._refuse_part_of_pages(x, tuple(shape), page_stride, side, name)
+
+
+def _check_interleaved(layout: str, T: int, D: int, name: str, side: bool = False):
     if layout != "HND":
+        # An (N, H, T, F) half of a packed cache has the strides of an NHD side with H and T
+        # exchanged, and a side is named (N, T, H, F): say both readings (review).
+        half = (" as an (N, T, H, F) side (an (N, H, T, F) half of a packed cache reads so: "
+                "split the packed cache itself with nvfp4_kv_cache_split_views)") if side else ""
         raise ValueError(
-            f"scale_layout: token-4 interleaved scales need an HND cache, but {name} is NHD"
+            f"scale_layout: token-4 interleaved scales need an HND cache, but {name} is NHD{half}"
         )
     if T % 4 != 0:
         raise ValueError(f"scale_layout: token-4 interleaved scales need T % 4 == 0, got T={T}")
@@ -273,6 +288,7 @@ def nvfp4_kv_cache_split_views(kv_cache: Any, scale_layout: str = "vllm"):
                 "interleaves K and V at each position: not a page of the format)"
             )
         _check_page_stride(N, sn, 2 * H * T * F, name)
+        _refuse_part_of_pages(kv_cache, shape, sn, False, name)
         layout = "HND"
         k_offset, v_offset = 0, H * T * F
     else:
@@ -355,7 +371,8 @@ def nvfp4_split_data_scale(kv_side: Any, scale_layout: str = "linear"):
     _check_nonempty(T, H, name)
     layout = _side_layout(T, H, F, st, sh, sf, name)
     _check_page_stride(N, sn, H * T * F, name)
+    _refuse_part_of_pages(kv_side, shape, sn, True, name)
     D = _head_size_from_full_dim(F, name)
     if scale_layout == "interleaved":
-        _check_interleaved(layout, T, D, name)
+        _check_interleaved(layout, T, D, name, side=True)
     return _side_views(kv_side, 0, N, T, H, D, sn, layout, scale_layout, name)

@@ -4,6 +4,7 @@
 // exceptions in one place (raise_for). The GIL is released around every call into the library.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/string.h>
 
 #include <stdint.h>
@@ -583,15 +584,16 @@ void warn_if_ambiguous(const Arg& c, nb::handle c_obj, const Arg& vc, HeadsTell 
 // and strides alone match a cache of fewer heads in padded pages. Only 5-D origins whose first
 // dimension is this cache's pages say so: a 4-D origin may hold several layers' caches in each
 // page (a review found (N, L 2H, T, F) pools refused), and vLLM views a flat buffer.
-void refuse_part_of_pages(nb::handle obj, const Arg& a, bool side, const char* name) {
-  if (a.t.ndim != 4) return;
-  int64_t d[5], itemsize = 0, stride0 = 0;
+// `shape` and `stride0`: the argument's 4 extents and its page stride (nvfp4kv.views passes its own).
+void refuse_part_of_pages(nb::handle obj, const int64_t* shape, int64_t stride0, bool side, const char* name) {
+  int64_t d[5], itemsize = 0, base_stride0 = 0;
   const nb::object base = origin_5d(obj, d);
   if (base.is_none()) return;
   // A side is one of the origin's two sides ([:, 0], [:, 1]); a packed cache, the whole page (the
   // common case, decided without more attribute reads: stores of a few tokens are host-bound).
-  const int64_t rows = a.shape[1] * a.shape[2], sides = d[2] * d[3];
-  if (d[1] != 2 || d[4] != a.shape[3] || (side ? rows == sides : rows == 2 * sides)) return;
+  int64_t rows = 0, sides = 0;  // of broadcast dimensions may overflow: no cache then either
+  if (__builtin_mul_overflow(shape[1], shape[2], &rows) || __builtin_mul_overflow(d[2], d[3], &sides)) return;
+  if (d[1] != 2 || d[4] != shape[3] || (side ? rows == sides : rows == 2 * sides)) return;
   // Its elements bytes and its page stride the argument's: torch's stride() and numpy's strides
   // agree for one-byte elements.
   if (!nb::try_cast(nb::getattr(base, "itemsize", nb::none()), itemsize, false) || itemsize != 1) return;
@@ -600,17 +602,24 @@ void refuse_part_of_pages(nb::handle obj, const Arg& a, bool side, const char* n
       info && PyObject_TypeCheck(base.ptr(), reinterpret_cast<PyTypeObject*>(info->tensor_type));
   nb::object strides = torch_base ? base.attr("stride")() : nb::getattr(base, "strides", nb::none());
   if (!PyTuple_Check(strides.ptr()) || PyTuple_Size(strides.ptr()) != 5 ||
-      !nb::try_cast(nb::handle(PyTuple_GetItem(strides.ptr(), 0)), stride0, false) || stride0 != a.strides[0])
+      !nb::try_cast(nb::handle(PyTuple_GetItem(strides.ptr(), 0)), base_stride0, false) || base_stride0 != stride0)
     return;
   const std::string dims = std::to_string(d[0]) + ", 2, " + std::to_string(d[2]) + ", " + std::to_string(d[3]) +
                            ", " + std::to_string(d[4]);
-  throw nb::value_error((std::string(name) + ": a view of part of the pages of the cache it was taken from (shape (" +
-                         dims + ")): " + std::to_string(a.shape[1]) + " x " + std::to_string(a.shape[2]) +
+  // One whole side given where the whole cache goes (value_cache forgotten): say so (review).
+  const std::string hint = !side && rows == sides
+                               ? ". It is one whole side ([:, 0] or [:, 1]): pass the 5-D cache itself, or both "
+                                 "sides, [:, 0] as key_cache and [:, 1] as value_cache"
+                               : ": pass the whole cache (its [:, 0] and [:, 1] as the sides)";
+  throw nb::value_error((std::string(name) + ": a view of part of the pages of the cache it was taken from (its origin, " +
+                         "shape (" + dims + ")): " + std::to_string(shape[1]) + " x " + std::to_string(shape[2]) +
                          " rows of F bytes a page" + (side ? " side" : "") +
                          ". A page side holds the codes of all its heads and tokens before their scales " +
-                         "(FORMAT.md §4), so part of one is not a cache: pass the whole cache (its [:, 0] and " +
-                         "[:, 1] as the sides)")
+                         "(FORMAT.md §4), so part of one is not a cache" + hint)
                             .c_str());
+}
+void refuse_part_of_pages(nb::handle obj, const Arg& a, bool side, const char* name) {
+  if (a.t.ndim == 4) refuse_part_of_pages(obj, a.shape, a.strides[0], side, name);
 }
 
 // `profile`: the call's scale layout; "vllm" interleaves V scales, defined for HND only, so the C
@@ -921,6 +930,11 @@ NB_MODULE(_C, m) {
   });
   // Tests and benchmarks only: which kernel takes CUDA gathers ("auto", "pages", "rows";
   // nvfp4kv_testing_set_gather_kernel). Process-wide.
+  // nvfp4kv.views' helpers refuse what the calls refuse: a 4-D view cut from part of a 5-D cache's pages.
+  m.def("_refuse_part_of_pages", [](nb::handle obj, std::array<int64_t, 4> shape, int64_t stride0, bool side,
+                                    const std::string& name) {
+    refuse_part_of_pages(obj, shape.data(), stride0, side, name.c_str());
+  }, nb::arg("obj"), nb::arg("shape"), nb::arg("stride0"), nb::arg("side"), nb::arg("name"));
   m.def("_set_gather_kernel", [](const std::string& which) {
     const std::pair<const char*, nvfp4kv_testing_gather_kernel> names[] = {
         {"auto", NVFP4KV_TESTING_GATHER_AUTO}, {"pages", NVFP4KV_TESTING_GATHER_PAGES}, {"rows", NVFP4KV_TESTING_GATHER_ROWS}};

@@ -664,3 +664,46 @@ def test_views_of_part_of_the_pages_are_refused():
     nv.dequantize(pages[:, 4:8], scale_layout="linear")
     nv.store(x.expand(1, 2, D), x.expand(1, 2, D), pool[0].unsqueeze(1), torch.tensor([3]), 1.0, 1.0,
              value_cache=pool[1].unsqueeze(1), scale_layout="linear")
+
+
+def test_view_helpers_refuse_views_of_part_of_the_pages():
+    """Found by review (a new user's walk through the docs): nvfp4_split_data_scale of one head of
+    a 5-D cache's side, or of the first tokens of NHD pages, returned "scales" that were other
+    heads' codes (4096 bytes into a page whose K scales start at 8192). The view helpers refuse
+    what every call refuses, with the calls' message; whole sides and caches still split."""
+    H, T = 2, 16
+    kv = torch.randint(0, 64, (4, 2, H, T, F), dtype=torch.uint8).permute(0, 1, 3, 2, 4)  # HND (N, 2, T, H, F)
+    nhd = torch.zeros(4, 2, T, H, F, dtype=torch.uint8)
+    sides = {
+        "one head of two (HND)": kv[:, 0, :, :1],
+        "numpy: one head of two (HND)": kv.numpy()[:, 1, :, :1],
+        "the first 8 tokens of NHD pages": nhd[:, 0, :8],
+    }
+    for name, side in sides.items():
+        with pytest.raises(ValueError, match=r"kv_side: a view of part of the pages of the cache it was taken from"):
+            nv.nvfp4_split_data_scale(side)
+    # A whole NHD side has the strides of a packed cache of T/2 "heads": named as one side.
+    with pytest.raises(ValueError, match=r"kv_cache: a view of part of the pages.*It is one whole side"):
+        nv.nvfp4_kv_cache_split_views(nhd[:, 0], "linear")
+    # The calls name a whole side given as the cache the same way (value_cache forgotten).
+    with pytest.raises(ValueError, match=r"kv_cache: a view of part of the pages.*It is one whole side.*value_cache"):
+        nv.store(torch.randn(1, H, D), torch.randn(1, H, D), nhd[:, 0], torch.tensor([0]), 1.0, 1.0,
+                 scale_layout="linear")
+    assert not nhd.any()
+    # Whole sides, and both sides of the whole cache, split as before: their scales follow all codes.
+    for side in (kv[:, 0], kv[:, 1], kv.numpy()[:, 0], nhd[:, 1]):
+        data, scale = nv.nvfp4_split_data_scale(side)
+        assert data.shape[1:3] == side.shape[1:3]
+    k_data, k_scale, _, _ = nv.nvfp4_kv_cache_split_views(kv, "linear")
+    assert k_scale.data_ptr() - kv.data_ptr() == H * T * D // 2
+
+
+def test_interleaved_split_of_a_packed_half_names_the_half():
+    """Found by review: a V half of a packed cache (N, H, T, F) split with token-4 interleaved
+    scales was refused as "NHD", which it reads as; the message now says why and what to do."""
+    kp = nv.allocate_kv_cache(nv.KVCacheSpec(16, 2, 64), 2, packed=True)
+    with pytest.raises(ValueError, match=r"is NHD as an \(N, T, H, F\) side.*half of a packed cache.*"
+                                         r"nvfp4_kv_cache_split_views"):
+        nv.nvfp4_split_data_scale(kp.split(2, dim=1)[1], scale_layout="interleaved")
+    *_, v_scale = nv.nvfp4_kv_cache_split_views(kp)  # the packed cache itself: interleaved V scales
+    assert tuple(v_scale.shape) == (2, 4, 4, 2, D // 16)
