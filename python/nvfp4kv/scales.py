@@ -1,7 +1,7 @@
 """Global scales: the amax of a tensor, the conversions between scale conventions, and a tracker
 that gathers per-layer K and V amax over calibration batches.
 
-Conventions (one number per tensor, four ways to write it; ``amax = max |x|``):
+Conventions (one number per tensor, three ways to write it; ``amax = max |x|``):
 
 =====================  =====================  ============================================
 name                   value                  who uses it
@@ -108,7 +108,17 @@ def decode_scale(amax: Any, margin: float = 1.0) -> Any:
     values as 1 unless a group's scale leaves E4M3's normal range (docs/scales.md). Give a float32 amax: the
     result has amax's dtype, and the store takes float32 scales.
     """
-    return amax * _in_dtype_of(margin, amax) / E4M3_MAX
+    return amax * _in_dtype_of(margin, amax) / _like(E4M3_MAX, amax)
+
+
+def _like(c: float, x: Any) -> Any:
+    """The constant `c` as a scalar of a floating numpy `x`'s dtype, else as given. NumPy 1.x
+    widens a float32 scalar or 0-d array times a Python float to float64 (NumPy 2 and torch keep
+    float32), which the store then refuses as a scale array (review: numpy 1.26)."""
+    dtype = getattr(x, "dtype", None)
+    if _framework(x) == "numpy" and getattr(dtype, "kind", "") == "f":
+        return dtype.type(c)
+    return c
 
 
 def _in_dtype_of(margin: Any, amax: Any) -> Any:
@@ -116,7 +126,7 @@ def _in_dtype_of(margin: Any, amax: Any) -> Any:
     the result keeps amax's dtype (a float64 margin would widen a float32 amax, which the store
     then refuses as a scale)."""
     if isinstance(margin, numbers.Real):
-        return float(margin)
+        return _like(float(margin), amax)
     dtype, fw = getattr(amax, "dtype", None), _framework(amax)
     if fw == "torch":
         import torch
@@ -136,23 +146,23 @@ def _in_dtype_of(margin: Any, amax: Any) -> Any:
 def x6_from_decode(s: Any) -> Any:
     """The x6 form ``s / 6`` of a decode scale ``s`` (``amax / 2688``: a decode scale with the E2M1
     max 6 folded in, as NVFP4 weight checkpoints' ``weight_scale_2``)."""
-    return s / E2M1_MAX
+    return s / _like(E2M1_MAX, s)
 
 
 def decode_from_x6(s: Any) -> Any:
     """The decode scale ``6 s`` of a scale ``s`` in the x6 form (``amax / 2688`` -> ``amax / 448``)."""
-    return s * E2M1_MAX
+    return s * _like(E2M1_MAX, s)
 
 
 def encode_from_decode(s: Any) -> Any:
     """The encode scale ``6 / s`` of a decode scale ``s`` (``448 * 6 / amax``: what a quantizer
     multiplies values by, the reciprocal of the x6 form)."""
-    return E2M1_MAX / s
+    return _like(E2M1_MAX, s) / s
 
 
 def decode_from_encode(e: Any) -> Any:
     """The decode scale ``6 / e`` of an encode scale ``e`` (``448 * 6 / amax`` -> ``amax / 448``)."""
-    return E2M1_MAX / e
+    return _like(E2M1_MAX, e) / e
 
 
 # ---- the tracker ----------------------------------------------------------------------------------
