@@ -240,8 +240,8 @@ void apply_profile(Cache& c, nvfp4kv_scale_profile profile) {
   c.k.interleaved = 0;
   c.v.interleaved = profile == NVFP4KV_SCALES_VLLM;
   if (!c.v.interleaved) return;
-  // NumPy gives an empty array all-zero strides, whose compact stand-ins (tensor.h) read as NHD
-  // even for an HND view: such a cache, which holds nothing, is not refused for it (review).
+  // An empty array's strides may be stand-ins (tensor.h) that read as NHD even for an HND view:
+  // such a cache, which holds nothing, is not refused for it (review; NumPy 1.26).
   if (c.layout != Layout::kHND && !c.layout_unseen)
     fail(NVFP4KV_ERROR_INVALID_VALUE,
          "scale_layout: the 'vllm' profile interleaves V scales, which is defined for the HND "

@@ -98,7 +98,10 @@ Tensor::Tensor(const DLTensor* tensor, const char* n) : t(tensor), name(n) {
   // ones too, so that its layout reads as that of its shape.
   bool placeholder = empty && t->strides;
   for (int i = 0; placeholder && i < t->ndim; ++i) placeholder = t->strides[i] == 0;
-  stand_in_ = placeholder;
+  // No empty array's strides show its layout for sure: NumPy 1.x exports none for any array it
+  // flags C-contiguous, every empty one included whatever its view's strides, and DLPack readers
+  // (nanobind) fill in compact ones (found under NumPy 1.26).
+  stand_in_ = empty;
   int64_t s = 1;
   for (int i = t->ndim - 1; i >= 0; --i) {
     stride_[i] = t->strides && !placeholder ? t->strides[i] : s;

@@ -52,8 +52,8 @@ class Tensor {
   std::string shape_str() const;
   std::string strides_str() const;
   void expect_ndim(int n, const char* what) const;
-  // Whether the strides are compact stand-ins for an empty array's all-zero ones (NumPy's), which
-  // say nothing of its layout.
+  // Whether its strides may be stand-ins that say nothing of its layout: an empty array's
+  // (NumPy 2 gives all-zero ones, NumPy 1.x none, which DLPack readers fill in as compact).
   bool stand_in_strides() const { return stand_in_; }
   // The addresses of its lowest byte and one past its highest (both 0 when it has no element),
   // as the constructor checked them.

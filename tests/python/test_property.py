@@ -287,8 +287,10 @@ class Cache:
 
 
 def ref_layout(cache):
-    """The layout the library reads off the strides: HND whenever H or T is 1 (same bytes)."""
-    return "HND" if cache.H == 1 or cache.T == 1 else cache.layout
+    """The layout the library reads off the strides: HND whenever H or T is 1 (same bytes), and
+    none for a cache of no pages, whose strides show none (NumPy 1.x exports none for an empty
+    array): read as HND, so that the 'vllm' profile is never refused for it."""
+    return "HND" if cache.H == 1 or cache.T == 1 or cache.N == 0 else cache.layout
 
 
 def ref_store(cache, snaps, k32, v32, slots, ks, vs, recipe, scale_layout):
@@ -525,7 +527,7 @@ def draw_cache(data, env, rng, expect, geo, names_k, for_write):
             expect.bad("read-only cache", kname | {"value_cache"})
         else:
             expect.either("read-only cache given to a read")
-    elif defect == "bad_strides" and c.T > 1 and c.H > 1:
+    elif defect == "bad_strides" and c.T > 1 and c.H > 1 and c.N > 0:  # an empty one's may not show (ref_layout)
         x = kw["kv_cache"]
         # T and H strides both F: neither HND nor NHD (the view addresses rows twice)
         if c.form == "5d":
@@ -541,7 +543,7 @@ def draw_cache(data, env, rng, expect, geo, names_k, for_write):
         start = max(0, min(c.k_off + 1, c.k_ps - c.sv))  # within the page, across the K side
         kw["value_cache"] = c.k_buf.view("uint8", x.shape, strides, start)
         expect.bad("value_cache overlaps key_cache", kname | {"value_cache"})
-    elif defect == "v_layout" and c.value_cache is not None and c.T > 1 and c.H > 1:
+    elif defect == "v_layout" and c.value_cache is not None and c.T > 1 and c.H > 1 and c.N > 0:
         other = "NHD" if c.layout == "HND" else "HND"
         tv, hv = (c.Fv, c.T * c.Fv) if other == "HND" else (c.H * c.Fv, c.Fv)
         kw["value_cache"] = c.v_buf.view("uint8", (c.N, c.T, c.H, c.Fv), (c.v_ps, tv, hv, 1), c.v_off)
