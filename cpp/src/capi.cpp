@@ -50,6 +50,9 @@ nvfp4kv_status guarded(const char* fn, Body&& body) noexcept {
   } catch (const Failure& f) {
     set_last_error(fn, f.message.c_str(), "");
     return f.status;
+  } catch (const std::bad_alloc&) {  // a caller can retry smaller: not a bug (review)
+    set_last_error(fn, "out of host memory", "");
+    return NVFP4KV_ERROR_OUT_OF_MEMORY;
   } catch (const std::exception& e) {
     set_last_error(fn, "internal error: ", e.what());
   } catch (...) {
@@ -719,6 +722,7 @@ NVFP4KV_API const char* nvfp4kv_status_string(nvfp4kv_status status) {
     case NVFP4KV_ERROR_NOT_SUPPORTED: return "not supported";
     case NVFP4KV_ERROR_CUDA: return "CUDA error";
     case NVFP4KV_ERROR_INTERNAL: return "internal error";
+    case NVFP4KV_ERROR_OUT_OF_MEMORY: return "out of memory";
   }
   return "unknown status";
 }

@@ -34,6 +34,9 @@ void raise_for(nvfp4kv_status status) {
       throw nb::value_error(msg.c_str());
     case NVFP4KV_ERROR_INVALID_DTYPE:
       throw nb::type_error(msg.c_str());
+    case NVFP4KV_ERROR_OUT_OF_MEMORY:
+      PyErr_SetString(PyExc_MemoryError, msg.c_str());
+      throw nb::python_error();
     default:
       throw std::runtime_error(msg);
   }

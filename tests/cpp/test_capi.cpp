@@ -156,6 +156,9 @@ int main() {
             !NVFP4KV_VERSION_COMPATIBLE(NVFP4KV_VERSION - 1) && !NVFP4KV_VERSION_COMPATIBLE(NVFP4KV_VERSION + 100),
         "NVFP4KV_VERSION_COMPATIBLE: a later patch serves, an earlier one or another minor does not");
   CHECK(std::string(nvfp4kv_status_string(NVFP4KV_ERROR_INVALID_DTYPE)) == "invalid dtype", "status string");
+  CHECK(std::string(nvfp4kv_status_string(NVFP4KV_ERROR_OUT_OF_MEMORY)) == "out of memory" &&
+            std::string(nvfp4kv_status_string(static_cast<nvfp4kv_status>(8))) == "unknown status",
+        "status string of the last status and past it");
 
   // N=2 pages, T=4, H=2, D=32 (F=18): 5-D NHD (contiguous) cache.
   const int64_t N = 2, T = 4, H = 2, D = 32, F = 18, n = 3;

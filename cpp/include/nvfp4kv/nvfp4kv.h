@@ -62,7 +62,9 @@ typedef enum nvfp4kv_status NVFP4KV_ENUM_INT {
   NVFP4KV_ERROR_NOT_SUPPORTED = 4,   /* e.g. CUDA tensors in a build without CUDA (a call whose
                                       * tensors are on different devices: DEVICE_MISMATCH) */
   NVFP4KV_ERROR_CUDA = 5,            /* the CUDA runtime reported an error */
-  NVFP4KV_ERROR_INTERNAL = 6         /* a bug: please report it */
+  NVFP4KV_ERROR_INTERNAL = 6,        /* a bug: please report it */
+  NVFP4KV_ERROR_OUT_OF_MEMORY = 7    /* a host allocation failed (the CPU path's buffers and
+                                      * threads): nothing was written (Python: MemoryError) */
 } nvfp4kv_status;
 
 typedef enum nvfp4kv_recipe NVFP4KV_ENUM_INT {
@@ -111,9 +113,10 @@ NVFP4KV_API int nvfp4kv_cuda_device_count(const char** reason);
  *               slots < 0 or >= N*T are skipped. Slots must be distinct among stored tokens
  *               (the CPU path keeps the last token; the CUDA path in token order may mix them,
  *               each group's codes and scale byte written from either token).
- * k_scale, v_scale: 1-element float32 tensors, the decode global scales. On the CPU they are
- *               validated (finite, > 0, finite reciprocal); on the GPU they are read by the
- *               kernel and a group quantized with an invalid one gets scale byte 0x7F.
+ * k_scale, v_scale: 1-element float32 tensors, the decode global scales. In host memory
+ *               (whatever the cache's device) they are validated (finite, > 0, finite
+ *               reciprocal); in device memory they are read by the kernel and a group
+ *               quantized with an invalid one gets scale byte 0x7F.
  * recipe, profile: see the enums. The token-4 interleaved V scales of the vLLM profile need
  *               HND, T % 4 == 0 and Dv % 64 == 0.
  * stream:       cudaStream_t for CUDA tensors; ignored on the CPU. */
@@ -162,7 +165,8 @@ NVFP4KV_API nvfp4kv_status nvfp4kv_set_cpu_threads(int threads);
 NVFP4KV_API int nvfp4kv_cpu_threads(void);
 
 /* Bytes of a store workspace for caches of up to num_blocks blocks of block_size tokens
- * (16 + 4 * num_blocks * (2 * block_size + 3)); at most 2^40 slots (num_blocks * block_size). */
+ * (16 + 4 * num_blocks * (2 * block_size + 3)); num_blocks >= 0, block_size >= 1, at most 2^40
+ * slots (num_blocks * block_size). */
 NVFP4KV_API nvfp4kv_status nvfp4kv_store_workspace_size(int64_t num_blocks, int64_t block_size,
                                                         size_t* bytes);
 
