@@ -193,8 +193,9 @@ def store(
 
     Raises
     ------
-    TypeError, ValueError, RuntimeError
-        Bad dtype; bad shape/value/device; CUDA failure. The cache is untouched on error.
+    TypeError, ValueError, RuntimeError, MemoryError
+        Bad dtype; bad shape/value/device; CUDA failure; host memory. The cache is untouched on
+        error.
     """
     orient = _orientation(kv_cache, value_cache, kv_layout)
     try:

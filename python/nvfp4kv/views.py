@@ -1,8 +1,9 @@
 """Zero-copy views of the packed data and the scale bytes inside an NVFP4 KV cache.
 
-Pure Python: works on torch tensors (any device, through ``as_strided`` on the same storage)
-and numpy arrays, never copies, and imports neither torch nor numpy itself: a torch tensor can
-only exist once its caller has imported torch.
+Python over the arrays' own strides (the extension only judges a view's origin, as the calls
+do): works on torch tensors (any device, through ``as_strided`` on the same storage) and numpy
+arrays, never copies, and imports neither torch nor numpy itself: a torch tensor can only exist
+once its caller has imported torch.
 
 Byte contract (``docs/FORMAT.md`` §4). ``D`` head size, ``H`` KV heads, ``T`` block size,
 ``S = D/16``, ``F = D/2 + S``. Each page holds ``[K side | V side]``; inside a side all packed

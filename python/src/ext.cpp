@@ -527,6 +527,23 @@ nb::object origin_5d(nb::handle obj, int64_t (&d)[5]) {
   return base;
 }
 
+// The page stride (elements) of a uint8 cache argument. NumPy 1.x exports no strides for an array
+// it flags C-contiguous, which it decides ignoring size-1 dimensions, and nanobind fills in compact
+// ones: a one-page view's page stride is then lost (a review found a one-page view of part of the
+// pages accepted, and written through, under NumPy 1.26). Read from the array itself then.
+int64_t page_stride(nb::handle obj, const Arg& a) {
+  if (a.t.ndim < 1 || a.shape[0] != 1) return a.strides[0];
+  const TorchInfo* info = torch_info();
+  const bool torch_obj = info && PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(info->tensor_type));
+  nb::object strides = torch_obj ? obj.attr("stride")() : nb::getattr(obj, "strides", nb::none());
+  int64_t itemsize = 0, s0 = 0;
+  if (!nb::try_cast(nb::getattr(obj, "itemsize", nb::none()), itemsize, false) || itemsize != 1 ||
+      !PyTuple_Check(strides.ptr()) || PyTuple_Size(strides.ptr()) < 1 ||
+      !nb::try_cast(nb::handle(PyTuple_GetItem(strides.ptr(), 0)), s0, false))
+    return a.strides[0];
+  return s0;
+}
+
 // Whether the sides (N, A, B, F) `a` of array `obj` are [:, 0] or [:, 1] of their origin, a 5-D
 // (N, 2, A, B, F) cache.
 bool sides_of_5d(nb::handle obj, const Arg& a) {
@@ -562,7 +579,7 @@ void warn_if_ambiguous(const Arg& c, nb::handle c_obj, const Arg& vc, HeadsTell 
   for (int i = 0; i < 4; ++i)
     if (c.shape[i] != vc.shape[i] || c.strides[i] != vc.strides[i]) return;
   if (c.t.dtype.code != kDLUInt || c.t.dtype.bits != 8 || c.strides[3] != 1 || c.strides[2] != F ||
-      c.strides[1] != B * F || c.strides[0] < 2 * side ||
+      c.strides[1] != B * F || page_stride(c_obj, c) < 2 * side ||
       static_cast<const uint8_t*>(vc.t.data) - static_cast<const uint8_t*>(c.t.data) != side)
     return;
   if (sides_of_5d(c_obj, c)) return;
@@ -622,7 +639,7 @@ void refuse_part_of_pages(nb::handle obj, const int64_t* shape, int64_t stride0,
                             .c_str());
 }
 void refuse_part_of_pages(nb::handle obj, const Arg& a, bool side, const char* name) {
-  if (a.t.ndim == 4) refuse_part_of_pages(obj, a.shape, a.strides[0], side, name);
+  if (a.t.ndim == 4) refuse_part_of_pages(obj, a.shape, page_stride(obj, a), side, name);
 }
 
 // `profile`: the call's scale layout; "vllm" interleaves V scales, defined for HND only, so the C
@@ -931,13 +948,13 @@ NB_MODULE(_C, m) {
       if (which == name) return raise_for(nvfp4kv_testing_set_store_order(order));
     throw nb::value_error("expected 'auto', 'page' or 'token'");
   });
-  // Tests and benchmarks only: which kernel takes CUDA gathers ("auto", "pages", "rows";
-  // nvfp4kv_testing_set_gather_kernel). Process-wide.
   // nvfp4kv.views' helpers refuse what the calls refuse: a 4-D view cut from part of a 5-D cache's pages.
   m.def("_refuse_part_of_pages", [](nb::handle obj, std::array<int64_t, 4> shape, int64_t stride0, bool side,
                                     const std::string& name) {
     refuse_part_of_pages(obj, shape.data(), stride0, side, name.c_str());
   }, nb::arg("obj"), nb::arg("shape"), nb::arg("stride0"), nb::arg("side"), nb::arg("name"));
+  // Tests and benchmarks only: which kernel takes CUDA gathers ("auto", "pages", "rows";
+  // nvfp4kv_testing_set_gather_kernel). Process-wide.
   m.def("_set_gather_kernel", [](const std::string& which) {
     const std::pair<const char*, nvfp4kv_testing_gather_kernel> names[] = {
         {"auto", NVFP4KV_TESTING_GATHER_AUTO}, {"pages", NVFP4KV_TESTING_GATHER_PAGES}, {"rows", NVFP4KV_TESTING_GATHER_ROWS}};

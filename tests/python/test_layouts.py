@@ -666,6 +666,25 @@ def test_views_of_part_of_the_pages_are_refused():
              value_cache=pool[1].unsqueeze(1), scale_layout="linear")
 
 
+def test_one_page_numpy_views_are_judged_by_their_own_page_stride():
+    """Found by review: NumPy 1.x exports no strides for an array it flags C-contiguous, which it
+    decides ignoring size-1 dimensions, so a one-page view's page stride arrived compact. One head
+    of a one-page 5-D cache was then accepted (and a store wrote into the other head's codes), and
+    the halves of a one-page packed cache were read as NHD sides without the warning. The binding
+    reads the page stride from the array (this test fails on the old binding under NumPy 1.x:
+    CI's second pass)."""
+    H, T = 2, 16
+    kv = np.zeros((1, 2, H, T, F), np.uint8).transpose(0, 1, 3, 2, 4)  # HND (N, 2, T, H, F), one page
+    key = np.ones((1, 1, D), np.float32)
+    with pytest.raises(ValueError, match=r"key_cache: a view of part of the pages"):
+        nv.store(key, key, kv[:, 0, :, :1], np.array([0]), 1.0, 1.0, value_cache=kv[:, 1, :, :1],
+                 scale_layout="linear")
+    assert not kv.any()
+    halves = np.zeros((1, 2 * H, T, F), np.uint8)
+    with pytest.warns(UserWarning, match="kv_layout"):
+        nv.dequantize(halves[:, :H], 1.0, 1.0, value_cache=halves[:, H:], scale_layout="linear")
+
+
 def test_view_helpers_refuse_views_of_part_of_the_pages():
     """Found by review (a new user's walk through the docs): nvfp4_split_data_scale of one head of
     a 5-D cache's side, or of the first tokens of NHD pages, returned "scales" that were other

@@ -63,8 +63,10 @@ typedef enum nvfp4kv_status NVFP4KV_ENUM_INT {
                                       * tensors are on different devices: DEVICE_MISMATCH) */
   NVFP4KV_ERROR_CUDA = 5,            /* the CUDA runtime reported an error */
   NVFP4KV_ERROR_INTERNAL = 6,        /* a bug: please report it */
-  NVFP4KV_ERROR_OUT_OF_MEMORY = 7    /* a host allocation failed (the CPU path's buffers and
-                                      * threads): nothing was written (Python: MemoryError) */
+  NVFP4KV_ERROR_OUT_OF_MEMORY = 7    /* a host allocation failed (the CPU path's buffers; a
+                                      * thread that cannot start is worked around): nothing was
+                                      * written (Python: MemoryError). Later releases may add
+                                      * statuses: treat any nonzero one as a failure. */
 } nvfp4kv_status;
 
 typedef enum nvfp4kv_recipe NVFP4KV_ENUM_INT {
