@@ -189,6 +189,23 @@ def test_conversions_known_values():
     assert nvfp4kv.x6_from_decode(nvfp4kv.decode_scale(amax)) == pytest.approx(amax / 2688)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_conversions_keep_a_numpy_scalars_dtype(dtype):
+    """Found by review under NumPy 1.26 (which pyproject.toml allows): a float32 scalar or 0-d
+    array times a Python float became float64 there, a scale the store refuses as an array. Each
+    conversion keeps the input's dtype under either NumPy (CI runs the suite under both)."""
+    for x in (dtype(3), np.array(3, dtype), np.array([3], dtype)):
+        for f in (nvfp4kv.x6_from_decode, nvfp4kv.decode_from_x6, nvfp4kv.encode_from_decode,
+                  nvfp4kv.decode_from_encode, nvfp4kv.decode_scale,
+                  lambda a: nvfp4kv.decode_scale(a, margin=0.5)):
+            assert np.asarray(f(x)).dtype == dtype, (f, x)
+    k = np.ones((1, 1, 64), np.float32)
+    cache = np.zeros((1, 2, 16, 1, 36), np.uint8)
+    nvfp4kv.store(k, k, cache, np.array([0]), nvfp4kv.decode_scale(np.float32(6)),
+                  nvfp4kv.decode_scale(np.array(6, np.float32)), scale_layout="linear")
+    assert cache.any()
+
+
 @pytest.mark.parametrize("kind", ["float", "numpy", "torch"])
 def test_conversions_round_trip(kind):
     vals = [1e-3, 0.5, 1.0, 3.0, 448.0, 1e4]
